@@ -1,0 +1,316 @@
+// The table of every config key: its section, its C++ field (which gives the type and the
+// default, from run_config.h) and the rule it must satisfy on its own. Parsing, writing back,
+// the unknown-key message and README.md's reference all follow this one list.
+#include "core/config/config_keys.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <sstream>
+#include <type_traits>
+#include <utility>
+
+#include "core/common/error.h"
+
+namespace pt::config {
+namespace {
+
+// ---- reading a JSON value as a field's type --------------------------------------------
+
+// "a string", "an integer", ...: what a JSON value is, for "X is a string, expected Y".
+std::string describe(const json& v) {
+  if (v.is_string()) return "a string";
+  if (v.is_boolean()) return "a boolean";
+  if (v.is_number_integer()) return "an integer";
+  if (v.is_number_float()) return "a fractional number";
+  if (v.is_array()) return "an array";
+  if (v.is_object()) return "an object";
+  return "null";
+}
+
+[[noreturn]] void wrong_type(const std::string& key, const json& v, const std::string& expected) {
+  throw ConfigError(key_value(key, v) + " is " + describe(v) + ", expected " + expected);
+}
+
+// Integers are range-checked rather than wrapped: n_layers=4294967297 must not become 1.
+template <class Int>
+Int read_integer(const std::string& key, const json& v) {
+  if (v.is_number_float()) {
+    // JSON has one number type: 1e3 is the integer 1000 (handy for token counts), 4.5 is not
+    // an integer. Beyond 2^53 a double no longer says which integer was meant.
+    // The magnitude is checked first, so a huge value gets the out-of-range message rather
+    // than the whole-number one (with g++ -O2 here, trunc(1e20) != 1e20 was seen to hold).
+    double d = v.get<double>();
+    if (std::isnan(d)) wrong_type(key, v, "an integer");
+    if (std::abs(d) > 0x1p53) throw ConfigError(key_value(key, v) + " is out of range: write it as an integer");
+    if (std::trunc(d) != d) wrong_type(key, v, "an integer");
+    return read_integer<Int>(key, json(int64_t(d)));
+  }
+  if (!v.is_number_integer()) wrong_type(key, v, "an integer");
+  // nlohmann keeps non-negative literals as uint64 and negative ones as int64.
+  bool fits;
+  if (v.is_number_unsigned()) {
+    fits = std::cmp_less_equal(v.get<uint64_t>(), std::numeric_limits<Int>::max());
+  } else {
+    int64_t s = v.get<int64_t>();
+    if (std::is_unsigned_v<Int> && s < 0) throw ConfigError(key_value(key, v) + " must be >= 0");
+    fits = std::in_range<Int>(s);
+  }
+  if (!fits) throw ConfigError(key_value(key, v) + " is out of range for a " + std::to_string(8 * sizeof(Int)) + "-bit integer");
+  return v.get<Int>();
+}
+
+double read_number(const std::string& key, const json& v) {
+  if (!v.is_number()) wrong_type(key, v, "a number");
+  double x = v.get<double>();
+  if (!std::isfinite(x)) throw ConfigError(key_value(key, v) + " must be a finite number");
+  return x;
+}
+
+template <class T>
+T read_as(const std::string& key, const json& v);
+
+template <> int read_as<int>(const std::string& key, const json& v) { return read_integer<int>(key, v); }
+template <> int64_t read_as<int64_t>(const std::string& key, const json& v) { return read_integer<int64_t>(key, v); }
+template <> uint64_t read_as<uint64_t>(const std::string& key, const json& v) { return read_integer<uint64_t>(key, v); }
+template <> double read_as<double>(const std::string& key, const json& v) { return read_number(key, v); }
+
+template <> bool read_as<bool>(const std::string& key, const json& v) {
+  if (!v.is_boolean()) wrong_type(key, v, "a boolean (true or false)");
+  return v.get<bool>();
+}
+
+template <> std::string read_as<std::string>(const std::string& key, const json& v) {
+  if (!v.is_string()) wrong_type(key, v, "a string");
+  return v.get<std::string>();
+}
+
+template <> std::array<double, 2> read_as<std::array<double, 2>>(const std::string& key, const json& v) {
+  if (!v.is_array() || v.size() != 2) wrong_type(key, v, "an array of 2 numbers");
+  return {read_number(key + "[0]", v[0]), read_number(key + "[1]", v[1])};
+}
+
+template <class T>
+std::string type_name() {
+  if constexpr (std::is_same_v<T, std::string>) return "string";
+  else if constexpr (std::is_same_v<T, bool>) return "boolean";
+  else if constexpr (std::is_same_v<T, double>) return "number";
+  else if constexpr (std::is_same_v<T, std::array<double, 2>>) return "[number, number]";
+  else return "integer";
+}
+
+// ---- rules on one key's value: each returns "" when it holds, else what it requires ----
+
+template <class N>
+std::string num(N x) {
+  std::ostringstream s;
+  s << x;
+  return s.str();
+}
+
+struct NoRule {
+  template <class T>
+  std::string operator()(const T&) const { return ""; }
+};
+
+template <class N>
+auto at_least(N min) {
+  return [min](const auto& v) { return v >= min ? std::string() : "must be >= " + num(min); };
+}
+
+auto greater_than(double min) {
+  return [min](double v) { return v > min ? std::string() : "must be > " + num(min); };
+}
+
+// `brackets` is "[]", "[)" or "(]": which ends are included; it also writes the message.
+auto in_interval(double lo, double hi, const char* brackets) {
+  return [=](double v) {
+    bool ok = (brackets[0] == '[' ? v >= lo : v > lo) && (brackets[1] == ']' ? v <= hi : v < hi);
+    return ok ? std::string() : "must be in " + std::string(1, brackets[0]) + num(lo) + ", " + num(hi) + brackets[1];
+  };
+}
+
+auto one_of(std::vector<std::string> allowed) {
+  return [allowed](const std::string& v) {
+    if (std::find(allowed.begin(), allowed.end(), v) != allowed.end()) return std::string();
+    std::string list;
+    for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
+    return "must be one of " + list;
+  };
+}
+
+auto not_empty = [](const std::string& v) { return v.empty() ? std::string("must not be empty") : std::string(); };
+
+auto dp_rule = [](int v) { return v == -1 || v >= 1 ? std::string() : std::string("must be -1 (derived) or >= 1"); };
+
+auto betas_rule = [](const std::array<double, 2>& b) {
+  bool ok = std::all_of(b.begin(), b.end(), [](double x) { return x >= 0 && x < 1; });
+  return ok ? std::string() : std::string("must each be in [0, 1)");
+};
+
+// The grid's rank order: the four dimension names, innermost first, e.g. "tp-cp-dp-pp".
+auto order_rule = [](const std::string& v) {
+  std::vector<std::string> parts;
+  std::stringstream s(v);
+  for (std::string p; std::getline(s, p, '-');) parts.push_back(p);
+  std::sort(parts.begin(), parts.end());
+  bool ok = parts == std::vector<std::string>{"cp", "dp", "pp", "tp"} && v.back() != '-';
+  return ok ? std::string() : std::string("must be a permutation of tp, cp, dp, pp joined by '-' (e.g. \"tp-cp-dp-pp\")");
+};
+
+// ---- the table ---------------------------------------------------------------------------
+
+// Adds the keys of one section: `keys.add("n_layers", &ModelSection::n_layers, at_least(1))`.
+template <class S>
+class SectionKeys {
+ public:
+  SectionKeys(std::vector<ConfigKey>& out, const char* section, S RunConfig::*member)
+      : out_(out), section_(section), member_(member) {}
+
+  template <class T, class Rule = NoRule>
+  SectionKeys& add(const char* name, T S::*field, Rule rule = {}) {
+    ConfigKey k;
+    k.section = section_;
+    k.name = name;
+    k.type = type_name<T>();
+    k.is_string = std::is_same_v<T, std::string>;
+    std::string path = k.path();
+    auto member = member_;
+    k.read = [=](RunConfig& c, const json& v) { (c.*member).*field = read_as<T>(path, v); };
+    k.write = [=](const RunConfig& c) { return json((c.*member).*field); };
+    k.check = [=](const RunConfig& c) {
+      const T& v = (c.*member).*field;
+      if (std::string broken = rule(v); !broken.empty()) throw ConfigError(key_value(path, json(v)) + " " + broken);
+    };
+    out_.push_back(std::move(k));
+    return *this;
+  }
+
+ private:
+  std::vector<ConfigKey>& out_;
+  std::string section_;
+  S RunConfig::*member_;
+};
+
+// Derived keys (model.padded_vocab, batch.grad_accum_steps) are keys too, so a resolved config
+// reads back; 0 means "derive it", any other value must equal the derived one (config_rules.cpp).
+std::vector<ConfigKey> build_table() {
+  std::vector<ConfigKey> k;
+
+  SectionKeys(k, "run", &RunConfig::run)
+      .add("name", &RunSection::name, not_empty)
+      .add("out_dir", &RunSection::out_dir)  // "": runs/<name>
+      .add("seed", &RunSection::seed);       // uint64: negative values are rejected when read
+
+  SectionKeys(k, "model", &RunConfig::model)
+      .add("arch", &ModelSection::arch, one_of({"gpt2"}))
+      .add("n_layers", &ModelSection::n_layers, at_least(1))
+      .add("d_model", &ModelSection::d_model, at_least(1))
+      .add("n_heads", &ModelSection::n_heads, at_least(1))
+      .add("vocab_size", &ModelSection::vocab_size, at_least(1))
+      .add("pad_vocab_multiple", &ModelSection::pad_vocab_multiple, at_least(1))
+      .add("max_seq_len", &ModelSection::max_seq_len, at_least(1))
+      .add("padded_vocab", &ModelSection::padded_vocab, at_least(0));
+
+  SectionKeys(k, "parallel", &RunConfig::parallel)
+      .add("dp", &ParallelSection::dp, dp_rule)
+      .add("tp", &ParallelSection::tp, at_least(1))
+      .add("pp", &ParallelSection::pp, at_least(1))
+      .add("cp", &ParallelSection::cp, at_least(1))
+      .add("order", &ParallelSection::order, order_rule)
+      .add("zero_stage", &ParallelSection::zero_stage, in_interval(0, 3, "[]"))
+      .add("sequence_parallel", &ParallelSection::sequence_parallel)
+      .add("pp_schedule", &ParallelSection::pp_schedule, one_of({"afab", "1f1b", "interleaved"}))
+      .add("pp_virtual_stages", &ParallelSection::pp_virtual_stages, at_least(1))
+      .add("cp_impl", &ParallelSection::cp_impl, one_of({"ring", "ulysses"}));
+
+  SectionKeys(k, "batch", &RunConfig::batch)
+      .add("micro_batch_size", &BatchSection::micro_batch_size, at_least(1))
+      .add("seq_len", &BatchSection::seq_len, at_least(1))
+      .add("global_batch_tokens", &BatchSection::global_batch_tokens, at_least(0))
+      .add("grad_accum_steps", &BatchSection::grad_accum_steps, at_least(0));
+
+  SectionKeys(k, "optim", &RunConfig::optim)
+      .add("lr", &OptimSection::lr, greater_than(0))
+      .add("betas", &OptimSection::betas, betas_rule)
+      .add("eps", &OptimSection::eps, greater_than(0))
+      .add("weight_decay", &OptimSection::weight_decay, at_least(0))
+      .add("grad_clip", &OptimSection::grad_clip, at_least(0));
+
+  SectionKeys(k, "schedule", &RunConfig::schedule)
+      .add("total_steps", &ScheduleSection::total_steps, at_least(1))
+      .add("warmup_steps", &ScheduleSection::warmup_steps, at_least(0))
+      .add("decay", &ScheduleSection::decay, one_of({"cosine", "linear", "wsd", "constant"}))
+      .add("min_lr_ratio", &ScheduleSection::min_lr_ratio, in_interval(0, 1, "[]"))
+      .add("cooldown_fraction", &ScheduleSection::cooldown_fraction, in_interval(0, 1, "(]"));
+
+  SectionKeys(k, "precision", &RunConfig::precision)
+      .add("compute_dtype", &PrecisionSection::compute_dtype, one_of({"auto", "fp32", "bf16"}))
+      .add("master_weights", &PrecisionSection::master_weights, one_of({"fp32"}));
+
+  SectionKeys(k, "data", &RunConfig::data)
+      .add("train", &DataSection::train, not_empty)
+      .add("val", &DataSection::val)  // "": no validation
+      .add("val_every_steps", &DataSection::val_every_steps, at_least(0))
+      .add("val_tokens", &DataSection::val_tokens, at_least(0));
+
+  SectionKeys(k, "checkpoint", &RunConfig::checkpoint)
+      .add("dir", &CheckpointSection::dir)  // "": <out_dir>/checkpoints
+      .add("every_steps", &CheckpointSection::every_steps, at_least(0))
+      .add("keep_latest", &CheckpointSection::keep_latest, at_least(1))
+      .add("resume", &CheckpointSection::resume, not_empty);  // "none", "auto" or a path
+
+  SectionKeys(k, "logging", &RunConfig::logging)
+      .add("every_steps", &LoggingSection::every_steps, at_least(1))
+      .add("metrics_file", &LoggingSection::metrics_file, not_empty)
+      .add("peak_tflops", &LoggingSection::peak_tflops, at_least(0))
+      .add("flops_formula", &LoggingSection::flops_formula, one_of({"palm", "llmc"}));
+
+  return k;
+}
+
+std::string join_names(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
+}  // namespace
+
+const std::vector<ConfigKey>& config_keys() {
+  static const std::vector<ConfigKey> keys = build_table();
+  return keys;
+}
+
+const std::vector<std::string>& config_sections() {
+  static const std::vector<std::string> sections = [] {
+    std::vector<std::string> s;
+    for (const auto& k : config_keys())
+      if (s.empty() || s.back() != k.section) s.push_back(k.section);
+    return s;
+  }();
+  return sections;
+}
+
+void check_section(const std::string& section) {
+  const auto& sections = config_sections();
+  if (std::find(sections.begin(), sections.end(), section) == sections.end())
+    throw ConfigError("unknown section " + section + " (valid sections: " + join_names(sections) + ")");
+}
+
+const ConfigKey& find_key(const std::string& section, const std::string& name) {
+  check_section(section);
+  std::vector<std::string> names;
+  for (const auto& k : config_keys()) {
+    if (k.section != section) continue;
+    if (k.name == name) return k;
+    names.push_back(k.name);
+  }
+  throw ConfigError("unknown key " + section + "." + name + " (valid keys in " + section + ": " + join_names(names) + ")");
+}
+
+std::string key_value(const std::string& key, const json& value) { return key + "=" + value.dump(); }
+
+}  // namespace pt::config

@@ -1,0 +1,163 @@
+// The rules that involve several keys, and the derived values. Each key's own rule (ranges,
+// allowed names) was already checked from the table in config_keys.cpp, so every value here
+// is at least 1 where a size is meant; products are still computed saturating in int64 so a
+// silly config gives a message, not an overflow.
+#include <cstdint>
+#include <filesystem>
+#include <limits>
+#include <sstream>
+
+#include "core/common/error.h"
+#include "core/config/config_keys.h"
+
+namespace pt::config {
+namespace {
+
+template <class... A>
+std::string cat(const A&... parts) {
+  std::ostringstream s;
+  (s << ... << parts);
+  return s.str();
+}
+
+[[noreturn]] void fail(const std::string& msg) { throw ConfigError(msg); }
+
+int64_t mul(int64_t a, int64_t b) {
+  constexpr int64_t max = std::numeric_limits<int64_t>::max();
+  return (a != 0 && b > max / a) ? max : a * b;
+}
+
+// A derived key may be given (a resolved config is read back), but then it must agree:
+// a stale value would silently mean something else than the keys it is derived from.
+void check_derived(const std::string& key, int64_t given, int64_t derived, const std::string& how) {
+  if (given != 0 && given != derived)
+    fail(cat(key, "=", given, " does not match the derived value ", derived, " (", how,
+             "); remove the key or set it to 0 to derive it"));
+}
+
+void check_model(RunConfig& c) {
+  auto& m = c.model;
+  if (m.d_model % m.n_heads != 0)
+    fail(cat("model.d_model=", m.d_model, " must be divisible by model.n_heads=", m.n_heads));
+  int64_t padded = mul((int64_t(m.vocab_size) + m.pad_vocab_multiple - 1) / m.pad_vocab_multiple, m.pad_vocab_multiple);
+  if (padded > std::numeric_limits<int>::max())
+    fail(cat("model.pad_vocab_multiple=", m.pad_vocab_multiple, " pads model.vocab_size=", m.vocab_size,
+             " to ", padded, ", beyond a 32-bit integer"));
+  check_derived("model.padded_vocab", m.padded_vocab, padded,
+                cat("model.vocab_size=", m.vocab_size, " rounded up to a multiple of model.pad_vocab_multiple=",
+                    m.pad_vocab_multiple));
+  m.padded_vocab = int(padded);
+  if (c.batch.seq_len > m.max_seq_len)
+    fail(cat("batch.seq_len=", c.batch.seq_len, " must be <= model.max_seq_len=", m.max_seq_len));
+}
+
+// dp*tp*pp*cp must tile the world exactly; dp=-1 takes whatever tp*pp*cp leaves.
+void resolve_dp(RunConfig& c) {
+  auto& p = c.parallel;
+  if (c.world_size < 1) fail(cat("the world size ", c.world_size, " must be >= 1"));
+  int64_t model_ranks = mul(mul(p.tp, p.pp), p.cp);
+  if (p.dp == -1) {
+    if (c.world_size % model_ranks != 0)
+      fail(cat("parallel.dp=-1 cannot be derived: the world size ", c.world_size,
+               " is not divisible by parallel.tp*pp*cp = ", p.tp, "*", p.pp, "*", p.cp, " = ", model_ranks));
+    p.dp = int(c.world_size / model_ranks);
+  }
+  int64_t ranks = mul(p.dp, model_ranks);
+  if (ranks != c.world_size)
+    fail(cat("parallel.dp*tp*pp*cp = ", p.dp, "*", p.tp, "*", p.pp, "*", p.cp, " = ", ranks,
+             " must equal the world size ", c.world_size));
+}
+
+// Megatron-style splits: heads, the MLP width and the vocabulary are cut across TP ranks,
+// and with sequence parallelism so is the sequence between the TP regions.
+void check_tensor_parallel(const RunConfig& c) {
+  const auto& p = c.parallel;
+  const auto& m = c.model;
+  // The MLP width 4*d_model needs no check of its own: tp | n_heads | d_model already.
+  if (m.n_heads % p.tp != 0) fail(cat("parallel.tp=", p.tp, " must divide model.n_heads=", m.n_heads));
+  if (m.padded_vocab % p.tp != 0)
+    fail(cat("parallel.tp=", p.tp, " must divide model.padded_vocab=", m.padded_vocab,
+             " (choose model.pad_vocab_multiple as a multiple of tp)"));
+  if (p.sequence_parallel && c.batch.seq_len % p.tp != 0)
+    fail(cat("parallel.tp=", p.tp, " must divide batch.seq_len=", c.batch.seq_len,
+             " when parallel.sequence_parallel=true"));
+}
+
+void check_context_parallel(const RunConfig& c) {
+  const auto& p = c.parallel;
+  // Zigzag load balancing gives each CP rank one early and one late chunk of the sequence.
+  if (p.cp > 1 && c.batch.seq_len % (int64_t(2) * p.cp) != 0)
+    fail(cat("batch.seq_len=", c.batch.seq_len, " must be divisible by 2*parallel.cp=", int64_t(2) * p.cp,
+             " (zigzag context parallelism splits the sequence into 2 chunks per rank)"));
+  // Ulysses trades the sequence split for a head split over the tp*cp ranks.
+  int64_t tp_cp = mul(p.tp, p.cp);
+  if (p.cp_impl == "ulysses" && c.model.n_heads % tp_cp != 0)
+    fail(cat("parallel.tp*cp = ", p.tp, "*", p.cp, " = ", tp_cp, " must divide model.n_heads=", c.model.n_heads,
+             " when parallel.cp_impl=\"ulysses\""));
+}
+
+void check_pipeline_parallel(const RunConfig& c) {
+  const auto& p = c.parallel;
+  int64_t chunks = mul(p.pp, p.pp_virtual_stages);
+  if (c.model.n_layers % chunks != 0)
+    fail(cat("model.n_layers=", c.model.n_layers, " must be divisible by parallel.pp*pp_virtual_stages = ", p.pp,
+             "*", p.pp_virtual_stages, " = ", chunks));
+  bool interleaved = p.pp_schedule == "interleaved";
+  if (interleaved && p.pp < 2)
+    fail(cat("parallel.pp=", p.pp, " must be >= 2 when parallel.pp_schedule=\"interleaved\""));
+  if (interleaved && p.pp_virtual_stages < 2)
+    fail(cat("parallel.pp_virtual_stages=", p.pp_virtual_stages,
+             " must be >= 2 when parallel.pp_schedule=\"interleaved\""));
+  if (!interleaved && p.pp_virtual_stages != 1)
+    fail(cat("parallel.pp_virtual_stages=", p.pp_virtual_stages, " must be 1 when parallel.pp_schedule=\"",
+             p.pp_schedule, "\" (only \"interleaved\" uses virtual stages)"));
+}
+
+// One optimizer step consumes global_batch_tokens; each micro-step consumes
+// micro_batch_size*seq_len tokens on each of the dp replicas (CP ranks share a sequence).
+void resolve_batch(RunConfig& c) {
+  auto& b = c.batch;
+  int64_t per_micro_step = mul(mul(b.micro_batch_size, b.seq_len), c.parallel.dp);
+  if (b.global_batch_tokens == 0) b.global_batch_tokens = per_micro_step;
+  if (b.global_batch_tokens % per_micro_step != 0)
+    fail(cat("batch.global_batch_tokens=", b.global_batch_tokens,
+             " must be a multiple of batch.micro_batch_size*seq_len*parallel.dp = ", b.micro_batch_size, "*",
+             b.seq_len, "*", c.parallel.dp, " = ", per_micro_step));
+  int64_t accum = b.global_batch_tokens / per_micro_step;
+  if (accum > std::numeric_limits<int>::max())
+    fail(cat("batch.global_batch_tokens=", b.global_batch_tokens, " needs ", accum,
+             " accumulation steps, beyond a 32-bit integer"));
+  check_derived("batch.grad_accum_steps", b.grad_accum_steps, accum,
+                cat("batch.global_batch_tokens / (micro_batch_size*seq_len*parallel.dp) = ", b.global_batch_tokens,
+                    " / ", per_micro_step));
+  b.grad_accum_steps = int(accum);
+}
+
+void check_schedule(const RunConfig& c) {
+  const auto& s = c.schedule;
+  if (s.warmup_steps > s.total_steps)
+    fail(cat("schedule.warmup_steps=", s.warmup_steps, " must be <= schedule.total_steps=", s.total_steps));
+}
+
+void resolve_paths(RunConfig& c) {
+  namespace fs = std::filesystem;
+  if (c.run.out_dir.empty()) c.run.out_dir = (fs::path("runs") / c.run.name).string();
+  if (c.checkpoint.dir.empty()) c.checkpoint.dir = (fs::path(c.run.out_dir) / "checkpoints").string();
+}
+
+}  // namespace
+
+void check_rules_and_derive(RunConfig& cfg) {
+  // The model's shape and its splits first: they do not depend on how many ranks were started,
+  // so `tp=3` with 12 heads is reported as that, not as a world-size mismatch.
+  check_model(cfg);
+  check_tensor_parallel(cfg);
+  check_context_parallel(cfg);
+  check_pipeline_parallel(cfg);
+  resolve_dp(cfg);
+  resolve_batch(cfg);
+  check_schedule(cfg);
+  resolve_paths(cfg);
+}
+
+}  // namespace pt::config

@@ -1,0 +1,129 @@
+// RunConfig: the only place that knows JSON run configs. A config is read from a file,
+// `--set section.key=value` overrides are applied, every rule is checked (before anything is
+// allocated), derived values are filled in, and the resolved config can be written back out.
+//
+// Every key, its default and its rule are listed once, in run_config.cpp, and documented in
+// README.md. A failure throws ConfigError naming the key, the value and the rule, e.g.
+//   "batch.global_batch_tokens=1000 must be a multiple of micro_batch_size*seq_len*dp=512".
+#pragma once
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace pt {
+
+struct RunSection {
+  std::string name = "picotrain";
+  std::string out_dir;  // default: runs/<name>
+  uint64_t seed = 1337;
+};
+
+struct ModelSection {
+  std::string arch = "gpt2";
+  int n_layers = 12;
+  int d_model = 768;
+  int n_heads = 12;
+  int vocab_size = 50257;
+  int pad_vocab_multiple = 128;
+  int max_seq_len = 1024;
+  // derived
+  int padded_vocab = 0;  // vocab_size rounded up to a multiple of pad_vocab_multiple
+  int head_dim() const { return d_model / n_heads; }
+};
+
+struct ParallelSection {
+  int dp = -1;  // -1: world_size / (tp*pp*cp)
+  int tp = 1;
+  int pp = 1;
+  int cp = 1;
+  std::string order = "tp-cp-dp-pp";  // innermost first
+  int zero_stage = 0;                 // 0..3
+  bool sequence_parallel = false;
+  std::string pp_schedule = "1f1b";  // afab | 1f1b | interleaved
+  int pp_virtual_stages = 1;
+  std::string cp_impl = "ring";  // ring | ulysses
+};
+
+struct BatchSection {
+  int micro_batch_size = 4;
+  int seq_len = 1024;
+  int64_t global_batch_tokens = 0;  // 0: one micro-batch per DP rank (no accumulation)
+  // derived
+  int grad_accum_steps = 0;  // global_batch_tokens / (micro_batch_size * seq_len * dp)
+};
+
+struct OptimSection {
+  double lr = 6e-4;
+  std::array<double, 2> betas = {0.9, 0.95};
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+  double grad_clip = 1.0;  // 0: no clipping
+};
+
+struct ScheduleSection {
+  int total_steps = 1000;
+  int warmup_steps = 0;
+  std::string decay = "cosine";  // cosine | linear | wsd | constant
+  double min_lr_ratio = 0.0;
+  double cooldown_fraction = 0.2;  // wsd only: the final fraction of steps that decays
+};
+
+struct PrecisionSection {
+  std::string compute_dtype = "auto";  // auto | fp32 | bf16 (auto: fp32 on cpu, bf16 on cuda)
+  std::string master_weights = "fp32";
+};
+
+struct DataSection {
+  std::string train;  // glob of llm.c token shards
+  std::string val;    // glob; empty: no validation
+  int val_every_steps = 0;  // 0: never (but at the last step when val is set)
+  int64_t val_tokens = 0;   // 0: the whole val set... rounded down to whole batches
+};
+
+struct CheckpointSection {
+  std::string dir;  // default: <out_dir>/checkpoints
+  int every_steps = 0;
+  int keep_latest = 2;
+  std::string resume = "none";  // auto | none | PATH
+};
+
+struct LoggingSection {
+  int every_steps = 1;
+  std::string metrics_file = "metrics.jsonl";  // relative to run.out_dir
+  double peak_tflops = 0.0;                    // 0: from the device table, or measured on the CPU
+  std::string flops_formula = "palm";          // palm | llmc
+};
+
+struct RunConfig {
+  RunSection run;
+  ModelSection model;
+  ParallelSection parallel;
+  BatchSection batch;
+  OptimSection optim;
+  ScheduleSection schedule;
+  PrecisionSection precision;
+  DataSection data;
+  CheckpointSection checkpoint;
+  LoggingSection logging;
+
+  int world_size = 1;  // set by load_config from the launcher
+};
+
+// Reads `path` (JSON), applies `overrides` ("section.key=value"; the value is parsed as JSON
+// when it is valid JSON, else taken as a string), checks every rule for a world of
+// `world_size` ranks and fills in derived values. Throws ConfigError.
+RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides, int world_size);
+
+// The same from an already-parsed JSON object (tests use this).
+RunConfig config_from_json(const nlohmann::json& j, const std::vector<std::string>& overrides, int world_size);
+
+// The resolved config (every key, derived values included) as JSON.
+nlohmann::json config_to_json(const RunConfig& cfg);
+
+// Writes the resolved config to <out_dir>/config.json (creating out_dir).
+void write_resolved_config(const RunConfig& cfg);
+
+}  // namespace pt

@@ -1,0 +1,93 @@
+// CpuOps memory: the device is host memory. Buffers are 64-byte aligned (one cache line, and
+// the widest SIMD load) and zero-filled; the CPU backend computes in f32 and holds only f32 and
+// i32 tensors, so upload/download/copy are plain byte copies (no dtype conversion exists here).
+// Cost: alloc/zero touch every byte once (n * 4 bytes written); upload/download/copy move
+// n * 4 bytes. synchronize is a no-op: every op has finished when it returns.
+#include <omp.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "core/cpu/cpu_args.h"
+#include "core/cpu/cpu_ops.h"
+
+namespace pt {
+
+namespace {
+
+constexpr size_t kAlignment = 64;
+
+void check_cpu_dtype(DType dtype, const char* op) {
+  check(dtype == DType::f32 || dtype == DType::i32,
+        std::string("CpuOps::") + op + ": the CPU backend holds f32 and i32 tensors only, not " + dtype_name(dtype) +
+            " (bf16 is a CUDA compute dtype; use precision.compute_dtype=f32 on the CPU)");
+}
+
+void check_transfer(const Tensor& t, DType host_dtype, size_t n, const char* op) {
+  check_cpu_dtype(t.dtype, op);
+  check(host_dtype == t.dtype, std::string("CpuOps::") + op + ": host data is " + dtype_name(host_dtype) +
+                                   " but the tensor is " + dtype_name(t.dtype) +
+                                   " (the CPU backend does not convert dtypes)");
+  cpu::check_size(t, n, op, "tensor");
+  check(t.data != nullptr || n == 0, std::string("CpuOps::") + op + ": tensor is null");
+}
+
+}  // namespace
+
+Device CpuOps::device() const { return Device::cpu; }
+
+std::string CpuOps::device_description() const {
+  return "cpu (" + std::to_string(omp_get_max_threads()) + " threads)";
+}
+
+DType CpuOps::compute_dtype() const { return DType::f32; }
+
+Tensor CpuOps::alloc(size_t n, DType dtype) {
+  check_cpu_dtype(dtype, "alloc");
+  if (n == 0) return Tensor{nullptr, 0, dtype};
+  size_t bytes = n * dtype_size(dtype);
+  check(bytes / dtype_size(dtype) == n, "CpuOps::alloc: " + std::to_string(n) + " elements overflow size_t");
+  // aligned_alloc wants a size that is a multiple of the alignment.
+  size_t padded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
+  void* p = std::aligned_alloc(kAlignment, padded);
+  if (!p)
+    throw RuntimeError("CpuOps::alloc: out of host memory allocating " + std::to_string(bytes) + " bytes (" +
+                       std::to_string(n) + " x " + dtype_name(dtype) + ")");
+  std::memset(p, 0, padded);
+  return Tensor{p, n, dtype};
+}
+
+void CpuOps::release(Tensor& t) {
+  std::free(t.data);
+  t = Tensor{nullptr, 0, t.dtype};
+}
+
+void CpuOps::zero(Tensor t) {
+  if (t.data) std::memset(t.data, 0, t.bytes());
+}
+
+void CpuOps::upload(Tensor dst, const void* host_src, DType host_dtype, size_t n) {
+  check_transfer(dst, host_dtype, n, "upload");
+  if (n) std::memcpy(dst.data, host_src, n * dtype_size(host_dtype));
+}
+
+void CpuOps::download(void* host_dst, DType host_dtype, Tensor src, size_t n) {
+  check_transfer(src, host_dtype, n, "download");
+  if (n) std::memcpy(host_dst, src.data, n * dtype_size(host_dtype));
+}
+
+void CpuOps::copy(Tensor dst, Tensor src, size_t n) {
+  check_cpu_dtype(dst.dtype, "copy");
+  check(src.dtype == dst.dtype, std::string("CpuOps::copy: src is ") + dtype_name(src.dtype) + " but dst is " +
+                                    dtype_name(dst.dtype) + " (the CPU backend does not convert dtypes)");
+  cpu::check_size(dst, n, "copy", "dst");
+  cpu::check_size(src, n, "copy", "src");
+  check((dst.data && src.data) || n == 0, "CpuOps::copy: null tensor");
+  // memmove: callers may copy between overlapping slices of one arena.
+  if (n) std::memmove(dst.data, src.data, n * dtype_size(src.dtype));
+}
+
+void CpuOps::synchronize() {}
+
+}  // namespace pt

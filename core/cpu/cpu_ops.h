@@ -1,0 +1,42 @@
+// CpuOps: the fp32 reference backend. Every op is a straightforward loop nest in float
+// (accumulating in float as the GPU does, except reductions that say otherwise), parallel
+// over independent outputs with OpenMP so results do not depend on the thread count.
+// It is the oracle for every CUDA kernel and what makes every layout testable without a GPU.
+#pragma once
+#include "core/ops/ops.h"
+
+namespace pt {
+
+class CpuOps final : public Ops {
+ public:
+  Device device() const override;
+  std::string device_description() const override;
+  DType compute_dtype() const override;
+  Tensor alloc(size_t n, DType dtype) override;
+  void release(Tensor& t) override;
+  void zero(Tensor t) override;
+  void upload(Tensor dst, const void* host_src, DType host_dtype, size_t n) override;
+  void download(void* host_dst, DType host_dtype, Tensor src, size_t n) override;
+  void copy(Tensor dst, Tensor src, size_t n) override;
+  void synchronize() override;
+  void embedding_forward(Tensor out, Tensor tokens, Tensor wte, int N, int C, int vocab_start, int vocab_local) override;
+  void embedding_backward(Tensor dwte, Tensor dout, Tensor tokens, int N, int C, int vocab_start, int vocab_local) override;
+  void position_forward(Tensor out, Tensor wpe, Tensor pos, int B, int T, int C) override;
+  void position_backward(Tensor dwpe, Tensor dout, Tensor pos, int B, int T, int C) override;
+  void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor w, Tensor b, int N, int C) override;
+  void layernorm_backward(Tensor dinp, Tensor dw, Tensor db, Tensor dout, Tensor inp, Tensor w, Tensor mean, Tensor rstd, int N, int C) override;
+  void matmul_forward(Tensor out, Tensor inp, Tensor w, Tensor bias, int N, int IC, int OC) override;
+  void matmul_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, int N, int IC, int OC) override;
+  void attention_forward(Tensor out, Tensor lse, Tensor qkv, int B, int T, int C, int NH) override;
+  void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B, int T, int C, int NH) override;
+  void gelu_forward(Tensor out, Tensor inp, size_t n) override;
+  void gelu_backward(Tensor dinp, Tensor inp, Tensor dout, size_t n) override;
+  void add(Tensor out, Tensor a, Tensor b, size_t n) override;
+  void scale(Tensor x, float s, size_t n) override;
+  void softmax_cross_entropy(Tensor losses, Tensor logits, Tensor targets, int N, int V, int Vp, float dloss) override;
+  void adamw_update(Tensor params, Tensor master, Tensor grad, Tensor m, Tensor v, size_t n, float lr, float beta1, float beta2, float eps, float weight_decay, int t, float grad_scale) override;
+  double sum_squares(Tensor x, size_t n) override;
+  double sum(Tensor x, size_t n) override;
+};
+
+}  // namespace pt

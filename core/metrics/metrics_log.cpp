@@ -1,0 +1,62 @@
+#include "core/metrics/metrics_log.h"
+
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/common/error.h"
+
+namespace pt {
+
+std::string format_duration(double s) {
+  char buf[32];
+  if (!std::isfinite(s) || s < 0) return "?";
+  const long t = std::lround(s);
+  if (t < 60) std::snprintf(buf, sizeof buf, "%lds", t);
+  else if (t < 3600) std::snprintf(buf, sizeof buf, "%ldm%02lds", t / 60, t % 60);
+  else std::snprintf(buf, sizeof buf, "%ldh%02ldm", t / 3600, (t % 3600) / 60);
+  return buf;
+}
+
+MetricsLog::MetricsLog(const std::string& path, const std::string& formula_name)
+    : jsonl_(path, std::ios::trunc), path_(path), formula_(formula_name) {
+  check(jsonl_.good(), "cannot open metrics file " + path + " for writing");
+}
+
+std::string MetricsLog::step_line(const StepMetrics& m) const {
+  const int width = static_cast<int>(std::to_string(m.total_steps).size());
+  char buf[320];
+  std::snprintf(buf, sizeof buf,
+                "step %*d/%d | loss %.4f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s | %.3f TFLOP/s | MFU %.1f%% (%s) "
+                "| ETA %s",
+                width, m.step, m.total_steps, m.loss, m.lr, m.grad_norm, m.dt_ms, m.tokens_per_s, m.tflops_per_gpu,
+                100.0 * m.mfu, formula_.c_str(), format_duration(m.eta_s).c_str());
+  std::string line = buf;
+  if (m.val_loss) {
+    std::snprintf(buf, sizeof buf, " | val %.4f", *m.val_loss);
+    line += buf;
+  }
+  return line;
+}
+
+void MetricsLog::log(const StepMetrics& m) {
+  std::cout << step_line(m) << std::endl;
+  nlohmann::json j = {{"step", m.step},
+                      {"loss", m.loss},
+                      {"lr", m.lr},
+                      {"grad_norm", m.grad_norm},
+                      {"dt_ms", m.dt_ms},
+                      {"tokens_per_s", m.tokens_per_s},
+                      {"tflops_per_gpu", m.tflops_per_gpu},
+                      {"mfu", m.mfu},
+                      {"tokens", m.tokens},
+                      {"eta_s", m.eta_s}};
+  if (m.val_loss) j["val_loss"] = *m.val_loss;
+  jsonl_ << j.dump() << '\n';
+  jsonl_.flush();
+  check(jsonl_.good(), "writing " + path_ + " failed (disk full?)");
+}
+
+}  // namespace pt

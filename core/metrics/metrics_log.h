@@ -1,0 +1,42 @@
+// The training log: one step line on stdout and one JSON object per logged step in
+// <out_dir>/<logging.metrics_file>. Field names are a contract (README "Log fields").
+#pragma once
+#include <cstdint>
+#include <fstream>
+#include <optional>
+#include <string>
+
+namespace pt {
+
+struct StepMetrics {
+  int step = 0;           // 1-based: the number of optimizer steps done
+  int total_steps = 0;
+  double loss = 0;        // token-weighted mean train loss of this step's global batch
+  double lr = 0;
+  double grad_norm = 0;   // global L2 norm before clipping
+  double dt_ms = 0;       // wall time of the step
+  double tokens_per_s = 0;
+  double tflops_per_gpu = 0;  // model FLOPs per second per device (see flops.h)
+  double mfu = 0;             // tflops_per_gpu / peak, as a fraction
+  uint64_t tokens = 0;        // tokens trained on so far
+  double eta_s = 0;           // estimated seconds to the end of the run
+  std::optional<double> val_loss;
+};
+
+class MetricsLog {
+ public:
+  // path: the metrics.jsonl file (truncated); formula: shown next to MFU on the step line.
+  MetricsLog(const std::string& path, const std::string& formula_name);
+  void log(const StepMetrics& m);
+  // The step line, without a trailing newline (also used by tests).
+  std::string step_line(const StepMetrics& m) const;
+
+ private:
+  std::ofstream jsonl_;
+  std::string path_, formula_;
+};
+
+// "12s", "4m05s", "2h13m"
+std::string format_duration(double seconds);
+
+}  // namespace pt

@@ -1,0 +1,63 @@
+// ParamTable: every parameter of the model with its global shape, how tensor parallelism
+// splits it, which layer (and so which pipeline stage) owns it, how it is initialised and
+// whether weight decay applies. Local shapes, flat-arena offsets, ZeRO shard ranges and
+// checkpoint manifests are all derived from this one table.
+//
+// Order and names: embeddings, then each block's tensors contiguously (so a pipeline stage
+// or a ZeRO-3 layer gather is one contiguous range), then the final LayerNorm. Names follow
+// Hugging Face GPT-2; weights are stored [out, in] as in llm.c.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/config/run_config.h"
+
+namespace pt {
+
+// How tensor parallelism splits a parameter (used from the TP issue on).
+enum class Split {
+  replicated,  // every TP rank holds all of it (LayerNorm, row-parallel biases, wpe)
+  column,      // split along dim 0 (output features): QKV and MLP up-projection
+  row,         // split along dim 1 (input features): attention and MLP output projections
+  vocab,       // split along dim 0 over the padded vocabulary: the token embedding / LM head
+};
+
+enum class Init { normal, zeros, ones };
+
+struct ParamSpec {
+  std::string name;
+  std::vector<int64_t> shape;  // global shape
+  Split split = Split::replicated;
+  int layer = -1;  // -1: embeddings; 0..n_layers-1: a block; n_layers: final LayerNorm
+  Init init = Init::zeros;
+  double init_std = 0.0;
+  bool weight_decay = false;  // matrices (2-D) only
+  int64_t live_rows = -1;     // rows >= live_rows are padding kept at zero (padded vocab); -1: all
+  size_t numel = 0;
+  size_t offset = 0;  // in the flat parameter arena
+};
+
+class ParamTable {
+ public:
+  explicit ParamTable(std::vector<ParamSpec> specs);
+  const std::vector<ParamSpec>& specs() const { return specs_; }
+  const ParamSpec& get(const std::string& name) const;  // throws if unknown
+  size_t total_numel() const { return total_; }
+  size_t count_numel(bool (*pred)(const ParamSpec&)) const;
+
+ private:
+  std::vector<ParamSpec> specs_;
+  size_t total_ = 0;
+};
+
+// GPT-2 exactly: tied LM head, learned positions, pre-LN blocks, 4x GELU MLP, biases.
+// Init: N(0, 0.02), residual output projections N(0, 0.02/sqrt(2*n_layers)), biases 0,
+// LayerNorm weights 1, padded vocabulary rows 0.
+ParamTable build_gpt2_param_table(const ModelSection& model);
+
+// Fills `arena` (total_numel floats) with the initial values: element i of parameter p is
+// a function of (seed, p.name, i) only.
+void init_params(const ParamTable& table, uint64_t seed, float* arena);
+
+}  // namespace pt

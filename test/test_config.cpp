@@ -1,0 +1,516 @@
+// RunConfig: every rule fails with a message naming the key and the value; defaults, derived
+// values, `--set` overrides, unknown keys and wrong types; the resolved config round-trips;
+// README.md documents every key with its default; the shipped configs load; and the binary
+// turns a bad config into one "error:" line and exit code 2 (tagged [cli]).
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/common/error.h"
+#include "core/config/config_keys.h"
+#include "core/config/run_config.h"
+
+using Catch::Matchers::Contains;
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+// The shape of configs/tiny.json; everything else is a default.
+json tiny() {
+  return json::parse(R"({
+    "run": {"name": "t"},
+    "model": {"n_layers": 4, "d_model": 128, "n_heads": 4, "vocab_size": 256, "max_seq_len": 256},
+    "batch": {"micro_batch_size": 8, "seq_len": 64, "global_batch_tokens": 1024},
+    "data": {"train": "data/tiny/corpus_train_*.bin"}
+  })");
+}
+
+// The ConfigError message of config_from_json, or "(no error)". Other exceptions propagate.
+std::string error_of(const std::vector<std::string>& sets, int world = 1, const json& j = tiny()) {
+  try {
+    pt::config_from_json(j, sets, world);
+  } catch (const pt::ConfigError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+std::string error_of_json(const json& j) { return error_of({}, 1, j); }
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : " ") + x;
+  return s;
+}
+
+// A fresh directory under the system temp dir, removed at the end of the test.
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    static int n = 0;
+    path = fs::temp_directory_path() / ("picotrain_test_config_" + std::to_string(::getpid()) + "_" + std::to_string(n++));
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+  fs::path write(const std::string& name, const std::string& text) const {
+    std::ofstream(path / name) << text;
+    return path / name;
+  }
+};
+
+std::string read_text(const fs::path& p) {
+  std::stringstream s;
+  s << std::ifstream(p).rdbuf();
+  return s.str();
+}
+
+}  // namespace
+
+TEST_CASE("every rule names its key and the offending value", "[config]") {
+  struct Case {
+    std::vector<std::string> set;
+    int world;
+    std::vector<std::string> want;  // substrings of the message
+  };
+  const std::vector<Case> cases = {
+      // run
+      {{"run.name="}, 1, {"run.name=\"\"", "must not be empty"}},
+      {{"run.seed=-1"}, 1, {"run.seed=-1", ">= 0"}},
+      // model
+      {{"model.arch=llama"}, 1, {"model.arch=\"llama\"", "gpt2"}},
+      {{"model.n_layers=0"}, 1, {"model.n_layers=0", ">= 1"}},
+      {{"model.d_model=0"}, 1, {"model.d_model=0", ">= 1"}},
+      {{"model.n_heads=0"}, 1, {"model.n_heads=0", ">= 1"}},
+      {{"model.vocab_size=0"}, 1, {"model.vocab_size=0", ">= 1"}},
+      {{"model.pad_vocab_multiple=0"}, 1, {"model.pad_vocab_multiple=0", ">= 1"}},
+      {{"model.max_seq_len=0"}, 1, {"model.max_seq_len=0", ">= 1"}},
+      {{"model.padded_vocab=-1"}, 1, {"model.padded_vocab=-1", ">= 0"}},
+      {{"model.d_model=130"}, 1, {"model.d_model=130", "divisible by model.n_heads=4"}},
+      {{"model.padded_vocab=300"}, 1, {"model.padded_vocab=300", "derived value 256"}},
+      // batch shape
+      {{"batch.seq_len=0"}, 1, {"batch.seq_len=0", ">= 1"}},
+      {{"batch.seq_len=512"}, 1, {"batch.seq_len=512", "model.max_seq_len=256"}},
+      {{"batch.micro_batch_size=0"}, 1, {"batch.micro_batch_size=0", ">= 1"}},
+      // parallel sizes and the world
+      {{"parallel.tp=0"}, 1, {"parallel.tp=0", ">= 1"}},
+      {{"parallel.pp=0"}, 1, {"parallel.pp=0", ">= 1"}},
+      {{"parallel.cp=0"}, 1, {"parallel.cp=0", ">= 1"}},
+      {{"parallel.dp=0"}, 1, {"parallel.dp=0", "-1"}},
+      {{"parallel.dp=-2"}, 1, {"parallel.dp=-2", "-1"}},
+      {{"parallel.dp=2"}, 1, {"parallel.dp*tp*pp*cp = 2*1*1*1 = 2", "world size 1"}},
+      {{"parallel.tp=2"}, 3, {"parallel.dp=-1", "world size 3", "tp*pp*cp = 2*1*1 = 2"}},
+      {{}, 0, {"world size 0"}},
+      // tensor parallel
+      {{"parallel.tp=3"}, 3, {"parallel.tp=3", "model.n_heads=4"}},
+      {{"parallel.tp=3"}, 1, {"parallel.tp=3 must divide model.n_heads=4"}},  // the shape before the world
+      {{"parallel.tp=2", "model.vocab_size=255", "model.pad_vocab_multiple=1"}, 2, {"parallel.tp=2", "model.padded_vocab=255"}},
+      {{"parallel.tp=4", "parallel.sequence_parallel=true", "batch.seq_len=66", "batch.global_batch_tokens=0"}, 4,
+       {"parallel.tp=4", "batch.seq_len=66", "sequence_parallel"}},
+      // context parallel
+      {{"parallel.cp=2", "batch.seq_len=66", "batch.global_batch_tokens=0"}, 2, {"batch.seq_len=66", "2*parallel.cp=4"}},
+      {{"parallel.cp=4", "parallel.tp=2", "parallel.cp_impl=ulysses"}, 8, {"tp*cp = 2*4 = 8", "model.n_heads=4", "ulysses"}},
+      {{"parallel.cp_impl=allgather"}, 1, {"parallel.cp_impl=\"allgather\"", "ring, ulysses"}},
+      // pipeline parallel
+      {{"parallel.pp=3"}, 3, {"model.n_layers=4", "pp*pp_virtual_stages = 3*1 = 3"}},
+      {{"parallel.pp_virtual_stages=0"}, 1, {"parallel.pp_virtual_stages=0", ">= 1"}},
+      {{"parallel.pp_schedule=zb"}, 1, {"parallel.pp_schedule=\"zb\"", "afab, 1f1b, interleaved"}},
+      {{"parallel.pp=2", "parallel.pp_schedule=interleaved"}, 2, {"parallel.pp_virtual_stages=1", ">= 2"}},
+      {{"parallel.pp_schedule=interleaved", "parallel.pp_virtual_stages=2"}, 1, {"parallel.pp=1", ">= 2"}},
+      {{"parallel.pp=2", "parallel.pp_virtual_stages=2"}, 2, {"parallel.pp_virtual_stages=2", "must be 1", "1f1b"}},
+      // grid order and ZeRO
+      {{"parallel.order=tp-cp-dp"}, 1, {"parallel.order=\"tp-cp-dp\"", "permutation"}},
+      {{"parallel.order=tp-tp-dp-pp"}, 1, {"parallel.order=\"tp-tp-dp-pp\"", "permutation"}},
+      {{"parallel.order=tp-cp-dp-pp-"}, 1, {"parallel.order=\"tp-cp-dp-pp-\"", "permutation"}},
+      {{"parallel.order=tp,cp,dp,pp"}, 1, {"parallel.order=\"tp,cp,dp,pp\"", "permutation"}},
+      {{"parallel.zero_stage=4"}, 1, {"parallel.zero_stage=4", "[0, 3]"}},
+      {{"parallel.zero_stage=-1"}, 1, {"parallel.zero_stage=-1", "[0, 3]"}},
+      // global batch and accumulation
+      {{"batch.global_batch_tokens=-1"}, 1, {"batch.global_batch_tokens=-1", ">= 0"}},
+      {{"batch.global_batch_tokens=1000"}, 1, {"batch.global_batch_tokens=1000", "8*64*1 = 512"}},
+      {{}, 4, {"batch.global_batch_tokens=1024", "8*64*4 = 2048"}},
+      {{"batch.grad_accum_steps=3"}, 1, {"batch.grad_accum_steps=3", "derived value 2"}},
+      {{"batch.grad_accum_steps=-1"}, 1, {"batch.grad_accum_steps=-1", ">= 0"}},
+      // optimizer
+      {{"optim.lr=0"}, 1, {"optim.lr=0", "> 0"}},
+      {{"optim.lr=-0.001"}, 1, {"optim.lr=-0.001", "> 0"}},
+      {{"optim.betas=[0.9,1.0]"}, 1, {"optim.betas=[0.9,1.0]", "[0, 1)"}},
+      {{"optim.betas=[-0.1,0.9]"}, 1, {"optim.betas=[-0.1,0.9]", "[0, 1)"}},
+      {{"optim.eps=0"}, 1, {"optim.eps=0", "> 0"}},
+      {{"optim.weight_decay=-0.1"}, 1, {"optim.weight_decay=-0.1", ">= 0"}},
+      {{"optim.grad_clip=-1"}, 1, {"optim.grad_clip=-1", ">= 0"}},
+      // schedule
+      {{"schedule.total_steps=0"}, 1, {"schedule.total_steps=0", ">= 1"}},
+      {{"schedule.warmup_steps=-1"}, 1, {"schedule.warmup_steps=-1", ">= 0"}},
+      {{"schedule.warmup_steps=2000"}, 1, {"schedule.warmup_steps=2000", "schedule.total_steps=1000"}},
+      {{"schedule.decay=step"}, 1, {"schedule.decay=\"step\"", "cosine, linear, wsd, constant"}},
+      {{"schedule.min_lr_ratio=1.5"}, 1, {"schedule.min_lr_ratio=1.5", "[0, 1]"}},
+      {{"schedule.min_lr_ratio=-0.1"}, 1, {"schedule.min_lr_ratio=-0.1", "[0, 1]"}},
+      {{"schedule.cooldown_fraction=0"}, 1, {"schedule.cooldown_fraction=0", "(0, 1]"}},
+      {{"schedule.cooldown_fraction=1.5"}, 1, {"schedule.cooldown_fraction=1.5", "(0, 1]"}},
+      // precision
+      {{"precision.compute_dtype=fp16"}, 1, {"precision.compute_dtype=\"fp16\"", "auto, fp32, bf16"}},
+      {{"precision.master_weights=bf16"}, 1, {"precision.master_weights=\"bf16\"", "fp32"}},
+      // data
+      {{"data.train="}, 1, {"data.train=\"\"", "must not be empty"}},
+      {{"data.val_every_steps=-1"}, 1, {"data.val_every_steps=-1", ">= 0"}},
+      {{"data.val_tokens=-1"}, 1, {"data.val_tokens=-1", ">= 0"}},
+      // checkpoint
+      {{"checkpoint.every_steps=-1"}, 1, {"checkpoint.every_steps=-1", ">= 0"}},
+      {{"checkpoint.keep_latest=0"}, 1, {"checkpoint.keep_latest=0", ">= 1"}},
+      {{"checkpoint.resume="}, 1, {"checkpoint.resume=\"\"", "must not be empty"}},
+      // logging
+      {{"logging.every_steps=0"}, 1, {"logging.every_steps=0", ">= 1"}},
+      {{"logging.metrics_file="}, 1, {"logging.metrics_file=\"\"", "must not be empty"}},
+      {{"logging.peak_tflops=-1"}, 1, {"logging.peak_tflops=-1", ">= 0"}},
+      {{"logging.flops_formula=megatron"}, 1, {"logging.flops_formula=\"megatron\"", "palm, llmc"}},
+  };
+  for (const auto& c : cases) {
+    DYNAMIC_SECTION(join(c.set) << " on " << c.world << " ranks") {
+      std::string msg = error_of(c.set, c.world);
+      for (const auto& w : c.want) CHECK_THAT(msg, Contains(w));
+    }
+  }
+}
+
+TEST_CASE("a rule breaks the same way in the file as through --set", "[config]") {
+  json j = tiny();
+  j["model"]["n_heads"] = 3;
+  CHECK_THAT(error_of_json(j), Contains("model.d_model=128 must be divisible by model.n_heads=3"));
+}
+
+TEST_CASE("defaults are GPT-2 124M", "[config]") {
+  auto c = pt::config_from_json(json{{"data", {{"train", "x_*.bin"}}}}, {}, 1);
+  CHECK(c.run.name == "picotrain");
+  CHECK(c.run.seed == 1337);
+  CHECK(c.model.arch == "gpt2");
+  CHECK(c.model.n_layers == 12);
+  CHECK(c.model.d_model == 768);
+  CHECK(c.model.n_heads == 12);
+  CHECK(c.model.head_dim() == 64);
+  CHECK(c.model.vocab_size == 50257);
+  CHECK(c.model.max_seq_len == 1024);
+  CHECK(c.parallel.order == "tp-cp-dp-pp");
+  CHECK(c.parallel.pp_schedule == "1f1b");
+  CHECK(c.parallel.cp_impl == "ring");
+  CHECK(c.parallel.zero_stage == 0);
+  CHECK_FALSE(c.parallel.sequence_parallel);
+  CHECK(c.batch.micro_batch_size == 4);
+  CHECK(c.batch.seq_len == 1024);
+  CHECK(c.optim.lr == 6e-4);
+  CHECK(c.optim.betas == std::array<double, 2>{0.9, 0.95});
+  CHECK(c.optim.eps == 1e-8);
+  CHECK(c.schedule.decay == "cosine");
+  CHECK(c.precision.compute_dtype == "auto");
+  CHECK(c.data.val.empty());
+  CHECK(c.checkpoint.keep_latest >= 1);
+  CHECK(c.checkpoint.resume == "none");
+  CHECK(c.logging.metrics_file == "metrics.jsonl");
+  CHECK(c.logging.flops_formula == "palm");
+  // derived
+  CHECK(c.model.padded_vocab == 50304);
+  CHECK(c.parallel.dp == 1);
+  CHECK(c.batch.global_batch_tokens == 4 * 1024);
+  CHECK(c.batch.grad_accum_steps == 1);
+  CHECK(c.run.out_dir == "runs/picotrain");
+  CHECK(c.checkpoint.dir == "runs/picotrain/checkpoints");
+  CHECK(c.world_size == 1);
+}
+
+TEST_CASE("derived values", "[config]") {
+  SECTION("padded vocab rounds up to the multiple") {
+    auto padded = [](int vocab, int multiple) {
+      return pt::config_from_json(tiny(), {"model.vocab_size=" + std::to_string(vocab),
+                                           "model.pad_vocab_multiple=" + std::to_string(multiple)}, 1)
+          .model.padded_vocab;
+    };
+    CHECK(padded(50257, 128) == 50304);
+    CHECK(padded(256, 128) == 256);
+    CHECK(padded(257, 128) == 384);
+    CHECK(padded(255, 1) == 255);
+    // a given padded_vocab that agrees is accepted
+    CHECK(pt::config_from_json(tiny(), {"model.padded_vocab=256"}, 1).model.padded_vocab == 256);
+  }
+  SECTION("dp=-1 takes the ranks tp*pp*cp leave") {
+    auto c = pt::config_from_json(tiny(), {"parallel.tp=2", "parallel.pp=2", "batch.global_batch_tokens=0"}, 8);
+    CHECK(c.parallel.dp == 2);
+    CHECK(pt::config_from_json(tiny(), {"parallel.cp=2"}, 4).parallel.dp == 2);
+    CHECK(pt::config_from_json(tiny(), {"parallel.dp=2", "parallel.tp=2"}, 4).parallel.dp == 2);
+  }
+  SECTION("gradient accumulation fills the global batch") {
+    auto accum = [](std::vector<std::string> sets, int world) {
+      return pt::config_from_json(tiny(), sets, world).batch.grad_accum_steps;
+    };
+    CHECK(accum({}, 1) == 2);  // 1024 / (8*64)
+    CHECK(accum({}, 2) == 1);  // dp=2
+    CHECK(accum({"parallel.tp=2"}, 2) == 2);  // TP ranks share a batch
+    CHECK(accum({"parallel.cp=2"}, 2) == 2);  // so do CP ranks
+    CHECK(accum({"batch.global_batch_tokens=8192"}, 2) == 8);
+    auto c = pt::config_from_json(tiny(), {"batch.global_batch_tokens=0"}, 4);
+    CHECK(c.batch.grad_accum_steps == 1);
+    CHECK(c.batch.global_batch_tokens == 8 * 64 * 4);
+  }
+  SECTION("paths follow run.name and run.out_dir") {
+    auto c = pt::config_from_json(tiny(), {"run.name=exp1"}, 1);
+    CHECK(c.run.out_dir == "runs/exp1");
+    CHECK(c.checkpoint.dir == "runs/exp1/checkpoints");
+    c = pt::config_from_json(tiny(), {"run.out_dir=/scratch/x"}, 1);
+    CHECK(c.checkpoint.dir == "/scratch/x/checkpoints");
+    c = pt::config_from_json(tiny(), {"checkpoint.dir=/ckpt"}, 1);
+    CHECK(c.checkpoint.dir == "/ckpt");
+  }
+}
+
+TEST_CASE("--set overrides", "[config]") {
+  SECTION("values are JSON when they parse, else strings") {
+    auto c = pt::config_from_json(tiny(), {"run.name=foo", "optim.lr=3e-4", "optim.betas=[0.9,0.99]",
+                                           "parallel.sequence_parallel=true", "data.val=data/v_*.bin"}, 1);
+    CHECK(c.run.name == "foo");
+    CHECK(c.optim.lr == 3e-4);
+    CHECK(c.optim.betas == std::array<double, 2>{0.9, 0.99});
+    CHECK(c.parallel.sequence_parallel);
+    CHECK(c.data.val == "data/v_*.bin");
+  }
+  SECTION("a string key takes the text literally unless it is a quoted string") {
+    CHECK(pt::config_from_json(tiny(), {"run.name=2024"}, 1).run.name == "2024");
+    CHECK(pt::config_from_json(tiny(), {"run.name=true"}, 1).run.name == "true");
+    CHECK(pt::config_from_json(tiny(), {"run.name=\"q\""}, 1).run.name == "q");
+    CHECK(pt::config_from_json(tiny(), {"run.name=a=b"}, 1).run.name == "a=b");
+  }
+  SECTION("applied after the file, in order") {
+    auto c = pt::config_from_json(tiny(), {"model.n_layers=8", "model.n_layers=2"}, 1);
+    CHECK(c.model.n_layers == 2);
+  }
+  SECTION("bad forms") {
+    CHECK_THAT(error_of({"model.n_layers"}), Contains("missing '='") && Contains("model.n_layers"));
+    CHECK_THAT(error_of({"n_layers=3"}), Contains("missing '.'") && Contains("n_layers"));
+    CHECK_THAT(error_of({"model.n_layer=3"}),
+               Contains("unknown key model.n_layer") && Contains("valid keys in model: arch, n_layers, d_model"));
+    CHECK_THAT(error_of({"modle.n_layers=3"}), Contains("unknown section modle") && Contains("run, model, parallel"));
+    CHECK_THAT(error_of({"model.n_layers=abc"}),
+               Contains("model.n_layers=\"abc\" is a string, expected an integer") && Contains("--set model.n_layers=abc"));
+    CHECK_THAT(error_of({"optim.betas=[0.9]"}), Contains("optim.betas=[0.9]") && Contains("2 numbers"));
+  }
+}
+
+TEST_CASE("unknown keys and wrong types in the file", "[config]") {
+  json j = tiny();
+  SECTION("unknown key lists the valid ones") {
+    j["model"]["n_layer"] = 4;
+    CHECK_THAT(error_of_json(j), Contains("unknown key model.n_layer (valid keys in model: arch, n_layers, d_model"));
+  }
+  SECTION("unknown section, even when empty") {
+    j["modle"] = json::object();
+    CHECK_THAT(error_of_json(j), Contains("unknown section modle (valid sections: run, model, parallel, batch, "
+                                          "optim, schedule, precision, data, checkpoint, logging)"));
+  }
+  SECTION("a section that is not an object") {
+    j["model"] = 3;
+    CHECK_THAT(error_of_json(j), Contains("model=3 must be an object"));
+  }
+  SECTION("the config is not an object") { CHECK_THAT(error_of_json(json::array()), Contains("JSON object")); }
+  SECTION("integer keys") {
+    j["model"]["n_layers"] = "4";
+    CHECK_THAT(error_of_json(j), Contains("model.n_layers=\"4\" is a string, expected an integer"));
+    j["model"]["n_layers"] = 4.5;
+    CHECK_THAT(error_of_json(j), Contains("model.n_layers=4.5 is a fractional number, expected an integer"));
+    j["model"]["n_layers"] = 4294967297LL;
+    CHECK_THAT(error_of_json(j), Contains("model.n_layers=4294967297 is out of range"));
+    j["model"]["n_layers"] = nullptr;
+    CHECK_THAT(error_of_json(j), Contains("model.n_layers=null is null, expected an integer"));
+  }
+  SECTION("number, boolean, string, pair keys") {
+    j["optim"]["lr"] = "fast";
+    CHECK_THAT(error_of_json(j), Contains("optim.lr=\"fast\" is a string, expected a number"));
+    j = tiny();
+    j["parallel"]["sequence_parallel"] = 1;
+    CHECK_THAT(error_of_json(j), Contains("parallel.sequence_parallel=1 is an integer, expected a boolean"));
+    j = tiny();
+    j["run"]["name"] = 7;
+    CHECK_THAT(error_of_json(j), Contains("run.name=7 is an integer, expected a string"));
+    j = tiny();
+    j["optim"]["betas"] = {0.9, "x"};
+    CHECK_THAT(error_of_json(j), Contains("optim.betas[1]=\"x\" is a string, expected a number"));
+  }
+  SECTION("JSON has one number type: whole numbers are integers, integers are numbers") {
+    j["optim"]["lr"] = 1;
+    j["data"]["val_tokens"] = 1e7;
+    auto c = pt::config_from_json(j, {"schedule.total_steps=2e3"}, 1);
+    CHECK(c.optim.lr == 1.0);
+    CHECK(c.data.val_tokens == 10000000);
+    CHECK(c.schedule.total_steps == 2000);
+    CHECK(pt::config_to_json(c)["data"]["val_tokens"].is_number_integer());
+    CHECK_THAT(error_of({"model.n_layers=1e10"}), Contains("model.n_layers=10000000000") && Contains("out of range"));
+    CHECK_THAT(error_of({"run.seed=1e20"}), Contains("run.seed=1e+20 is out of range"));
+  }
+}
+
+TEST_CASE("the resolved config round-trips", "[config]") {
+  auto check_round_trip = [](const std::vector<std::string>& sets, int world) {
+    json first = pt::config_to_json(pt::config_from_json(tiny(), sets, world));
+    for (const auto& k : pt::config::config_keys()) CHECK(first[k.section].contains(k.name));
+    CHECK(first["parallel"]["dp"] != -1);
+    CHECK(first["batch"]["grad_accum_steps"] != 0);
+    CHECK(first["model"]["padded_vocab"] == 256);
+    json second = pt::config_to_json(pt::config_from_json(first, {}, world));
+    CHECK(first == second);
+  };
+  SECTION("one rank") { check_round_trip({}, 1); }
+  SECTION("a 4-D layout") {
+    check_round_trip({"parallel.tp=2", "parallel.pp=2", "parallel.cp=2", "parallel.sequence_parallel=true",
+                      "parallel.zero_stage=1", "optim.betas=[0.8,0.9]"}, 16);
+  }
+  SECTION("through the file write_resolved_config writes") {
+    TempDir tmp;
+    auto cfg = pt::config_from_json(tiny(), {"run.out_dir=" + (tmp.path / "run").string()}, 2);
+    pt::write_resolved_config(cfg);
+    fs::path written = tmp.path / "run" / "config.json";
+    REQUIRE(fs::exists(written));
+    CHECK(std::distance(fs::directory_iterator(tmp.path / "run"), fs::directory_iterator()) == 1);  // no temp left
+    CHECK(pt::config_to_json(pt::load_config(written.string(), {}, 2)) == pt::config_to_json(cfg));
+    pt::write_resolved_config(cfg);  // overwriting is fine
+    // the file lists sections in the documented order, not alphabetically
+    std::string text = read_text(written);
+    CHECK(text.find("\"run\"") < text.find("\"model\""));
+  }
+}
+
+TEST_CASE("load_config reports file problems", "[config]") {
+  TempDir tmp;
+  SECTION("missing file names the path") {
+    std::string path = (tmp.path / "nope.json").string();
+    CHECK_THROWS_WITH(pt::load_config(path, {}, 1), Contains(path));
+  }
+  SECTION("syntax error names the file and the position") {
+    auto path = tmp.write("bad.json", "{\n  \"run\": {\"name\": \"x\",}\n}\n").string();
+    CHECK_THROWS_WITH(pt::load_config(path, {}, 1), Contains(path) && Contains("line 2"));
+  }
+  SECTION("overrides apply to the file") {
+    auto path = tmp.write("ok.json", tiny().dump()).string();
+    CHECK(pt::load_config(path, {"model.n_layers=2"}, 1).model.n_layers == 2);
+  }
+}
+
+TEST_CASE("the shipped configs load", "[config]") {
+  const std::string dir = std::string(PICOTRAIN_SOURCE_DIR) + "/configs/";
+  SECTION("tiny") {
+    auto c = pt::load_config(dir + "tiny.json", {}, 1);
+    CHECK(c.model.padded_vocab == 256);
+    CHECK(c.batch.grad_accum_steps == 2);
+    CHECK(c.schedule.total_steps == 200);
+    CHECK(c.data.val == "data/tiny/corpus_val_*.bin");
+  }
+  SECTION("tiny admits the layouts the parallel tests use") {
+    for (int tp : {1, 2, 4})
+      for (int pp : {1, 2, 4})
+        for (int cp : {1, 2, 4})
+          for (int dp : {1, 2}) {
+            int world = tp * pp * cp * dp;
+            if (world > 16) continue;
+            std::vector<std::string> sets = {"parallel.tp=" + std::to_string(tp), "parallel.pp=" + std::to_string(pp),
+                                             "parallel.cp=" + std::to_string(cp), "parallel.sequence_parallel=true"};
+            INFO(join(sets) << " dp=" << dp);
+            CHECK_NOTHROW(pt::load_config(dir + "tiny.json", sets, world));
+            if (tp * cp <= 4) {
+              sets.push_back("parallel.cp_impl=ulysses");
+              CHECK_NOTHROW(pt::load_config(dir + "tiny.json", sets, world));
+            }
+          }
+    CHECK_NOTHROW(pt::load_config(dir + "tiny.json",
+                                  {"parallel.pp=2", "parallel.pp_schedule=interleaved", "parallel.pp_virtual_stages=2"}, 2));
+  }
+  SECTION("gpt2-124m") {
+    auto c = pt::load_config(dir + "gpt2-124m.json", {}, 8);
+    CHECK(c.model.padded_vocab == 50304);
+    CHECK(c.batch.grad_accum_steps == 1);
+    CHECK(c.schedule.total_steps == 18865);
+    CHECK(pt::load_config(dir + "gpt2-124m.json", {}, 1).batch.grad_accum_steps == 8);
+  }
+}
+
+// README.md's configuration reference has a table per section, one row per key:
+// | `key` | type | `default as JSON` | meaning |. Keeping it in step is part of adding a key.
+TEST_CASE("README documents every key with its default", "[config]") {
+  std::ifstream in(std::string(PICOTRAIN_SOURCE_DIR) + "/README.md");
+  REQUIRE(in);
+  std::map<std::string, std::vector<std::string>> rows;  // "section.key" -> cells
+  std::string section;
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("### ", 0) == 0) {
+      section = line.substr(4);
+      std::erase(section, '`');
+    }
+    if (line.rfind("## ", 0) == 0) section.clear();
+    if (section.empty() || line.rfind("| `", 0) != 0) continue;
+    std::vector<std::string> cells;
+    std::stringstream s(line.substr(1));
+    for (std::string cell; std::getline(s, cell, '|');) {
+      auto b = cell.find_first_not_of(' '), e = cell.find_last_not_of(' ');
+      cells.push_back(b == std::string::npos ? "" : cell.substr(b, e - b + 1));
+    }
+    if (cells.size() >= 4) rows[section + "." + cells[0].substr(1, cells[0].size() - 2)] = cells;
+  }
+  const pt::RunConfig defaults;
+  for (const auto& k : pt::config::config_keys()) {
+    INFO("README.md row for " << k.path());
+    auto it = rows.find(k.path());
+    REQUIRE(it != rows.end());
+    CHECK(it->second[1] == k.type);
+    CHECK(it->second[2] == "`" + k.write(defaults).dump() + "`");
+  }
+}
+
+// Needs the picotrain binary (app/main.cpp): run alone with `test_config "[cli]"`.
+TEST_CASE("a bad config exits 2 with one error line naming the key", "[cli]") {
+  REQUIRE(fs::exists(PICOTRAIN_BIN));
+  TempDir tmp;
+  json bad = tiny();
+  bad["model"]["n_heads"] = 3;
+  auto config = tmp.write("bad.json", bad.dump());
+  auto good = tmp.write("good.json", tiny().dump());
+  auto err = tmp.path / "stderr.txt";
+
+  auto run = [&](const std::string& args) {
+    std::string cmd = std::string("'") + PICOTRAIN_BIN + "' train " + args + " >/dev/null 2>'" + err.string() + "'";
+    int status = std::system(cmd.c_str());
+    REQUIRE(WIFEXITED(status));
+    return WEXITSTATUS(status);
+  };
+  auto error_lines = [&] {
+    std::vector<std::string> lines;
+    std::ifstream in(err);
+    for (std::string line; std::getline(in, line);)
+      if (line.rfind("error:", 0) == 0) lines.push_back(line);
+    return lines;
+  };
+
+  SECTION("a rule in the file") {
+    CHECK(run("--config '" + config.string() + "'") == 2);
+    auto lines = error_lines();
+    REQUIRE(lines.size() == 1);
+    CHECK_THAT(lines[0], Contains("model.n_heads=3"));
+  }
+  SECTION("an unknown key through --set") {
+    CHECK(run("--config '" + good.string() + "' --set model.n_layer=3") == 2);
+    auto lines = error_lines();
+    REQUIRE(lines.size() == 1);
+    CHECK_THAT(lines[0], Contains("model.n_layer"));
+  }
+  SECTION("a missing config file") {
+    CHECK(run("--config '" + (tmp.path / "nope.json").string() + "'") == 2);
+    auto lines = error_lines();
+    REQUIRE(lines.size() == 1);
+    CHECK_THAT(lines[0], Contains("nope.json"));
+  }
+}
