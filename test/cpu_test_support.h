@@ -139,4 +139,19 @@ inline void check_accumulates(Ops& ops, Buffers& bufs, const std::vector<Tensor>
 // The thread counts a determinism test compares: 1 and 2 (CI's cores) and an odd 3.
 inline const std::vector<int> kThreadCounts = {1, 2, 3};
 
+// Runs `run` (returning a list of result buffers) under each of kThreadCounts and checks
+// every buffer is bitwise equal to the single-thread result.
+template <class F>
+void check_thread_count_independent(F run) {
+  const std::vector<std::vector<float>> reference = with_threads(1, run);
+  for (int threads : kThreadCounts) {
+    const std::vector<std::vector<float>> got = with_threads(threads, run);
+    REQUIRE(got.size() == reference.size());
+    for (size_t i = 0; i < got.size(); i++) {
+      INFO("threads " << threads << ", result " << i);
+      CHECK(bitwise_equal(got[i], reference[i]));
+    }
+  }
+}
+
 }  // namespace pt::test

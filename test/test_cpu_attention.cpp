@@ -114,12 +114,5 @@ TEST_CASE("attention results do not depend on the thread count", "[cpu][determin
     ops.attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH);
     return std::vector<std::vector<float>>{bufs.read(out), bufs.read(lse), bufs.read(dqkv)};
   };
-  auto reference = with_threads(1, run);
-  for (int threads : kThreadCounts) {
-    auto got = with_threads(threads, run);
-    for (size_t i = 0; i < got.size(); i++) {
-      INFO("threads " << threads << ", result " << i);
-      CHECK(bitwise_equal(got[i], reference[i]));
-    }
-  }
+  check_thread_count_independent(run);
 }

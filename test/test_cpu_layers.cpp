@@ -289,12 +289,5 @@ TEST_CASE("embedding, LayerNorm and matmul results do not depend on the thread c
     for (Tensor t : {out, dx, dw, db}) results.push_back(bufs.read(t));
     return results;
   };
-  auto reference = with_threads(1, run);
-  for (int threads : kThreadCounts) {
-    auto got = with_threads(threads, run);
-    for (size_t i = 0; i < got.size(); i++) {
-      INFO("threads " << threads << ", result " << i);
-      CHECK(bitwise_equal(got[i], reference[i]));
-    }
-  }
+  check_thread_count_independent(run);
 }

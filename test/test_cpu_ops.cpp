@@ -282,14 +282,7 @@ TEST_CASE("elementwise and loss results do not depend on the thread count", "[cp
     ops.softmax_cross_entropy(losses, lg, t_targets, N, V, Vp, 1.0f / N);
     return std::vector<std::vector<float>>{bufs.read(out), bufs.read(dx), bufs.read(losses), bufs.read(lg)};
   };
-  auto reference = with_threads(1, run);
-  for (int threads : kThreadCounts) {
-    auto got = with_threads(threads, run);
-    for (size_t i = 0; i < got.size(); i++) {
-      INFO("threads " << threads << ", result " << i);
-      CHECK(bitwise_equal(got[i], reference[i]));
-    }
-  }
+  check_thread_count_independent(run);
 }
 
 TEST_CASE("matmul throughput", "[.][bench]") {

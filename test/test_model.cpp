@@ -12,6 +12,18 @@
 
 using namespace pt;
 
+// A CpuOps-backed model: parameters initialised from `seed` on one rank.
+struct CpuModel {
+  CpuOps ops;
+  ParamTable table;
+  ParamStore store;
+  CpuModel(const ModelSection& m, uint64_t seed) : table(build_gpt2_param_table(m)), store(table, ops) {
+    std::vector<float> host(table.total_numel());
+    init_params(table, seed, host.data());
+    store.load_master(host.data());
+  }
+};
+
 static ModelSection small_model() {
   ModelSection m;
   m.n_layers = 2;
@@ -75,14 +87,10 @@ TEST_CASE("initialisation is a pure function of (seed, name, index)", "[model]")
 
 TEST_CASE("the initial loss is about ln(vocab) and padded logits get no gradient", "[model]") {
   const ModelSection m = small_model();
-  CpuOps ops;
-  const ParamTable t = build_gpt2_param_table(m);
-  ParamStore store(t, ops);
-  std::vector<float> host(t.total_numel());
-  init_params(t, 1, host.data());
-  store.load_master(host.data());
+  CpuModel model(m, 1);
+  const ParamTable& t = model.table;
   const int B = 2, T = 16;
-  Gpt2Stage stage(m, store, ops, B, T);
+  Gpt2Stage stage(m, model.store, model.ops, B, T);
   std::mt19937 rng(3);
   std::vector<int32_t> tok(B * T), tgt(B * T);
   for (int i = 0; i < B * T; i++) tok[i] = rng() % m.vocab_size, tgt[i] = rng() % m.vocab_size;
@@ -90,7 +98,7 @@ TEST_CASE("the initial loss is about ln(vocab) and padded logits get no gradient
   CHECK(loss == Approx(std::log(double(m.vocab_size))).epsilon(0.05));
   stage.backward();
   const ParamSpec& wte = t.get("wte");
-  const float* g = store.grad(wte).f32();
+  const float* g = model.store.grad(wte).f32();
   for (int64_t r = m.vocab_size; r < m.padded_vocab; r++)
     for (int c = 0; c < m.d_model; c++) REQUIRE(g[r * m.d_model + c] == 0.0f);
 }
@@ -98,12 +106,9 @@ TEST_CASE("the initial loss is about ln(vocab) and padded logits get no gradient
 TEST_CASE("the tiny model overfits one fixed batch", "[model][train]") {
   ModelSection m = small_model();
   m.n_layers = 2;
-  CpuOps ops;
-  const ParamTable t = build_gpt2_param_table(m);
-  ParamStore store(t, ops);
-  std::vector<float> host(t.total_numel());
-  init_params(t, 7, host.data());
-  store.load_master(host.data());
+  CpuModel model(m, 7);
+  CpuOps& ops = model.ops;
+  ParamStore& store = model.store;
   const int B = 4, T = 32, N = B * T;
   Gpt2Stage stage(m, store, ops, B, T);
   std::mt19937 rng(11);
