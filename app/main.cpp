@@ -2,13 +2,16 @@
 // else lives here. Exit codes: 0 done, 2 bad config or usage, 1 runtime failure.
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <string>
 #include <vector>
 
+#include "core/ckpt/llmc_model_file.h"
 #include "core/common/error.h"
 #include "core/config/run_config.h"
 #include "core/data/prepare.h"
+#include "core/tokenizer/tokenizer.h"
 #include "core/dist/world.h"
 #include "core/ops/ops.h"
 #include "core/train/trainer.h"
@@ -36,9 +39,18 @@ void add_train_command(CLI::App& app, TrainArgs& a) {
 
 void add_prepare_command(CLI::App& app, pt::PrepareOptions& o) {
   CLI::App* cmd = app.add_subcommand("prepare", "Turn text files into llm.c token shards (train and val)");
-  cmd->add_option("--tokenizer", o.tokenizer, "Tokenizer: bytes (one token per byte, vocabulary 256)")
-      ->check(CLI::IsMember({"bytes"}));
-  cmd->add_option("--input,-i", o.inputs, "Text files or folders (recursed, sorted); repeatable")->required();
+  cmd->add_option("--tokenizer", o.tokenizer,
+                  "Tokenizer: bytes (one token per byte, vocabulary 256) or gpt2 (GPT-2 BPE, vocabulary 50257; "
+                  "documents start with <|endoftext|>)")
+      ->check(CLI::IsMember({"bytes", "gpt2"}))
+      ->capture_default_str();
+  cmd->add_option("--tokenizer-dir", o.tokenizer_dir,
+                  "gpt2: folder with encoder.json and vocab.bpe (default " + pt::default_tokenizer_dir() +
+                      ", fetched by scripts/get_data.sh)");
+  cmd->add_option("--input,-i", o.inputs,
+                  "Text files, .gz files, .jsonl/.jsonl.gz files (one document per line, field \"text\") or folders "
+                  "of them (recursed, sorted); repeatable")
+      ->required();
   cmd->add_option("--out,-o", o.out_dir, "Output folder for <name>_train_NNNNNN.bin and <name>_val_NNNNNN.bin")
       ->required();
   cmd->add_option("--name", o.name, "Shard name prefix")->capture_default_str();
@@ -48,11 +60,55 @@ void add_prepare_command(CLI::App& app, pt::PrepareOptions& o) {
   cmd->add_option("--shard-tokens", o.shard_tokens, "Maximum tokens per shard file")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  cmd->add_option("--threads", o.threads, "Encoding threads; 0: one per core (the output is the same for any count)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+}
+
+struct ConvertArgs {
+  std::string from, to, dtype = "fp32";
+  CLI::Option* dtype_option = nullptr;
+};
+
+void add_convert_command(CLI::App& app, ConvertArgs& a) {
+  CLI::App* cmd = app.add_subcommand(
+      "convert", "Move a model between picotrain checkpoints and llm.c model files (the direction follows --from)");
+  cmd->add_option("--from", a.from,
+                  "A picotrain checkpoint (a step_N directory, or a checkpoint directory: its latest) to export, or "
+                  "an llm.c model file (.bin, version 3 fp32 or 5 bf16) to import")
+      ->required()
+      ->check(CLI::ExistingPath);
+  cmd->add_option("--to", a.to,
+                  "Export: the llm.c model file to write. Import: a new checkpoint directory (a weights-only "
+                  "checkpoint at step 0; train from it with --set checkpoint.resume=DIR)")
+      ->required();
+  a.dtype_option = cmd->add_option("--dtype", a.dtype, "Export only: parameter dtype of the llm.c file, fp32 "
+                                                       "(version 3) or bf16 (version 5, rounded to nearest even)")
+                       ->check(CLI::IsMember({"fp32", "bf16"}))
+                       ->capture_default_str();
+}
+
+int run_convert(const ConvertArgs& a) {
+  namespace fs = std::filesystem;
+  if (fs::is_directory(a.from)) {
+    const auto dtype = a.dtype == "bf16" ? pt::ckpt::LlmcDtype::bf16 : pt::ckpt::LlmcDtype::f32;
+    const std::string src = pt::ckpt::export_llmc(a.from, a.to, dtype);
+    std::printf("exported %s to %s (llm.c model file, %s)\n", src.c_str(), a.to.c_str(), a.dtype.c_str());
+    return 0;
+  }
+  if (a.dtype_option->count() > 0)
+    throw pt::ConfigError("convert --dtype applies to export only (an llm.c file's own version says its dtype)");
+  const std::string dst = pt::ckpt::import_llmc(a.from, a.to);
+  std::printf("imported %s into %s (weights only, step 0)\n", a.from.c_str(), dst.c_str());
+  return 0;
 }
 
 int run_train(const TrainArgs& a, const pt::World& world) {
   const pt::RunConfig cfg = pt::load_config(a.config, a.overrides, world.size);
-  auto ops = pt::make_ops(a.device == "cuda" ? pt::Device::cuda : pt::Device::cpu);
+  const pt::Device device = a.device == "cuda" ? pt::Device::cuda : pt::Device::cpu;
+  // precision.compute_dtype: auto leaves the choice to the backend (fp32 on the CPU, bf16 on CUDA).
+  const std::string& dtype = cfg.precision.compute_dtype;
+  auto ops = dtype == "auto" ? pt::make_ops(device) : pt::make_ops(device, dtype == "bf16" ? pt::DType::bf16 : pt::DType::f32);
   pt::Trainer trainer(cfg, world, *ops);
   trainer.run();
   return 0;
@@ -60,9 +116,12 @@ int run_train(const TrainArgs& a, const pt::World& world) {
 
 int run_prepare(const pt::PrepareOptions& o) {
   const pt::PrepareResult r = pt::prepare_dataset(o);
-  std::printf("prepared %llu train and %llu val tokens in %zu file(s) under %s\n",
+  std::printf("prepared %llu train and %llu val tokens in %zu file(s) under %s (%llu documents, %.1f MB of text, "
+              "%.1f MB/s)\n",
               static_cast<unsigned long long>(r.train_tokens), static_cast<unsigned long long>(r.val_tokens),
-              r.files.size(), o.out_dir.c_str());
+              r.files.size(), o.out_dir.c_str(), static_cast<unsigned long long>(r.documents),
+              static_cast<double>(r.text_bytes) / 1e6,
+              r.seconds > 0 ? static_cast<double>(r.text_bytes) / 1e6 / r.seconds : 0.0);
   return 0;
 }
 
@@ -74,7 +133,10 @@ int main(int argc, char** argv) {
   const std::string who = world.size > 1 ? "rank " + std::to_string(world.rank) + ": " : "";
   auto fail = [&](const std::string& msg, int code) {
     std::fflush(stdout);
-    std::cerr << "error: " << who << msg << std::endl;
+    // One write per line, so the lines of several ranks sharing a terminal do not interleave.
+    std::cerr << ("error: " + who + msg + "\n") << std::flush;
+    // Once ranks wait on each other in collectives, the others would wait for this one forever.
+    if (pt::ranks_in_lockstep()) pt::abort_world(code);
     pt::finalize_world();
     return code;
   };
@@ -85,6 +147,8 @@ int main(int argc, char** argv) {
   pt::PrepareOptions prepare_args;
   add_train_command(app, train_args);
   add_prepare_command(app, prepare_args);
+  ConvertArgs convert_args;
+  add_convert_command(app, convert_args);
 
   try {
     app.parse(argc, argv);
@@ -104,6 +168,7 @@ int main(int argc, char** argv) {
     int rc = 0;
     if (app.got_subcommand("train")) rc = run_train(train_args, world);
     else if (app.got_subcommand("prepare")) rc = run_prepare(prepare_args);
+    else if (app.got_subcommand("convert")) rc = run_convert(convert_args);
     pt::finalize_world();
     return rc;
   } catch (const pt::ConfigError& e) {

@@ -1,10 +1,12 @@
-// The CUDA backend's entry points (see cuda_backend.h): device discovery, and the factory for
-// CudaOps. Host code only, compiled by g++ against the CUDA runtime headers.
+// The CUDA backend's entry points (see cuda_backend.h): device discovery, the factory for
+// CudaOps, and the device limits the kernel launchers ask for. Host code only, compiled by g++
+// against the CUDA runtime headers.
 #include "cuda/cuda_backend.h"
 
 #include <cstdio>
 
 #include "cuda/cuda_common.h"
+#include "cuda/cuda_ops.h"
 
 namespace pt {
 
@@ -44,13 +46,13 @@ std::string cuda_status_message() {
   return line;
 }
 
-std::unique_ptr<Ops> make_cuda_ops() {
-  // Deliberately no stand-in: a partial Ops would let a run start on the GPU and fail (or, worse,
-  // silently compute on the CPU) halfway through. The kernels that exist so far (gelu.cu,
-  // layernorm.cu) are tested on their own against CpuOps.
-  throw ConfigError(
-      "the CUDA training backend is not implemented yet (it lands with the CUDA backend issue); run with the CPU "
-      "backend");
+std::unique_ptr<Ops> make_cuda_ops(DType compute_dtype) { return std::make_unique<CudaOps>(compute_dtype); }
+
+int max_dynamic_shared_bytes() {
+  int dev = 0, bytes = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  return bytes;
 }
 
 }  // namespace pt

@@ -13,7 +13,7 @@ namespace pt {
 int cuda_device_count();
 // One line saying why there is no device (the CUDA error string), or the device name.
 std::string cuda_status_message();
-// The CUDA Ops backend.
-std::unique_ptr<Ops> make_cuda_ops();
+// The CUDA Ops backend on the current device, computing in `compute_dtype` (f32 or bf16).
+std::unique_ptr<Ops> make_cuda_ops(DType compute_dtype = DType::bf16);
 
 }  // namespace pt

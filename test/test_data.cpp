@@ -360,8 +360,8 @@ TEST_CASE("prepare_dataset: bad options and empty input", "[data][prepare]") {
     return {};
   };
   PrepareOptions o = opts;
-  o.tokenizer = "gpt2";
-  CHECK_THAT(config_error_of(o), Contains("unknown tokenizer 'gpt2'"));
+  o.tokenizer = "gpt3";
+  CHECK_THAT(config_error_of(o), Contains("unknown tokenizer 'gpt3'"));
   o = opts;
   o.inputs = {dir.file("nope")};
   CHECK_THAT(config_error_of(o), Contains("nope") && Contains("does not exist"));

@@ -44,3 +44,30 @@ TEST_CASE("a bad order is a config error naming the key", "[grid]") {
   p.order = "tp-cp-dp-xx";
   CHECK_THROWS_AS(Grid(p), ConfigError);
 }
+
+TEST_CASE("HSDP splits dp into replicas of shard groups, the shard index innermost", "[grid]") {
+  ParallelSection p;
+  p.dp = 4, p.cp = 2, p.dp_replicate = 2;
+  const Grid g(p);  // ranks: cp innermost, then dp
+  CHECK(g.dp_shard() == 2);
+  // Rank 5 is cp 1, dp 2: replica 1, shard 0.
+  CHECK(g.dp_shard_group(5) == std::vector<int>{4, 5, 6, 7});
+  CHECK(g.dp_replicate_group(5) == std::vector<int>{1, 5});
+  CHECK(g.dp_cp_group(5) == std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7});
+  const std::string d = g.describe();
+  CHECK_THAT(d, Catch::Contains("2 replicas x 2 shards"));
+  CHECK_THAT(d, Catch::Contains("ZeRO shard groups: [0 1 2 3] [4 5 6 7]"));
+  CHECK_THAT(d, Catch::Contains("replica groups: [0 4] [1 5] [2 6] [3 7]"));
+  CHECK_THAT(d, Catch::Contains("5 (0 1 2 0)"));
+
+  SECTION("without HSDP the shard group is dp x cp and replicas are single ranks") {
+    p.dp_replicate = 1;
+    const Grid plain(p);
+    CHECK(plain.dp_shard_group(5) == plain.dp_cp_group(5));
+    CHECK(plain.dp_replicate_group(5) == std::vector<int>{5});
+  }
+  SECTION("dp_replicate must divide dp") {
+    p.dp_replicate = 3;
+    CHECK_THROWS_WITH(Grid(p), Catch::Contains("parallel.dp_replicate=3 must divide parallel.dp=4"));
+  }
+}

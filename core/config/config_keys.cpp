@@ -221,6 +221,8 @@ std::vector<ConfigKey> build_table() {
       .add("cp", &ParallelSection::cp, at_least(1))
       .add("order", &ParallelSection::order, order_rule)
       .add("zero_stage", &ParallelSection::zero_stage, in_interval(0, 3, "[]"))
+      .add("dp_replicate", &ParallelSection::dp_replicate, at_least(1))
+      .add("grad_bucket_mb", &ParallelSection::grad_bucket_mb, greater_than(0))
       .add("sequence_parallel", &ParallelSection::sequence_parallel)
       .add("pp_schedule", &ParallelSection::pp_schedule, one_of({"afab", "1f1b", "interleaved"}))
       .add("pp_virtual_stages", &ParallelSection::pp_virtual_stages, at_least(1))
@@ -259,7 +261,8 @@ std::vector<ConfigKey> build_table() {
   SectionKeys(k, "checkpoint", &RunConfig::checkpoint)
       .add("dir", &CheckpointSection::dir)  // "": <out_dir>/checkpoints
       .add("every_steps", &CheckpointSection::every_steps, at_least(0))
-      .add("keep_latest", &CheckpointSection::keep_latest, at_least(1))
+      .add("keep_latest", &CheckpointSection::keep_latest, at_least(2))
+      .add("keep_every", &CheckpointSection::keep_every, at_least(0))
       .add("resume", &CheckpointSection::resume, not_empty);  // "none", "auto" or a path
 
   SectionKeys(k, "logging", &RunConfig::logging)

@@ -66,6 +66,10 @@ void resolve_dp(RunConfig& c) {
   if (ranks != c.world_size)
     fail(cat("parallel.dp*tp*pp*cp = ", p.dp, "*", p.tp, "*", p.pp, "*", p.cp, " = ", ranks,
              " must equal the world size ", c.world_size));
+  // HSDP: the dp replicas form dp_replicate groups of dp/dp_replicate ranks that shard ZeRO state.
+  if (p.dp % p.dp_replicate != 0)
+    fail(cat("parallel.dp_replicate=", p.dp_replicate, " must divide parallel.dp=", p.dp,
+             " (HSDP: dp = dp_replicate * dp_shard, ZeRO shards over the dp_shard ranks)"));
 }
 
 // Megatron-style splits: heads, the MLP width and the vocabulary are cut across TP ranks,

@@ -41,6 +41,8 @@ struct ParallelSection {
   int cp = 1;
   std::string order = "tp-cp-dp-pp";  // innermost first
   int zero_stage = 0;                 // 0..3
+  int dp_replicate = 1;               // HSDP: dp = dp_replicate x dp_shard; ZeRO shards over dp_shard
+  double grad_bucket_mb = 25.0;       // fp32 gradient bucket size for the dp x cp reduction
   bool sequence_parallel = false;
   std::string pp_schedule = "1f1b";  // afab | 1f1b | interleaved
   int pp_virtual_stages = 1;
@@ -86,7 +88,8 @@ struct DataSection {
 struct CheckpointSection {
   std::string dir;  // default: <out_dir>/checkpoints
   int every_steps = 0;
-  int keep_latest = 2;
+  int keep_latest = 2;             // >= 2: the newest may be mid-write when the next one starts
+  int keep_every = 0;              // steps that are multiples are milestones, never pruned; 0: none
   std::string resume = "none";  // auto | none | PATH
 };
 

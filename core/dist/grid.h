@@ -2,6 +2,10 @@
 // share all coordinates but one. A rank is a mixed-radix number over parallel.order,
 // innermost first: with the default "tp-cp-dp-pp", consecutive ranks differ in tp (TP stays
 // inside a node) and pp varies slowest (PP crosses nodes).
+//
+// HSDP splits the dp axis further: dp = dp_replicate x dp_shard, with the shard index
+// innermost (dp coordinate d is replica d / dp_shard, shard d % dp_shard), as torchtitan's mesh
+// does, so a shard group's ranks are close together and replicas are far apart.
 #pragma once
 #include <array>
 #include <string>
@@ -28,14 +32,25 @@ class Grid {
   int rank(const Coord& c) const;
   // The ranks that share every coordinate of `rank` except `axis`, ordered by that axis.
   std::vector<int> group(int rank, Axis axis) const;
-  // The ranks that share tp and pp with `rank` (the dp x cp gradient-reduction group).
+  // The ranks that share tp and pp with `rank` (the dp x cp gradient-reduction group),
+  // ordered by (dp, cp).
   std::vector<int> dp_cp_group(int rank) const;
-  // One line per rank: "rank 3: tp 1 cp 0 dp 1 pp 0", for the start-up log.
+  int dp_replicate() const { return replicate_; }
+  int dp_shard() const { return size(Axis::dp) / replicate_; }
+  // The ranks that share tp, pp and the HSDP replica with `rank`: the dp_shard x cp ranks over
+  // which ZeRO state is sharded, ordered by (dp, cp). Without HSDP it is dp_cp_group.
+  std::vector<int> dp_shard_group(int rank) const;
+  // The ranks that hold the same ZeRO shard as `rank` in the other replicas (same tp, pp, cp
+  // and shard index), ordered by replica. One rank without HSDP.
+  std::vector<int> dp_replicate_group(int rank) const;
+  // The layout for the start-up log, compactly: the degrees, each rank's coordinates, and the
+  // groups of every axis larger than one (long lists are elided).
   std::string describe() const;
 
  private:
   std::array<int, 4> size_{};       // indexed by Axis
   std::array<Axis, 4> order_{};     // innermost first
+  int replicate_ = 1;               // parallel.dp_replicate
 };
 
 }  // namespace pt

@@ -1,6 +1,10 @@
 #include "core/dist/world.h"
 
+#include <climits>
 #include <cstdlib>
+#include <string>
+
+#include "core/common/error.h"
 
 #ifdef PICOTRAIN_WITH_MPI
 #include <mpi.h>
@@ -43,6 +47,33 @@ void abort_world(int code) {
   if (initialised && !finalised) MPI_Abort(MPI_COMM_WORLD, code);
 #endif
   std::exit(code);
+}
+
+static bool g_in_lockstep = false;
+void set_ranks_in_lockstep(bool in_lockstep) { g_in_lockstep = in_lockstep; }
+bool ranks_in_lockstep() { return g_in_lockstep; }
+
+void agree_on_startup(const World& world, std::exception_ptr local_failure) {
+  // Each rank contributes 2*rank + (1 for a config error) when it failed, else INT_MAX; the
+  // minimum names the lowest failed rank and the kind of its failure.
+  bool config_error = false;
+  if (local_failure) {
+    try {
+      std::rethrow_exception(local_failure);
+    } catch (const ConfigError&) {
+      config_error = true;
+    } catch (...) {
+    }
+  }
+  int status = local_failure ? 2 * world.rank + (config_error ? 1 : 0) : INT_MAX;
+#ifdef PICOTRAIN_WITH_MPI
+  if (world.size > 1) MPI_Allreduce(MPI_IN_PLACE, &status, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+#endif
+  if (local_failure) std::rethrow_exception(local_failure);
+  if (status == INT_MAX) return;
+  const std::string msg = "rank " + std::to_string(status / 2) + " failed during start-up (see its error)";
+  if (status % 2 == 1) throw ConfigError(msg);
+  throw RuntimeError(msg);
 }
 
 }  // namespace pt

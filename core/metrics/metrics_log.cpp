@@ -20,9 +20,27 @@ std::string format_duration(double s) {
   return buf;
 }
 
-MetricsLog::MetricsLog(const std::string& path, const std::string& formula_name)
-    : jsonl_(path, std::ios::trunc), path_(path), formula_(formula_name) {
+namespace {
+// The lines of a metrics file whose "step" is <= last (unparsable lines are dropped).
+std::string records_through(const std::string& path, int last) {
+  std::ifstream in(path);
+  std::string kept;
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.contains("step") && j["step"].is_number_integer() && j["step"].get<int>() <= last)
+      kept += line + "\n";
+  }
+  return kept;
+}
+}  // namespace
+
+MetricsLog::MetricsLog(const std::string& path, const std::string& formula_name, int keep_through_step)
+    : path_(path), formula_(formula_name) {
+  const std::string kept = keep_through_step < 0 ? std::string() : records_through(path, keep_through_step);
+  jsonl_.open(path, std::ios::trunc);
   check(jsonl_.good(), "cannot open metrics file " + path + " for writing");
+  jsonl_ << kept;
+  jsonl_.flush();
 }
 
 std::string MetricsLog::step_line(const StepMetrics& m) const {

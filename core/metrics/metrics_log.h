@@ -25,8 +25,10 @@ struct StepMetrics {
 
 class MetricsLog {
  public:
-  // path: the metrics.jsonl file (truncated); formula: shown next to MFU on the step line.
-  MetricsLog(const std::string& path, const std::string& formula_name);
+  // path: the metrics.jsonl file; formula: shown next to MFU on the step line.
+  // keep_through_step < 0: the file starts empty. Otherwise (a resumed run) the records of steps
+  // <= keep_through_step already in it are kept, later ones dropped, and new ones appended.
+  MetricsLog(const std::string& path, const std::string& formula_name, int keep_through_step = -1);
   void log(const StepMetrics& m);
   // The step line, without a trailing newline (also used by tests).
   std::string step_line(const StepMetrics& m) const;

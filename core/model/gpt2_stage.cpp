@@ -71,12 +71,16 @@ double Gpt2Stage::forward(const int32_t* tokens, const int32_t* targets, float d
   const int V = m_.vocab_size, Vp = m_.padded_vocab;
   ops_.upload(tokens_, tokens, DType::i32, N);
   ops_.upload(targets_, targets, DType::i32, N);
+  const int embeddings = -1, final_norm = m_.n_layers;  // ParamSpec::layer of the non-block layers
 
+  hooks_->acquire_params(embeddings);
   ops_.embedding_forward(encoded_, tokens_, store_.param("wte"), N, C, 0, Vp);
   ops_.position_forward(encoded_, store_.param("wpe"), pos_, B, T, C);
+  hooks_->release_params(embeddings);
 
   Tensor x = encoded_;  // the residual stream entering each block
   for (int l = 0; l < m_.n_layers; l++) {
+    hooks_->acquire_params(l);
     const LayerParams p = layer_params(l, false);
     LayerActs& a = acts_[l];
     ops_.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1w, p.ln1b, N, C);
@@ -89,13 +93,21 @@ double Gpt2Stage::forward(const int32_t* tokens, const int32_t* targets, float d
     ops_.gelu_forward(a.fch_gelu, a.fch, static_cast<size_t>(N) * 4 * C);
     ops_.matmul_forward(a.fcproj, a.fch_gelu, p.fcprojw, p.fcprojb, N, 4 * C, C);
     ops_.add(a.res3, a.res2, a.fcproj, static_cast<size_t>(N) * C);
+    hooks_->release_params(l);
     x = a.res3;
   }
+  hooks_->acquire_params(final_norm);
   ops_.layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, x, store_.param("ln_f.weight"), store_.param("ln_f.bias"), N, C);
   // LM head tied to the token embedding: logits = lnf @ wte^T over the padded vocabulary.
+  hooks_->acquire_params(embeddings);
   ops_.matmul_forward(logits_, lnf_, store_.param("wte"), Tensor{}, N, C, Vp);
   ops_.softmax_cross_entropy(losses_, logits_, targets_, N, V, Vp, dloss);
   have_grad_ = dloss != 0.0f;
+  // Backward starts with the head and the final norm, so training keeps both; evaluation is done.
+  if (!have_grad_) {
+    hooks_->release_params(embeddings);
+    hooks_->release_params(final_norm);
+  }
   return ops_.sum(losses_, N);
 }
 
@@ -103,18 +115,27 @@ void Gpt2Stage::backward() {
   check(have_grad_, "Gpt2Stage::backward called without a training forward pass");
   const int B = B_, T = T_, C = m_.d_model, NH = m_.n_heads, N = B * T, Vp = m_.padded_vocab;
   const size_t NC = static_cast<size_t>(N) * C;
+  const int embeddings = -1, final_norm = m_.n_layers;
 
   // Head: logits now hold dlogits (written in place by the fused cross-entropy).
+  hooks_->acquire_grads(embeddings);
+  hooks_->acquire_grads(final_norm);
   ops_.zero(dbtc_);
   ops_.matmul_backward(dbtc_, store_.grad("wte"), Tensor{}, logits_, lnf_, store_.param("wte"), N, C, Vp);
   const Tensor x_last = m_.n_layers > 0 ? acts_.back().res3 : encoded_;
   ops_.zero(dres_);
   ops_.layernorm_backward(dres_, store_.grad("ln_f.weight"), store_.grad("ln_f.bias"), dbtc_, x_last,
                           store_.param("ln_f.weight"), lnf_mean_, lnf_rstd_, N, C);
+  // The embedding backward below reads no parameter values, only the gradient.
+  hooks_->release_params(final_norm);
+  hooks_->release_params(embeddings);
+  hooks_->grads_ready(final_norm);
 
   // dres_ holds d(loss)/d(residual stream) and flows down through every block: each residual
   // add passes it through unchanged, and the branch backward passes accumulate into it.
   for (int l = m_.n_layers - 1; l >= 0; l--) {
+    hooks_->acquire_params(l);
+    hooks_->acquire_grads(l);
     const LayerParams p = layer_params(l, false);
     const LayerParams g = layer_params(l, true);
     LayerActs& a = acts_[l];
@@ -135,10 +156,13 @@ void Gpt2Stage::backward() {
     ops_.zero(dbtc_);
     ops_.matmul_backward(dbtc_, g.qkvw, g.qkvb, dqkv_, a.ln1, p.qkvw, N, C, 3 * C);
     ops_.layernorm_backward(dres_, g.ln1w, g.ln1b, dbtc_, x, p.ln1w, a.ln1_mean, a.ln1_rstd, N, C);
+    hooks_->release_params(l);
+    hooks_->grads_ready(l);
   }
 
   ops_.embedding_backward(store_.grad("wte"), dres_, tokens_, N, C, 0, Vp);
   ops_.position_backward(store_.grad("wpe"), dres_, pos_, B, T, C);
+  hooks_->grads_ready(embeddings);
   have_grad_ = false;
 }
 

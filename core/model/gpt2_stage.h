@@ -4,12 +4,15 @@
 // the fused softmax cross-entropy over the real (unpadded) vocabulary.
 //
 // Forward keeps every activation backward needs for one micro-batch (activation recompute
-// comes later); backward accumulates parameter gradients into the ParamStore.
+// comes later); backward accumulates parameter gradients into the ParamStore. Around each layer
+// it calls the LayerHooks (core/model/layer_hooks.h), through which ZeRO gathers parameters and
+// reduces gradients layer by layer.
 #pragma once
 #include <cstdint>
 #include <vector>
 
 #include "core/config/run_config.h"
+#include "core/model/layer_hooks.h"
 #include "core/model/param_store.h"
 #include "core/ops/ops.h"
 
@@ -29,6 +32,8 @@ class Gpt2Stage {
   double forward(const int32_t* tokens, const int32_t* targets, float dloss);
   // Backpropagates the last forward, accumulating into the parameter gradients.
   void backward();
+  // The data-parallel runtime's hooks (not owned; nullptr: everything is resident).
+  void set_hooks(LayerHooks* hooks) { hooks_ = hooks ? hooks : &no_hooks_; }
 
   // Logits of the last forward, [B*T, padded_vocab] (valid when it ran with dloss == 0).
   Tensor logits() const { return logits_; }
@@ -48,6 +53,8 @@ class Gpt2Stage {
 
   ModelSection m_;
   ParamStore& store_;
+  LayerHooks no_hooks_;
+  LayerHooks* hooks_ = &no_hooks_;
   Ops& ops_;
   int B_, T_;
   size_t activation_bytes_ = 0;

@@ -2,29 +2,101 @@
 
 namespace pt {
 
-ParamStore::ParamStore(const ParamTable& table, Ops& ops) : table_(table), ops_(ops) {
-  const size_t n = table.total_numel();
-  params_ = ops.alloc(n, ops.compute_dtype());
-  // With an fp32 compute dtype a separate master copy would only duplicate params.
-  master_ = ops.compute_dtype() == DType::f32 ? params_ : ops.alloc(n, DType::f32);
-  grads_ = ops.alloc(n, DType::f32);
-  m_ = ops.alloc(n, DType::f32);
-  v_ = ops.alloc(n, DType::f32);
+ParamStore::ParamStore(const ParamTable& table, Ops& ops)
+    : ParamStore(table, ShardLayout(table, 0, 1, 0, table.total_numel()), ops) {}
+
+ParamStore::ParamStore(const ParamTable& table, const ShardLayout& layout, Ops& ops)
+    : table_(table), layout_(layout), ops_(ops) {
+  const size_t arena = layout.arena_numel(), shard = layout.shard_numel();
+  const DType compute = ops.compute_dtype();
+  if (layout.params_resident()) params_ = alloc(arena, compute);
+  if (layout.grads_resident()) grads_ = alloc(arena, DType::f32);
+  if (layout.zero_stage() == 0) {
+    // One shard: the optimizer state is the full arena; with an f32 compute dtype a separate
+    // master copy would only duplicate params.
+    master_ = compute == DType::f32 ? params_ : alloc(arena, DType::f32);
+    grad_shard_ = grads_;
+  } else {
+    master_ = alloc(shard, DType::f32);
+    grad_shard_ = alloc(shard, DType::f32);
+  }
+  m_ = alloc(shard, DType::f32);
+  v_ = alloc(shard, DType::f32);
+  if (!layout.params_resident()) param_shard_ = compute == DType::f32 ? master_ : alloc(shard, compute);
+  const size_t layers = static_cast<size_t>(layout.last_layer() - layout.first_layer() + 1);
+  params_at_.resize(layers);
+  grads_at_.resize(layers);
 }
 
 ParamStore::~ParamStore() {
-  if (!master_is_params()) ops_.release(master_);
-  ops_.release(params_);
-  ops_.release(grads_);
-  ops_.release(m_);
-  ops_.release(v_);
+  for (auto& t : owned_) ops_.release(t);
+}
+
+Tensor ParamStore::alloc(size_t n, DType dtype) {
+  owned_.push_back(ops_.alloc(n, dtype));
+  return owned_.back();
+}
+
+Tensor& ParamStore::attached(std::vector<Tensor>& at, int layer) {
+  check(layer >= layout_.first_layer() && layer <= layout_.last_layer(),
+        "ParamStore: no layer " + std::to_string(layer));
+  return at[static_cast<size_t>(layer - layout_.first_layer())];
+}
+
+Tensor ParamStore::locate(Tensor arena, const std::vector<Tensor>& at, const ParamSpec& p, const char* what) const {
+  if (arena) return arena.slice(layout_.arena_offset(p), p.numel);
+  const Tensor buf = at[static_cast<size_t>(p.layer - layout_.first_layer())];
+  check(static_cast<bool>(buf), std::string("the ") + what + " of " + p.name + " (layer " + std::to_string(p.layer) +
+                                    ") are sharded (ZeRO-" + std::to_string(layout_.zero_stage()) +
+                                    ") and no working buffer is attached for its layer");
+  return buf.slice(p.offset - layout_.bucket_of_layer(p.layer).begin, p.numel);
+}
+
+Tensor ParamStore::param(const ParamSpec& p) const { return locate(params_, params_at_, p, "parameters"); }
+Tensor ParamStore::grad(const ParamSpec& p) const { return locate(grads_, grads_at_, p, "gradients"); }
+
+Tensor ParamStore::whole_slice(Tensor shard, const ParamSpec& p, const char* what) const {
+  check(holds_whole_shard(), std::string("the ") + what + " of " + p.name + " are sharded over " +
+                                 std::to_string(layout_.shard_count()) + " ranks (ZeRO-" +
+                                 std::to_string(layout_.zero_stage()) + "); this rank holds only its shard");
+  // One shard: nothing is padded, so shard, arena and table offsets coincide.
+  return shard.slice(p.offset, p.numel);
+}
+
+Tensor ParamStore::all_params() const {
+  check(static_cast<bool>(params_), "the parameters are sharded (ZeRO-3): there is no full parameter arena");
+  return params_;
+}
+
+Tensor ParamStore::all_grads() const {
+  check(static_cast<bool>(grads_), "the gradients are sharded (ZeRO-" + std::to_string(layout_.zero_stage()) +
+                                       "): there is no full gradient arena");
+  return grads_;
+}
+
+Tensor ParamStore::param_piece(const ShardPiece& piece) const {
+  if (params_) return params_.slice(piece.arena_offset, piece.numel());
+  return param_shard_.slice(piece.shard_offset, piece.numel());
 }
 
 void ParamStore::load_master(const float* host) {
-  ops_.upload(master_, host, DType::f32, master_.numel);
-  if (!master_is_params()) ops_.copy(params_, master_, master_.numel);
+  const auto& specs = table_.specs();
+  if (params_)
+    for (const auto& p : specs) ops_.upload(params_.slice(layout_.arena_offset(p), p.numel), host + p.offset, DType::f32, p.numel);
+  if (!master_is_params())
+    for (const auto& piece : layout_.my_pieces())
+      ops_.upload(master_.slice(piece.shard_offset, piece.numel()), host + specs[piece.param].offset + piece.begin,
+                  DType::f32, piece.numel());
+  if (param_shard_ && param_shard_.data != master_.data) ops_.copy(param_shard_, master_, master_.numel);
 }
 
-void ParamStore::save_master(float* host) const { ops_.download(host, DType::f32, master_, master_.numel); }
+void ParamStore::save_master(float* host) const {
+  check(holds_whole_shard(), "save_master: the master weights are sharded over " +
+                                 std::to_string(layout_.shard_count()) + " ranks; gather them first");
+  const auto& specs = table_.specs();
+  for (const auto& piece : layout_.my_pieces())
+    ops_.download(host + specs[piece.param].offset + piece.begin, DType::f32,
+                  master_.slice(piece.shard_offset, piece.numel()), piece.numel());
+}
 
 }  // namespace pt

@@ -123,8 +123,12 @@ class Ops {
   virtual double sum(Tensor x, size_t n) = 0;
 };
 
-// Makes the backend for `device`. Throws ConfigError when CUDA is asked for but was not
-// built in or no GPU is present.
+// Makes the backend for `device` computing in `compute_dtype` (f32 or bf16; the CPU backend is
+// f32 only). Throws ConfigError when CUDA is asked for but was not built in or no GPU is
+// present, or the dtype is not one the backend computes in.
+std::unique_ptr<Ops> make_ops(Device device, DType compute_dtype);
+// The same with the device's default compute dtype (precision.compute_dtype=auto): f32 on the
+// CPU, bf16 on CUDA.
 std::unique_ptr<Ops> make_ops(Device device);
 
 // True when the CUDA backend is built in and a GPU is visible.

@@ -4,14 +4,22 @@
 
 namespace pt {
 
-OptimizerStats adamw_step(Ops& ops, ParamStore& store, const OptimSection& o, double lr, int t) {
+OptimizerStats adamw_step(Ops& ops, ParamStore& store, const OptimSection& o, double lr, int t, Comm* shard_group) {
   OptimizerStats s;
-  const Tensor grads = store.all_grads();
-  s.grad_norm = std::sqrt(ops.sum_squares(grads, grads.numel));
+  // Each element of the model lies in exactly one rank's shard (padding is zero), and HSDP
+  // replicas hold copies of the same shard: summing squares over the shard group only counts
+  // every element once.
+  const Tensor grads = store.grad_shard();
+  double sum_sq = ops.sum_squares(grads, grads.numel);
+  if (shard_group && !store.holds_whole_shard()) shard_group->all_reduce(&sum_sq, 1);
+  s.grad_norm = std::sqrt(sum_sq);
   if (o.grad_clip > 0 && s.grad_norm > o.grad_clip) s.clip_scale = o.grad_clip / s.grad_norm;
-  for (const auto& p : store.table().specs()) {
-    const float wd = p.weight_decay ? static_cast<float>(o.weight_decay) : 0.0f;
-    ops.adamw_update(store.param(p), store.master(p), store.grad(p), store.adam_m(p), store.adam_v(p), p.numel,
+  const auto& specs = store.table().specs();
+  for (const ShardPiece& piece : store.layout().my_pieces()) {
+    const float wd = specs[piece.param].weight_decay ? static_cast<float>(o.weight_decay) : 0.0f;
+    const size_t off = piece.shard_offset, n = piece.numel();
+    ops.adamw_update(store.param_piece(piece), store.master_shard().slice(off, n), grads.slice(off, n),
+                     store.adam_m_shard().slice(off, n), store.adam_v_shard().slice(off, n), n,
                      static_cast<float>(lr), static_cast<float>(o.betas[0]), static_cast<float>(o.betas[1]),
                      static_cast<float>(o.eps), wd, t, static_cast<float>(s.clip_scale));
   }

@@ -1,7 +1,9 @@
-// One optimizer step over every parameter: the global gradient norm (each element counted
-// once), clipping to optim.grad_clip, and AdamW with decoupled weight decay on matrices only.
+// One optimizer step over the parameters this rank updates (its shard: every parameter under
+// ZeRO-0): the global gradient norm (each element counted once whatever the sharding),
+// clipping to optim.grad_clip, and AdamW with decoupled weight decay on matrices only.
 #pragma once
 #include "core/config/run_config.h"
+#include "core/dist/comm.h"
 #include "core/model/param_store.h"
 #include "core/ops/ops.h"
 
@@ -12,7 +14,10 @@ struct OptimizerStats {
   double clip_scale = 1;  // the factor gradients were multiplied by (1: not clipped)
 };
 
-// t: the 1-based AdamW step (bias correction).
-OptimizerStats adamw_step(Ops& ops, ParamStore& store, const OptimSection& optim, double lr, int t);
+// t: the 1-based AdamW step (bias correction). Reads store.grad_shard() (reduced by GradSync).
+// shard_group: the ranks the shard is split over, whose squared norms add up to the global one
+// (nullptr, or any group when the store holds one shard: nothing to add).
+OptimizerStats adamw_step(Ops& ops, ParamStore& store, const OptimSection& optim, double lr, int t,
+                          Comm* shard_group = nullptr);
 
 }  // namespace pt

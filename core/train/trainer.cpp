@@ -6,42 +6,92 @@
 #include <filesystem>
 #include <iostream>
 
+#include "core/ckpt/stop_signal.h"
 #include "core/metrics/flops.h"
 #include "core/metrics/peak_probe.h"
 #include "core/train/lr_schedule.h"
+#include "core/train/memory_plan.h"
 #include "core/train/optimizer.h"
+#include "core/train/shard_gather.h"
 
 namespace pt {
 
 namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
-std::string mib(size_t bytes) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f MiB", bytes / 1048576.0);
-  return buf;
-}
 }  // namespace
 
 Trainer::Trainer(const RunConfig& cfg, const World& world, Ops& ops)
     : cfg_(cfg), world_(world), ops_(ops), table_(build_gpt2_param_table(cfg.model)) {
-  // Multi-rank layouts need gradient reduction and the parallel Stage: until the distributed
-  // runtime lands, refuse them instead of silently training unsynchronised replicas.
-  if (world.size != 1)
-    throw ConfigError("this build of picotrain trains on one rank; the world has " + std::to_string(world.size) +
-                      " ranks (multi-rank layouts land with the distributed runtime)");
-  // Checkpoint keys are accepted (their names are fixed by the design) but writing and
-  // resuming land with the checkpoint issue: refuse rather than pretend to save.
-  if (cfg.checkpoint.every_steps > 0)
-    throw ConfigError("checkpoint.every_steps=" + std::to_string(cfg.checkpoint.every_steps) +
-                      ": checkpoint writing is not implemented yet; set it to 0");
-  if (cfg.checkpoint.resume != "none")
-    throw ConfigError("checkpoint.resume=" + cfg.checkpoint.resume + ": resuming is not implemented yet; use none");
-  if (ops.device() == Device::cpu && cfg.precision.compute_dtype == "bf16")
-    throw ConfigError("precision.compute_dtype=bf16: the CPU backend computes in fp32 (use fp32 or auto)");
+  // Everything a rank can check and set up alone comes first. If it fails on any rank, every
+  // rank throws here, before a first collective could leave the others waiting.
+  std::exception_ptr failure;
+  try {
+    setup_local();
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  agree_on_startup(world, failure);
 
-  store_ = std::make_unique<ParamStore>(table_, ops);
+  groups_ = make_process_groups(*grid_, world, ops);  // collective over the world
+  gather_ = std::make_unique<ParamGather>(*store_, ops, *groups_.shard);
+  grad_sync_ = std::make_unique<GradSync>(*store_, ops, *groups_.dp_cp, *groups_.shard, *groups_.replicate);
+  hooks_ = std::make_unique<ZeroHooks>(*gather_, *grad_sync_);
+  stage_->set_hooks(hooks_.get());
+
+  // checkpoint.resume: overwrites the initial weights, step and cursor when it names a
+  // checkpoint. Each rank reads the pieces of its own layout, whatever layout wrote them; the
+  // ranks agree on which checkpoint (and fail together). A shard held by several ranks (HSDP
+  // replicas, ZeRO-0's dp ranks) is saved by the first of them only.
+  const std::vector<int> holders =
+      cfg.parallel.zero_stage == 0 ? grid_->dp_cp_group(world.rank) : grid_->dp_replicate_group(world.rank);
+  ckpt_->set_ranks(groups_.world.get(), holders.front() == world.rank);
+  try {
+    if (const auto st = ckpt_->restore(*store_, ops, train_data_->total_tokens())) {
+      step_ = st->step;
+      cursor_ = st->cursor;
+    }
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  agree_on_startup(world, failure);
+  // From here a failure on one rank must end them all (main.cpp aborts the world).
+  set_ranks_in_lockstep(world.size > 1);
+}
+
+void Trainer::setup_local() {
+  const RunConfig& cfg = cfg_;
+  Ops& ops = ops_;
+  // The backend was made for the configured dtype (main.cpp); a mismatch is a caller's bug
+  // that would silently train in the wrong precision.
+  const std::string& want = cfg.precision.compute_dtype;
+  const char* have = ops.compute_dtype() == DType::bf16 ? "bf16" : "fp32";
+  if (want != "auto" && want != have)
+    throw ConfigError("precision.compute_dtype=" + want + " but the " + device_name(ops.device()) +
+                      " backend computes in " + have);
+  // This issue distributes data parallel (with ZeRO and HSDP); the model-parallel axes need the
+  // parallel Stage and schedules: refuse them rather than train a wrong model.
+  const auto& par = cfg.parallel;
+  if (par.tp > 1 || par.pp > 1 || par.cp > 1)
+    throw ConfigError("parallel.tp=" + std::to_string(par.tp) + ", pp=" + std::to_string(par.pp) + ", cp=" +
+                      std::to_string(par.cp) + ": only data parallel runs in this build (tp, pp and cp must be 1; "
+                      "tensor/context parallel land with the TP/CP issue, pipeline parallel with the PP issue)");
+  // The MPI communicators move host memory; device buffers need the NCCL backend.
+  if (world_.size > 1 && ops.device() != Device::cpu)
+    throw ConfigError(std::string("--device ") + device_name(ops.device()) + " with " + std::to_string(world_.size) +
+                      " ranks: multi-rank training runs on the cpu backend in this build (NCCL lands with the CUDA "
+                      "training backend)");
+  grid_ = std::make_unique<Grid>(par);
+  check(grid_->world_size() == world_.size, "the layout has " + std::to_string(grid_->world_size()) +
+                                                " ranks but the world " + std::to_string(world_.size));
+  coord_ = grid_->coord(world_.rank);
+
+  // ZeRO shards over the dp_shard x cp ranks of this rank's replica (all of dp x cp without HSDP).
+  const std::vector<int> shard_group = grid_->dp_shard_group(world_.rank);
+  const int shard_rank = static_cast<int>(std::find(shard_group.begin(), shard_group.end(), world_.rank) - shard_group.begin());
+  const ShardLayout layout(table_, par.zero_stage, static_cast<int>(shard_group.size()), shard_rank,
+                           bucket_cap_elements(par.grad_bucket_mb));
+  store_ = std::make_unique<ParamStore>(table_, layout, ops);
   std::vector<float> host(table_.total_numel());
   init_params(table_, cfg.run.seed, host.data());
   store_->load_master(host.data());
@@ -52,6 +102,8 @@ Trainer::Trainer(const RunConfig& cfg, const World& world, Ops& ops)
   if (!cfg.data.val.empty()) val_data_ = std::make_unique<DataLoader>(cfg.data.val, cfg.model.vocab_size, B, T);
   inputs_.resize(static_cast<size_t>(B) * T);
   targets_.resize(static_cast<size_t>(B) * T);
+
+  ckpt_ = std::make_unique<ckpt::Checkpointer>(cfg, table_);
 }
 
 Trainer::~Trainer() = default;
@@ -68,23 +120,33 @@ StepResult Trainer::step() {
   const double batch_tokens = static_cast<double>(sequences_per_step()) * T;
   const float dloss = static_cast<float>(1.0 / batch_tokens);
 
-  ops_.zero(store_->all_grads());
-  double loss_sum = 0;
+  grad_sync_->start_step();
+  double sums[2] = {0, 0};  // this rank's loss sum and tokens with a target
   for (int micro = 0; micro < accum; micro++) {
-    const int64_t first_sequence = (static_cast<int64_t>(micro) * dp + 0 /* dp rank */) * B;
+    const int64_t first_sequence = (static_cast<int64_t>(micro) * dp + coord_.dp) * B;
     train_data_->load(cursor_, first_sequence, inputs_.data(), targets_.data());
-    loss_sum += stage_->forward(inputs_.data(), targets_.data(), dloss);
+    if (batch_observer_) batch_observer_(micro, inputs_.data(), targets_.data(), inputs_.size());
+    grad_sync_->start_micro_step(micro == accum - 1);
+    sums[0] += stage_->forward(inputs_.data(), targets_.data(), dloss);
+    sums[1] += static_cast<double>(std::count_if(targets_.begin(), targets_.end(), [](int32_t t) { return t >= 0; }));
     stage_->backward();
   }
+  grad_sync_->finish_step();
+  groups_.dp_cp->all_reduce(sums, 2);  // the token-weighted mean over dp x cp
   cursor_ = (cursor_ + static_cast<uint64_t>(sequences_per_step()) * T) % train_data_->total_tokens();
 
   StepResult r;
   r.lr = lr_at(cfg_.optim, cfg_.schedule, step_);
-  const OptimizerStats s = adamw_step(ops_, *store_, cfg_.optim, r.lr, step_ + 1);
+  const OptimizerStats s = adamw_step(ops_, *store_, cfg_.optim, r.lr, step_ + 1, groups_.shard.get());
+  gather_->gather_updated();  // ZeRO-1/2: every rank's updated piece back into the full params
   r.grad_norm = s.grad_norm;
-  r.loss = loss_sum / batch_tokens;
+  r.loss = sums[0] / sums[1];
   step_++;
   return r;
+}
+
+std::vector<float> Trainer::gather_master() {
+  return gather_shards(*store_, store_->master_shard(), *groups_.shard, ops_);
 }
 
 double Trainer::evaluate() {
@@ -94,12 +156,21 @@ double Trainer::evaluate() {
   const uint64_t available = val_data_->total_tokens() - 1;  // the last token is only a target
   const uint64_t wanted = cfg_.data.val_tokens > 0 ? static_cast<uint64_t>(cfg_.data.val_tokens) : available;
   const int64_t batches = static_cast<int64_t>(std::max<uint64_t>(1, std::min(wanted, available) / batch_tokens));
-  double loss_sum = 0;
-  for (int64_t i = 0; i < batches; i++) {
-    val_data_->load(0, i * B, inputs_.data(), targets_.data());
-    loss_sum += stage_->forward(inputs_.data(), targets_.data(), 0.0f);
+  // DP rank d evaluates batches d, d + dp, ... Every rank runs the same number of forwards
+  // (ZeRO-3 gathers parameters collectively), so a rank past the end repeats batch 0 unused.
+  const int64_t dp = cfg_.parallel.dp, rounds = (batches + dp - 1) / dp;
+  double sums[2] = {0, 0};  // loss sum, tokens
+  for (int64_t round = 0; round < rounds; round++) {
+    const int64_t i = round * dp + coord_.dp;
+    const bool counted = i < batches;
+    val_data_->load(0, (counted ? i : 0) * B, inputs_.data(), targets_.data());
+    const double loss = stage_->forward(inputs_.data(), targets_.data(), 0.0f);
+    if (!counted) continue;
+    sums[0] += loss;
+    sums[1] += static_cast<double>(batch_tokens);
   }
-  return loss_sum / (static_cast<double>(batches) * batch_tokens);
+  groups_.dp_cp->all_reduce(sums, 2);
+  return sums[0] / sums[1];
 }
 
 void Trainer::print_startup() const {
@@ -112,25 +183,73 @@ void Trainer::print_startup() const {
               table_.total_numel() / 1e6);
   std::printf("batch     | %d x %d tokens per micro-batch, %d accumulation steps, %lld tokens per step\n",
               b.micro_batch_size, b.seq_len, b.grad_accum_steps, static_cast<long long>(sequences_per_step() * b.seq_len));
-  std::printf("layout    | dp %d tp %d pp %d cp %d (world %d)\n", cfg_.parallel.dp, cfg_.parallel.tp, cfg_.parallel.pp,
-              cfg_.parallel.cp, world_.size);
-  const size_t pbytes = table_.total_numel() * dtype_size(ops_.compute_dtype());
-  const size_t fbytes = table_.total_numel() * 4;
-  std::printf("memory    | params %s, grads %s, master %s, adam %s, activations %s\n", mib(pbytes).c_str(),
-              mib(fbytes).c_str(), store_->master_is_params() ? "(= params)" : mib(fbytes).c_str(),
-              mib(2 * fbytes).c_str(), mib(stage_->activation_bytes()).c_str());
+  // The layout: degrees, every rank's coordinates and the groups (compact, long lists elided).
+  const std::string layout = grid_->describe();
+  for (size_t at = 0, n = 0; at < layout.size(); n++) {
+    const size_t end = std::min(layout.find('\n', at), layout.size());
+    std::printf("%s| %s\n", n == 0 ? "layout    " : "          ", layout.substr(at, end - at).c_str());
+    at = end + 1;
+  }
+  std::printf("          | ZeRO-%d, gradients reduced in %zu bucket(s) of <= %g MiB%s\n", store_->layout().zero_stage(),
+              store_->layout().buckets().size(), cfg_.parallel.grad_bucket_mb,
+              store_->layout().zero_stage() >= 2 ? " (one layer each under ZeRO-2/3)" : "");
+  // Shards are padded to equal sizes, so every rank's account is the same as rank 0's.
+  const MemoryPlan plan = plan_memory(store_->layout(), ops_.compute_dtype(), stage_->activation_bytes());
+  std::printf("memory    | %s%s\n", world_.size > 1 ? "per rank (all ranks equal), " : "", plan.describe().c_str());
   std::printf("data      | train %zu file(s), %llu tokens", train_data_->files().size(),
               static_cast<unsigned long long>(train_data_->total_tokens()));
   if (val_data_)
     std::printf("; val %zu file(s), %llu tokens", val_data_->files().size(),
                 static_cast<unsigned long long>(val_data_->total_tokens()));
   std::printf("\n");
+  const auto& ck = cfg_.checkpoint;
+  const std::string when =
+      ck.every_steps > 0 ? "every " + std::to_string(ck.every_steps) + " steps and at the end" : "on stop signals only";
+  std::printf("checkpoint| %s into %s, keeping the newest %d", when.c_str(), ck.dir.c_str(), ck.keep_latest);
+  if (ck.keep_every > 0) std::printf(" and every multiple of %d", ck.keep_every);
+  if (!ckpt_->resumed_from().empty())
+    std::printf("; resumed at step %d from %s", step_, ckpt_->resumed_from().c_str());
+  std::printf("\n");
+}
+
+std::string Trainer::save_checkpoint() {
+  const auto t0 = Clock::now();
+  const std::string path = ckpt_->save({step_, cursor_}, *store_, ops_, train_data_->total_tokens());
+  if (world_.rank == 0) std::printf("checkpoint| step %d saved to %s (%.2f s)\n", step_, path.c_str(), seconds_since(t0));
+  std::fflush(stdout);
+  return path;
+}
+
+bool Trainer::checkpoint_if_due(bool run_finished) {
+  // A signal may reach the ranks at different steps: they stop together when any has one.
+  double stops = ckpt::stop_requested() ? 1.0 : 0.0;
+  groups_.world->all_reduce(&stops, 1);
+  const bool stop = stops > 0;
+  const bool final_save = run_finished && cfg_.checkpoint.every_steps > 0;
+  // Step 0 of a fresh run has nothing worth saving; a step already on disk is not saved twice.
+  if ((stop || final_save || ckpt_->due(step_)) && step_ > 0 && ckpt_->step_on_disk() != step_) save_checkpoint();
+  if (stop && world_.rank == 0) {
+    const int sig = ckpt::stop_signal();
+    std::printf("stopped   | %s after step %d/%d: the checkpoint of step %d is in %s; continue with --set "
+                "checkpoint.resume=auto\n",
+                sig ? ckpt::signal_name(sig) : "a signal to another rank", step_, cfg_.schedule.total_steps, step_,
+                cfg_.checkpoint.dir.c_str());
+    std::fflush(stdout);
+  }
+  return stop;
 }
 
 void Trainer::run() {
-  print_startup();
-  std::filesystem::create_directories(cfg_.run.out_dir);
-  write_resolved_config(cfg_);
+  // From here on SIGTERM/SIGINT/SIGUSR1 stop the run after the current step, with a checkpoint
+  // (on every rank together: see checkpoint_if_due).
+  const ckpt::StopSignals stop_signals;
+  // Rank 0 speaks for the run: the log, config.json, metrics.jsonl.
+  const bool lead = world_.rank == 0;
+  if (lead) {
+    print_startup();
+    std::filesystem::create_directories(cfg_.run.out_dir);
+    write_resolved_config(cfg_);
+  }
 
   // MFU needs a peak: configured, else the GPU table, else measured (the CPU backend).
   const auto& lg = cfg_.logging;
@@ -140,30 +259,36 @@ void Trainer::run() {
     peak = gpu_peak_tflops(ops_.device_description());
     peak_source = "device table";
   }
-  if (peak <= 0) {
+  if (peak <= 0 && lead) {  // only rank 0 reports MFU
     const PeakProbe probe = measure_matmul_peak(ops_);
     peak = probe.tflops;
     peak_source = "measured: fp32 matmul " + std::to_string(probe.size) + "^3 on this device";
   }
   const double flops_tok = flops_per_token(table_, cfg_.model, cfg_.batch.seq_len, lg.flops_formula);
-  std::printf("mfu       | %s; peak %.4f TFLOP/s (%s)\n",
-              flops_formula_description(table_, cfg_.model, lg.flops_formula).c_str(), peak, peak_source.c_str());
+  if (lead)
+    std::printf("mfu       | %s; peak %.4f TFLOP/s (%s)\n",
+                flops_formula_description(table_, cfg_.model, lg.flops_formula).c_str(), peak, peak_source.c_str());
   std::fflush(stdout);
 
   const std::string metrics_path = (std::filesystem::path(cfg_.run.out_dir) / lg.metrics_file).string();
-  MetricsLog log(metrics_path, lg.flops_formula);
+  // A resumed run continues its metrics file: the records up to the checkpoint's step are kept
+  // (those after it belong to steps that are about to be redone) and new ones appended.
+  std::optional<MetricsLog> log;
+  if (lead) log.emplace(metrics_path, lg.flops_formula, ckpt_->resumed_from().empty() ? -1 : step_);
   const int total = cfg_.schedule.total_steps;
   const double tokens_per_step = static_cast<double>(sequences_per_step()) * cfg_.batch.seq_len;
+  const int first_step = step_;  // > 0 when resumed
   double timed_seconds = 0;  // steps after the first (which pays for warm-up)
   int timed_steps = 0;
   const auto run_start = Clock::now();
 
   while (step_ < total) {
+    if (checkpoint_if_due(false)) return;  // for the step just done
     const auto t0 = Clock::now();
     const StepResult r = step();
     ops_.synchronize();
     const double dt = seconds_since(t0);
-    if (step_ > 1) {
+    if (step_ > first_step + 1) {
       timed_seconds += dt;
       timed_steps++;
     }
@@ -186,9 +311,11 @@ void Trainer::run() {
     m.tokens = static_cast<uint64_t>(tokens_per_step) * step_;
     m.eta_s = avg_dt * (total - step_);
     if (do_val) m.val_loss = evaluate();
-    log.log(m);
+    if (log) log->log(m);
   }
-  std::printf("done      | %d steps in %s, metrics in %s\n", step_, format_duration(seconds_since(run_start)).c_str(),
+  if (checkpoint_if_due(true)) return;
+  if (lead)
+    std::printf("done      | %d steps in %s, metrics in %s\n", step_, format_duration(seconds_since(run_start)).c_str(),
               metrics_path.c_str());
 }
 

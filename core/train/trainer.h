@@ -2,20 +2,33 @@
 // (batch.global_batch_tokens tokens from the global cursor) as grad_accum_steps micro-batches,
 // sums their gradients, clips, updates with AdamW at the scheduled learning rate, and logs.
 // Validation runs every data.val_every_steps steps and at the last step.
+//
+// Data parallel: the ranks lie on the Grid (dp x tp x pp x cp; this issue runs dp, with ZeRO
+// 0-3 and HSDP). DP rank d reads sequences (m*dp + d)*B .. +B-1 of micro-step m from the global
+// cursor, so together the ranks read exactly what one rank would; GradSync reduces gradients
+// over dp x cp, and the loss is the token-weighted mean over dp x cp. Only rank 0 prints the
+// log and writes the run directory's files.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
 
+#include "core/ckpt/checkpointer.h"
 #include "core/config/run_config.h"
 #include "core/data/data_loader.h"
+#include "core/dist/grid.h"
+#include "core/dist/process_groups.h"
 #include "core/dist/world.h"
 #include "core/metrics/metrics_log.h"
 #include "core/model/gpt2_stage.h"
 #include "core/model/param_store.h"
 #include "core/model/param_table.h"
 #include "core/ops/ops.h"
+#include "core/train/grad_sync.h"
+#include "core/train/param_gather.h"
+#include "core/train/zero_hooks.h"
 
 namespace pt {
 
@@ -37,12 +50,31 @@ class Trainer {
   // The whole run: start-up report, steps with logging and validation, final summary.
   void run();
 
+  // Writes a checkpoint of the current state now (checkpoint.dir) and returns its directory.
+  std::string save_checkpoint();
+  const ckpt::Checkpointer& checkpointer() const { return *ckpt_; }
+
   int steps_done() const { return step_; }
   uint64_t cursor() const { return cursor_; }
   ParamStore& params() { return *store_; }
+  const Grid& grid() const { return *grid_; }
+  const ProcessGroups& groups() const { return groups_; }
+  // The fp32 master weights in table order (total_numel), gathered from the ZeRO shards.
+  // Collective over the shard group: every rank of it must call it.
+  std::vector<float> gather_master();
+  // Called with every micro-batch this rank reads (B*T inputs and targets), for tests that
+  // check which tokens each DP rank saw.
+  using BatchObserver = std::function<void(int micro, const int32_t* inputs, const int32_t* targets, size_t n)>;
+  void set_batch_observer(BatchObserver observer) { batch_observer_ = std::move(observer); }
 
  private:
+  // The part of construction each rank can do alone (checks, allocation, data, resume); see
+  // agree_on_startup in world.h.
+  void setup_local();
   void print_startup() const;
+  // After a step: writes the checkpoint that is due (periodic, end of run, or asked for by a
+  // stop signal). Returns true when a signal asked the run to stop.
+  bool checkpoint_if_due(bool run_finished);
   int64_t sequences_per_step() const;
 
   RunConfig cfg_;
@@ -52,6 +84,14 @@ class Trainer {
   std::unique_ptr<ParamStore> store_;
   std::unique_ptr<Gpt2Stage> stage_;
   std::unique_ptr<DataLoader> train_data_, val_data_;
+  std::unique_ptr<ckpt::Checkpointer> ckpt_;
+  std::unique_ptr<Grid> grid_;
+  Coord coord_;  // this rank's place on the grid
+  ProcessGroups groups_;
+  std::unique_ptr<ParamGather> gather_;
+  std::unique_ptr<GradSync> grad_sync_;
+  std::unique_ptr<ZeroHooks> hooks_;
+  BatchObserver batch_observer_;
   std::vector<int32_t> inputs_, targets_;  // host staging for one micro-batch
   int step_ = 0;         // optimizer steps done
   uint64_t cursor_ = 0;  // global token position of the next step's first token

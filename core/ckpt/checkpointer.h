@@ -1,0 +1,95 @@
+// Checkpointer: what the trainer calls. It decides when to save (checkpoint.every_steps), writes
+// the training state (fp32 master weights, Adam m and v, step, token cursor) with the commit
+// protocol, prunes old checkpoints (keep_latest, keep_every), and on start resolves
+// checkpoint.resume (none | auto | PATH) and restores that state bit-exactly.
+//
+// State tensors are named "<state>/<parameter>" (state: master, adam_m, adam_v) and written to
+// one file per state and rank, "<state>_r00000.bin", each parameter as the chunk(s) this rank
+// holds (its ShardLayout pieces: everything on one rank, a flat slice under ZeRO).
+//
+// Several ranks (set_ranks): every rank that holds a shard no other rank writes (the first
+// replica under HSDP, dp rank 0 under ZeRO-0) writes its own files into one temporary directory
+// and rank 0 commits; every rank restores the pieces of ITS layout from whatever chunks the
+// writer's layout produced, so a run may resume under another dp or ZeRO stage. Ranks agree on
+// every outcome (which checkpoint, success or failure), so none is left waiting.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/config/run_config.h"
+#include "core/dist/comm.h"
+#include "core/model/param_store.h"
+#include "core/model/param_table.h"
+#include "core/ops/ops.h"
+
+namespace pt::ckpt {
+
+class CheckpointWriter;
+struct Manifest;
+
+struct TrainState {
+  int step = 0;          // optimizer steps done
+  uint64_t cursor = 0;   // global token cursor of the next step
+};
+
+class Checkpointer {
+ public:
+  Checkpointer(const RunConfig& cfg, const ParamTable& table);
+  // Multi-rank runs: `world` holds every rank (host-memory Comm; not owned); `writes_shard`:
+  // this rank writes its shard (false when another rank holds and writes the same one).
+  // Without a call the checkpointer acts for a world of one.
+  void set_ranks(Comm* world, bool writes_shard);
+
+  // Resolves checkpoint.resume. none: nullopt (and a ConfigError when checkpoint.dir already
+  // holds committed checkpoints, which a fresh run would prune). auto: the newest committed
+  // checkpoint that verifies, warning about and skipping corrupt ones; nullopt when there is
+  // none. PATH: that checkpoint (a step directory, or a checkpoint directory's latest); corrupt
+  // is an error. A model-shape mismatch is a ConfigError naming the key. Loads the master
+  // weights and Adam moments into `store` (moments zero for a weights-only checkpoint).
+  // `train_tokens`: the size of the training set, to warn when it changed.
+  std::optional<TrainState> restore(ParamStore& store, Ops& ops, uint64_t train_tokens);
+
+  // A periodic checkpoint is due after `step` (checkpoint.every_steps).
+  bool due(int step) const;
+  // Writes and commits the checkpoint of `state`, then prunes; returns its directory.
+  // Throws RuntimeError naming the path and errno text on a write failure (earlier checkpoints
+  // stay as they were).
+  std::string save(const TrainState& state, ParamStore& store, Ops& ops, uint64_t train_tokens);
+
+  // The step whose checkpoint is on disk (saved or resumed from); -1 when none.
+  int step_on_disk() const { return step_on_disk_; }
+  const std::string& resumed_from() const { return resumed_from_; }
+  // Warnings printed so far (corrupt checkpoints skipped, failed deletions...).
+  const std::vector<std::string>& warnings() const { return warnings_; }
+
+ private:
+  void warn(const std::string& msg);
+  TrainState load(const std::string& dir, ParamStore& store, Ops& ops, uint64_t train_tokens);
+  // load() on every rank; any rank's failure becomes every rank's (so all resume from the same
+  // checkpoint): a CorruptCheckpoint when some rank found it corrupt, else the failure itself.
+  TrainState load_everywhere(const std::string& dir, ParamStore& store, Ops& ops, uint64_t train_tokens);
+  // The commit protocol with several ranks writing (see the file comment); returns step_N's path.
+  std::string save_with_ranks(const Manifest& meta, const std::function<void(CheckpointWriter&)>& fill);
+  void remove_leftovers();
+  void prune();
+  bool several_ranks() const { return world_ && world_->size() > 1; }
+
+  RunConfig cfg_;
+  const ParamTable& table_;
+  Comm* world_ = nullptr;
+  bool writes_shard_ = true;
+  int step_on_disk_ = -1;
+  std::string resumed_from_;
+  std::vector<std::string> warnings_;
+};
+
+// The states saved per parameter, in file order.
+inline const std::vector<std::string>& state_names() {
+  static const std::vector<std::string> names = {"master", "adam_m", "adam_v"};
+  return names;
+}
+
+}  // namespace pt::ckpt

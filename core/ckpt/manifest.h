@@ -1,0 +1,90 @@
+// manifest.json: what a checkpoint directory holds. It is written last, inside the temporary
+// directory, so a checkpoint with a manifest is complete (the rename that follows is the commit).
+//
+// Tensors are described by their GLOBAL shape and a list of chunks, each a flat element range
+// [begin, end) of the row-major flattened global tensor stored at (file, offset, bytes) with its
+// checksum. One rank today writes each tensor whole (one chunk); a ZeRO rank writes the slice
+// of the flat shard it owns, a tensor-parallel rank its rows. A reader assembles whatever range
+// its own layout needs from whichever chunks cover it, so a change of layout needs no change of
+// format. Everything is little-endian.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/common/error.h"
+#include "core/config/run_config.h"
+
+namespace pt::ckpt {
+
+inline constexpr int kFormatVersion = 1;
+inline constexpr const char* kFormatName = "picotrain-checkpoint";
+inline constexpr const char* kManifestFile = "manifest.json";
+
+// A checkpoint that cannot be used: missing or truncated files, checksum mismatches, a manifest
+// that does not parse. The message names the file. `auto` resume falls back past these.
+struct CorruptCheckpoint : RuntimeError {
+  using RuntimeError::RuntimeError;
+};
+
+struct Chunk {
+  std::string file;       // relative to the checkpoint directory
+  uint64_t offset = 0;    // byte offset in the file
+  uint64_t bytes = 0;     // = (end - begin) * dtype size
+  uint64_t begin = 0;     // element range of the flattened global tensor
+  uint64_t end = 0;
+  uint64_t checksum = 0;  // checksum64 of the chunk's bytes
+};
+
+struct TensorEntry {
+  std::string name;  // "<state>/<parameter>", e.g. "master/h.0.attn.c_attn.weight", "adam_m/wte"
+  std::vector<int64_t> shape;
+  std::string dtype = "f32";
+  std::vector<Chunk> chunks;
+  uint64_t numel() const;
+};
+
+struct FileEntry {
+  std::string name;
+  uint64_t bytes = 0;  // the exact file size: a truncated or extended file is corrupt
+};
+
+struct Manifest {
+  int step = 0;             // optimizer steps done
+  uint64_t cursor = 0;      // global token cursor of the next step
+  uint64_t train_tokens = 0;  // tokens in the training set when saved (0: unknown, e.g. imported)
+  int total_steps = 0;      // schedule length when saved
+  double next_lr = 0;       // learning rate the next step runs at (schedule position, for humans)
+  uint64_t seed = 0;        // run.seed; no random stream is consumed during training yet
+  nlohmann::json model;     // the model-shape keys (model_shape_json)
+  nlohmann::json layout;    // world size and parallel degrees of the writer (informational)
+  nlohmann::json config;    // the writer's full resolved config
+  std::vector<FileEntry> files;
+  std::vector<TensorEntry> tensors;
+
+  const TensorEntry* find(const std::string& name) const;
+};
+
+nlohmann::ordered_json manifest_to_json(const Manifest& m);
+// Parses and checks the structure (chunks inside their tensor and file, sizes consistent);
+// throws CorruptCheckpoint naming `path` on anything malformed.
+Manifest manifest_from_json(const std::string& text, const std::string& path);
+
+// The keys that fix the model's shape and meaning: a checkpoint loads only into a config whose
+// keys all agree (pad_vocab_multiple is left out: only the padded_vocab it produces matters).
+nlohmann::json model_shape_json(const ModelSection& m);
+// 16 hex digits: checksum64 of model_shape_json's text, a quick "same model?" label.
+std::string model_hash(const ModelSection& m);
+// Throws ConfigError naming the first key that differs, e.g.
+// "model.d_model=256 but the checkpoint DIR has 128".
+void check_model_shape(const Manifest& m, const ModelSection& cfg, const std::string& where);
+// A model.pad_vocab_multiple that rounds vocab_size up to exactly padded_vocab (the default
+// when it does, else padded_vocab itself), for model shapes read from files.
+int pad_multiple_for(int vocab_size, int padded_vocab);
+// The ModelSection a manifest describes (for convert and for tools without a run config).
+ModelSection model_from_manifest(const Manifest& m, const std::string& where);
+
+}  // namespace pt::ckpt

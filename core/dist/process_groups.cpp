@@ -1,0 +1,31 @@
+#include "core/dist/process_groups.h"
+
+#include <numeric>
+
+#include "core/dist/local_comm.h"
+#include "core/dist/mpi_comm.h"
+
+namespace pt {
+
+std::unique_ptr<Comm> make_group_comm(const std::vector<int>& members, const World& world, Ops& ops) {
+#ifdef PICOTRAIN_WITH_MPI
+  if (world.size > 1) return MpiComm::split_world(members);
+#endif
+  check(members.size() == 1, "a world of one rank cannot form a group of " + std::to_string(members.size()));
+  return std::make_unique<LocalComm>(world.rank, ops);
+}
+
+ProcessGroups make_process_groups(const Grid& grid, const World& world, Ops& ops) {
+  check(grid.world_size() == world.size, "the grid has " + std::to_string(grid.world_size()) +
+                                             " ranks but the world has " + std::to_string(world.size));
+  std::vector<int> everyone(world.size);
+  std::iota(everyone.begin(), everyone.end(), 0);
+  ProcessGroups g;
+  g.world = make_group_comm(everyone, world, ops);
+  g.dp_cp = make_group_comm(grid.dp_cp_group(world.rank), world, ops);
+  g.shard = make_group_comm(grid.dp_shard_group(world.rank), world, ops);
+  g.replicate = make_group_comm(grid.dp_replicate_group(world.rank), world, ops);
+  return g;
+}
+
+}  // namespace pt

@@ -1,0 +1,30 @@
+// The communicators one rank uses, made from the Grid's groups. With MPI and more than one
+// rank each is an MpiComm (MPI_Comm_split of the world); otherwise a LocalComm, so a world of
+// one and the -DPICOTRAIN_MPI=OFF build run the same code with no library.
+#pragma once
+#include <memory>
+
+#include "core/dist/comm.h"
+#include "core/dist/grid.h"
+#include "core/dist/world.h"
+#include "core/ops/ops.h"
+
+namespace pt {
+
+struct ProcessGroups {
+  std::unique_ptr<Comm> world;      // every rank
+  std::unique_ptr<Comm> dp_cp;      // gradient reduction and the loss mean (Grid::dp_cp_group)
+  std::unique_ptr<Comm> shard;      // ZeRO shards: dp_shard x cp (= dp_cp without HSDP)
+  std::unique_ptr<Comm> replicate;  // HSDP replicas of one shard (one rank without HSDP)
+};
+
+// Collective over the whole world: every rank calls it once, in the same order relative to
+// other collectives.
+ProcessGroups make_process_groups(const Grid& grid, const World& world, Ops& ops);
+
+// A communicator over `members` (world ranks, in group order). Collective over the whole world
+// when the world has more than one rank: every rank passes its own group, and groups must
+// partition the world.
+std::unique_ptr<Comm> make_group_comm(const std::vector<int>& members, const World& world, Ops& ops);
+
+}  // namespace pt

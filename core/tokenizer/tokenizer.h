@@ -1,0 +1,60 @@
+// Tokenizers: text (bytes) <-> token ids. `prepare` turns corpora into shards with them, and
+// sampling turns prompts into ids and ids back into text.
+//
+//   "bytes"  one token per byte, vocabulary 256 (byte_tokenizer.h)
+//   "gpt2"   OpenAI GPT-2's byte-level BPE, vocabulary 50257, from encoder.json + vocab.bpe
+//            (gpt2_tokenizer.h)
+//
+// Both take any bytes: decode(encode(x)) == x for every byte string x.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace pt {
+
+// The per-thread half of a tokenizer: its scratch space and caches. Create one per thread with
+// Tokenizer::encoder(); it must not outlive its tokenizer.
+class TokenEncoder {
+ public:
+  virtual ~TokenEncoder() = default;
+  // Appends the tokens of `text` to `ids`. When `starts` is given, appends for each token the byte
+  // offset in `text` of the first byte of the piece it came from (non-decreasing).
+  virtual void encode(std::string_view text, std::vector<int32_t>& ids, std::vector<size_t>* starts = nullptr) = 0;
+};
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+  virtual std::string name() const = 0;
+  virtual int vocab_size() const = 0;
+  virtual std::unique_ptr<TokenEncoder> encoder() const = 0;
+  // The bytes of `ids`. Throws RuntimeError for an id outside [0, vocab_size).
+  virtual std::string decode(std::span<const int32_t> ids) const = 0;
+
+  // What `prepare` puts around every document: GPT-2 starts each with <|endoftext|>, as llm.c's
+  // data scripts do; the byte tokenizer has no special ids and ends each with a blank line.
+  virtual std::vector<int32_t> document_prefix() const = 0;
+  virtual std::vector<int32_t> document_suffix() const = 0;
+
+  // The smallest p >= from, p < text.size(), such that encoding text[0, p) and text[p, end)
+  // separately gives the tokens of text; npos when there is none. Lets long documents be
+  // encoded in parallel pieces with exactly the tokens of the whole.
+  virtual size_t next_cut(std::string_view text, size_t from) const = 0;
+
+  // Convenience for short texts (a prompt, a test): builds a fresh encoder on each call.
+  std::vector<int32_t> encode(std::string_view text) const;
+};
+
+// "bytes" or "gpt2". `dir` holds the GPT-2 files (encoder.json, vocab.bpe); "" means
+// default_tokenizer_dir(). Throws ConfigError for an unknown name or missing/broken files.
+std::unique_ptr<Tokenizer> make_tokenizer(const std::string& name, const std::string& dir = "");
+
+// <repo>/data/gpt2, where scripts/get_data.sh puts the GPT-2 files.
+std::string default_tokenizer_dir();
+
+}  // namespace pt

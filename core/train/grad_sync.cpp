@@ -1,0 +1,107 @@
+#include "core/train/grad_sync.h"
+
+#include <algorithm>
+
+namespace pt {
+
+GradSync::GradSync(ParamStore& store, Ops& ops, Comm& dp_cp, Comm& shard, Comm& replicate)
+    : store_(store), ops_(ops), dp_cp_(dp_cp), shard_(shard), replicate_(replicate), layout_(store.layout()) {
+  check(layout_.shard_count() == (layout_.zero_stage() == 0 ? 1 : shard.size()),
+        "GradSync: the layout has " + std::to_string(layout_.shard_count()) + " shards but the shard group " +
+            std::to_string(shard.size()) + " ranks");
+  layers_left_.resize(layout_.buckets().size());
+  launched_.resize(layout_.buckets().size());
+  working_.resize(static_cast<size_t>(layout_.last_layer() - layout_.first_layer() + 1));
+  if (!layout_.grads_resident()) {
+    size_t largest = 0;
+    for (const auto& b : layout_.buckets()) largest = std::max(largest, layout_.piece_numel(b));
+    piece_sum_ = ops_.alloc(largest, DType::f32);
+  }
+}
+
+GradSync::~GradSync() {
+  for (int l = layout_.first_layer(); l <= layout_.last_layer(); l++) {
+    Tensor& w = working_[static_cast<size_t>(l - layout_.first_layer())];
+    if (w) {
+      store_.detach_grads(l);
+      ops_.release(w);
+    }
+  }
+  if (piece_sum_) ops_.release(piece_sum_);
+}
+
+size_t GradSync::bucket_index(int layer) const {
+  const Bucket& b = layout_.bucket_of_layer(layer);
+  return static_cast<size_t>(&b - layout_.buckets().data());
+}
+
+void GradSync::start_step() {
+  if (layout_.grads_resident()) ops_.zero(store_.all_grads());
+  ops_.zero(store_.grad_shard());  // ZeRO 2-3 accumulate into it; ZeRO 1 overwrites it anyway
+  std::fill(launched_.begin(), launched_.end(), false);
+}
+
+void GradSync::start_micro_step(bool last) {
+  last_micro_ = last;
+  for (size_t b = 0; b < layers_left_.size(); b++) {
+    const Bucket& bucket = layout_.buckets()[b];
+    layers_left_[b] = bucket.last_layer - bucket.first_layer + 1;
+  }
+}
+
+void GradSync::acquire_grads(int layer) {
+  if (layout_.grads_resident()) return;
+  Tensor& w = working_[static_cast<size_t>(layer - layout_.first_layer())];
+  if (w) return;  // already acquired in this micro-step
+  w = ops_.alloc(layout_.bucket_of_layer(layer).padded, DType::f32);  // zeroed, padding included
+  store_.attach_grads(layer, w);
+}
+
+void GradSync::grads_ready(int layer) {
+  if (!layout_.grads_resident()) return reduce_layer(layer);
+  const size_t b = bucket_index(layer);
+  // Earlier micro-steps only accumulate: reducing once per step moves the least data.
+  if (--layers_left_[b] == 0 && last_micro_ && !launched_[b]) reduce_bucket(b);
+}
+
+void GradSync::reduce_bucket(size_t b) {
+  const Bucket& bucket = layout_.buckets()[b];
+  const Tensor full = store_.all_grads().slice(bucket.arena_offset, bucket.padded);
+  if (layout_.zero_stage() == 0) {
+    dp_cp_.all_reduce(full);
+  } else {
+    const Tensor piece = store_.grad_shard().slice(bucket.shard_offset, layout_.piece_numel(bucket));
+    shard_.reduce_scatter(full, piece);
+    replicate_.all_reduce(piece);  // HSDP: the replicas' sums of the same piece
+  }
+  launched_[b] = true;
+}
+
+void GradSync::reduce_layer(int layer) {
+  Tensor& w = working_[static_cast<size_t>(layer - layout_.first_layer())];
+  check(static_cast<bool>(w), "GradSync: layer " + std::to_string(layer) + " reported ready without acquire_grads");
+  const Bucket& bucket = layout_.bucket_of_layer(layer);
+  const size_t q = layout_.piece_numel(bucket);
+  const Tensor sum = piece_sum_.slice(0, q);
+  shard_.reduce_scatter(w, sum);
+  const Tensor acc = store_.grad_shard().slice(bucket.shard_offset, q);
+  ops_.add(acc, acc, sum, q);
+  store_.detach_grads(layer);
+  ops_.release(w);
+}
+
+void GradSync::finish_step() {
+  if (layout_.grads_resident()) {
+    // A bucket whose layers were not all reported (a stage without hooks) is reduced now, still
+    // in backward's order.
+    for (size_t b = launched_.size(); b-- > 0;)
+      if (!launched_[b]) reduce_bucket(b);
+    return;
+  }
+  for (size_t l = 0; l < working_.size(); l++)
+    check(!working_[l], "GradSync: the gradient of layer " + std::to_string(int(l) + layout_.first_layer()) +
+                            " was acquired but never reported ready");
+  replicate_.all_reduce(store_.grad_shard());
+}
+
+}  // namespace pt

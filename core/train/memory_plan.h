@@ -1,0 +1,47 @@
+// The "will it fit?" arithmetic for one rank: bytes of parameters, gradients, master weights,
+// optimizer state and activations under a ZeRO layout, from the ParamTable (through the
+// ShardLayout) and the micro-batch shape alone, allocating nothing. The trainer prints it at
+// start; a `plan` command can print it for layouts it never runs.
+//
+// Per parameter, with Ψ elements, S shard ranks, compute dtype size c (2 for bf16, 4 for fp32):
+//   ZeRO-0  params cΨ, grads 4Ψ, master 4Ψ (0 when c = 4: the params are the master), Adam 8Ψ
+//   ZeRO-1  params cΨ, grads 4Ψ (+ 4Ψ/S, the reduced shard), master 4Ψ/S, Adam 8Ψ/S
+//   ZeRO-2  params cΨ, grads 4Ψ/S (+ working layers), master 4Ψ/S, Adam 8Ψ/S
+//   ZeRO-3  params cΨ/S (+ working layers; 0 extra when c = 4: the shard is the master),
+//           grads 4Ψ/S (+ working layers), master 4Ψ/S, Adam 8Ψ/S
+// "Working layers" are the layers ZeRO-2/3 hold in full at the peak: the embeddings (the tied
+// LM head keeps them from the end of forward to the start of backward, and their gradient
+// lives through all of backward) plus the largest other layer. Ψ/S is padded up to whole
+// elements per bucket, so every rank of a layout holds the same number of bytes.
+#pragma once
+#include <cstddef>
+#include <string>
+
+#include "core/config/run_config.h"
+#include "core/model/shard_layout.h"
+#include "core/tensor/tensor.h"
+
+namespace pt {
+
+struct MemoryPlan {
+  int zero_stage = 0;
+  int shard_count = 1;
+  size_t params = 0;          // compute dtype, held for the whole run (arena or shard)
+  size_t params_working = 0;  // ZeRO-3: layers gathered at the peak
+  size_t grads = 0;           // fp32, held for the whole run (arena and/or shard)
+  size_t grads_working = 0;   // ZeRO-2/3: layer gradient buffers at the peak, + one reduced piece
+  size_t master = 0;          // fp32 master weights (0 when they are the params)
+  size_t optimizer = 0;       // Adam m and v
+  size_t activations = 0;     // one micro-batch, everything backward needs (no recompute)
+  size_t total() const;
+  // "params 0.1 MiB, grads ..., total ...": one line for the start-up log.
+  std::string describe() const;
+};
+
+MemoryPlan plan_memory(const ShardLayout& layout, DType compute_dtype, size_t activation_bytes);
+
+// Bytes of the activations (and backward scratch) of a GPT-2 stage for one B x T micro-batch,
+// from the shapes: the buffers Gpt2Stage allocates.
+size_t gpt2_activation_bytes(const ModelSection& model, int B, int T, DType compute_dtype);
+
+}  // namespace pt

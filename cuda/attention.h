@@ -1,0 +1,35 @@
+// Host launchers for causal self-attention on the GPU. Two implementations of the same math
+// (see Ops::attention_forward/backward):
+//  - flash_attention_*_bf16 (flash_attention_forward.cu, flash_attention_backward.cu): bf16
+//    tensor-core (mma.sync m16n8k16) flash attention for head sizes 64 and 128;
+//  - attention_*_tiled (attention_tiled.cu): CUDA-core tiled kernels for f32 or bf16 and any
+//    head size, fp32 math throughout: the fp32 backend's kernel (it matches CpuOps to ~1e-6)
+//    and the bf16 fallback for other head sizes.
+// Both read qkv [B, T, 3C] (q | k | v, head h at channels [h*HS, (h+1)*HS) of each), write
+// out [B, T, C] and lse [B, NH, T] (fp32, natural log), and never hold a T x T matrix.
+// Backward ACCUMULATES into dqkv and needs D = rowsum(dout * out) per (b, h, t) first
+// (attention_row_dot, into fp32 scratch of B*NH*T floats). Same stream conventions as the other
+// launchers.
+#pragma once
+#include "core/tensor/tensor.h"
+
+namespace pt::gpu {
+
+// True when the tensor-core kernels handle this call: bf16, HS 64 or 128, 16-byte aligned tensors.
+bool flash_attention_supported(DType dtype, int HS, const void* qkv, const void* out_or_dout, const void* dqkv);
+
+void flash_attention_forward_bf16(void* out, float* lse, const void* qkv, int B, int T, int NH, int HS,
+                                  void* stream = nullptr);
+void flash_attention_backward_bf16(void* dqkv, const void* dout, const void* qkv, const float* lse, const float* D,
+                                   int B, int T, int NH, int HS, void* stream = nullptr);
+
+void attention_forward_tiled(DType dtype, void* out, float* lse, const void* qkv, int B, int T, int NH, int HS,
+                             void* stream = nullptr);
+void attention_backward_tiled(DType dtype, void* dqkv, const void* dout, const void* qkv, const float* lse,
+                              const float* D, int B, int T, int NH, int HS, void* stream = nullptr);
+
+// D[b, h, t] = sum_c dout[b, t, h*HS + c] * out[b, t, h*HS + c]  (fp32), any dtype/head size.
+void attention_row_dot(DType dtype, float* D, const void* dout, const void* out, int B, int T, int NH, int HS,
+                       void* stream = nullptr);
+
+}  // namespace pt::gpu

@@ -1,0 +1,481 @@
+// CudaOps (see cuda_ops.h): argument checks, memory, transfers, and the dispatch of every op
+// to its kernels. Host code only, compiled by g++ against the CUDA runtime headers.
+#include "cuda/cuda_ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <initializer_list>
+
+#include "cuda/adamw.h"
+#include "cuda/attention.h"
+#include "cuda/cross_entropy.h"
+#include "cuda/cuda_common.h"
+#include "cuda/elementwise.h"
+#include "cuda/embedding.h"
+#include "cuda/gelu.h"
+#include "cuda/layernorm.h"
+#include "cuda/matmul_cublaslt.h"
+#include "cuda/reduce.h"
+
+namespace pt {
+
+namespace {
+
+// Elements per chunk when a transfer converts through the scratch buffer (16 MiB of f32).
+constexpr size_t kStagingElems = size_t(4) << 20;
+
+std::string where(const char* op) { return std::string("CudaOps::") + op; }
+
+std::string human_bytes(size_t bytes) {
+  char buf[64];
+  const double mib = static_cast<double>(bytes) / (1024.0 * 1024.0);
+  if (mib < 1024.0)
+    std::snprintf(buf, sizeof buf, "%.1f MiB", mib);
+  else
+    std::snprintf(buf, sizeof buf, "%.2f GiB", mib / 1024.0);
+  return buf;
+}
+
+// cudaMalloc that turns "out of memory" into a message a user can act on.
+void* device_alloc(size_t bytes, const std::string& what) {
+  void* p = nullptr;
+  cudaError_t err = cudaMalloc(&p, bytes);
+  if (err == cudaSuccess) return p;
+  cudaGetLastError();  // not sticky: clear it so later calls are not blamed
+  size_t free_bytes = 0, total_bytes = 0;
+  const bool have_info = cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess;
+  cudaGetLastError();
+  std::string msg = "CUDA could not allocate " + human_bytes(bytes) + " (" + std::to_string(bytes) + " bytes) for " +
+                    what + ": " + cudaGetErrorName(err);
+  if (have_info) msg += "; the GPU has " + human_bytes(free_bytes) + " free of " + human_bytes(total_bytes);
+  if (err == cudaErrorMemoryAllocation)
+    msg += ". To use less memory: lower batch.micro_batch_size (raise gradient accumulation instead), turn on "
+           "activation recompute, raise parallel.zero_stage to shard optimizer state, gradients and parameters, "
+           "or split the model over more GPUs with parallel.tp / parallel.pp";
+  throw RuntimeError(msg);
+}
+
+// ---- argument checks: a wrong dtype or a buffer too small names the op and the argument ----
+
+void need(const Tensor& t, size_t n, const char* op, const char* name) {
+  check(t.data != nullptr || n == 0, where(op) + ": " + name + " is null");
+  check(t.numel >= n, where(op) + ": " + name + " holds " + std::to_string(t.numel) + " elements, the shape needs " +
+                          std::to_string(n));
+}
+
+void need(const Tensor& t, size_t n, DType dtype, const char* op, const char* name) {
+  need(t, n, op, name);
+  check(t.dtype == dtype || t.data == nullptr, where(op) + ": " + name + " is " + dtype_name(t.dtype) + ", expected " +
+                                                   dtype_name(dtype));
+}
+
+// An activation tensor: f32 or bf16. Returns its dtype.
+DType need_act(const Tensor& t, size_t n, const char* op, const char* name) {
+  need(t, n, op, name);
+  check(t.dtype == DType::f32 || t.dtype == DType::bf16,
+        where(op) + ": " + name + " is " + dtype_name(t.dtype) + ", expected f32 or bf16");
+  return t.dtype;
+}
+
+void check_dims(const char* op, std::initializer_list<long long> dims) {
+  for (long long d : dims) check(d >= 0, where(op) + ": negative dimension " + std::to_string(d));
+}
+
+// Parameter gradients that travel together (dw and db) must share one dtype.
+DType grad_dtype(const char* op, std::initializer_list<const Tensor*> grads, DType fallback) {
+  DType d = fallback;
+  bool found = false;
+  for (const Tensor* g : grads) {
+    if (!*g) continue;
+    check(!found || g->dtype == d, where(op) + ": the parameter gradients have different dtypes");
+    d = g->dtype;
+    found = true;
+  }
+  return d;
+}
+
+bool overlap(const Tensor& a, const Tensor& b, size_t n) {
+  const char* pa = static_cast<const char*>(a.data);
+  const char* pb = static_cast<const char*>(b.data);
+  return pa < pb + n * dtype_size(b.dtype) && pb < pa + n * dtype_size(a.dtype);
+}
+
+}  // namespace
+
+// ---- lifetime -----------------------------------------------------------------------------------
+
+CudaOps::CudaOps(DType compute_dtype) : compute_(compute_dtype) {
+  if (compute_dtype != DType::f32 && compute_dtype != DType::bf16)
+    throw ConfigError(std::string("the CUDA backend computes in f32 or bf16, not ") + dtype_name(compute_dtype));
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  cudaDeviceProp prop{};
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+  char desc[512];
+  std::snprintf(desc, sizeof desc, "%s (sm_%d%d, %d SMs, %.1f GiB; compute %s)", prop.name, prop.major, prop.minor,
+                prop.multiProcessorCount, static_cast<double>(prop.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0),
+                dtype_name(compute_dtype));
+  description_ = desc;
+  cudaStream_t s = nullptr;
+  // A blocking stream: it orders with the legacy default stream, so raw cudaMemcpy/cudaMemset on
+  // our buffers (tests, cuda_memory.h) see every op queued before them.
+  CUDA_CHECK(cudaStreamCreate(&s));
+  stream_ = s;
+  try {
+    matmul_ = gpu::matmul_context_create();
+    result_ = static_cast<double*>(device_alloc(sizeof(double), "a reduction result"));
+  } catch (...) {
+    if (matmul_) gpu::matmul_context_destroy(matmul_);
+    cudaStreamDestroy(s);
+    throw;
+  }
+}
+
+CudaOps::~CudaOps() {
+  // No throwing here: a failure would have surfaced at an earlier synchronising call.
+  cudaStreamSynchronize(as_stream(stream_));
+  gpu::matmul_context_destroy(matmul_);
+  cudaFree(scratch_);
+  cudaFree(result_);
+  cudaStreamDestroy(as_stream(stream_));
+}
+
+void* CudaOps::scratch(size_t bytes) {
+  if (bytes <= scratch_bytes_) return scratch_;
+  // Growing frees the old buffer; cudaFree waits for the kernels that may still use it.
+  const size_t grown = std::max(bytes, scratch_bytes_ + scratch_bytes_ / 2);
+  const size_t rounded = (grown + (size_t(1) << 20) - 1) >> 20 << 20;  // whole MiB
+  cudaFree(scratch_);
+  scratch_ = nullptr;
+  scratch_bytes_ = 0;
+  scratch_ = device_alloc(rounded, "kernel scratch space");
+  scratch_bytes_ = rounded;
+  return scratch_;
+}
+
+// ---- memory ---------------------------------------------------------------------------------------
+
+Tensor CudaOps::alloc(size_t n, DType dtype) {
+  if (n == 0) return Tensor{nullptr, 0, dtype};
+  const size_t bytes = n * dtype_size(dtype);
+  check(bytes / dtype_size(dtype) == n, "CudaOps::alloc: " + std::to_string(n) + " elements overflow size_t");
+  void* p = device_alloc(bytes, std::to_string(n) + " x " + dtype_name(dtype));
+  CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, as_stream(stream_)));
+  return Tensor{p, n, dtype};
+}
+
+void CudaOps::release(Tensor& t) {
+  if (t.data) CUDA_CHECK(cudaFree(t.data));  // waits for queued work that may still use it
+  t = Tensor{nullptr, 0, t.dtype};
+}
+
+void CudaOps::zero(Tensor t) {
+  if (t.data) CUDA_CHECK(cudaMemsetAsync(t.data, 0, t.bytes(), as_stream(stream_)));
+}
+
+void CudaOps::upload(Tensor dst, const void* host_src, DType host_dtype, size_t n) {
+  need(dst, n, "upload", "dst");
+  if (n == 0) return;
+  cudaStream_t s = as_stream(stream_);
+  if (host_dtype == dst.dtype) {
+    // From pageable memory the copy returns once the source has been staged: the caller may
+    // reuse host_src right away.
+    CUDA_CHECK(cudaMemcpyAsync(dst.data, host_src, n * dtype_size(host_dtype), cudaMemcpyHostToDevice, s));
+    return;
+  }
+  check(host_dtype == DType::f32 && dst.dtype == DType::bf16,
+        std::string("CudaOps::upload: host data is ") + dtype_name(host_dtype) + " but the tensor is " +
+            dtype_name(dst.dtype) + " (only f32 -> bf16 converts)");
+  // Stage f32 chunks on the device and round them there (one rounding, to nearest even).
+  float* staging = static_cast<float*>(scratch(std::min(n, kStagingElems) * sizeof(float)));
+  const float* src = static_cast<const float*>(host_src);
+  for (size_t off = 0; off < n; off += kStagingElems) {
+    const size_t len = std::min(kStagingElems, n - off);
+    // Stream order makes the next chunk's copy wait for this chunk's conversion.
+    CUDA_CHECK(cudaMemcpyAsync(staging, src + off, len * sizeof(float), cudaMemcpyHostToDevice, s));
+    gpu::convert(DType::bf16, static_cast<char*>(dst.data) + off * 2, DType::f32, staging, len, s);
+  }
+}
+
+void CudaOps::download(void* host_dst, DType host_dtype, Tensor src, size_t n) {
+  need(src, n, "download", "src");
+  if (n == 0) return;
+  cudaStream_t s = as_stream(stream_);
+  if (host_dtype == src.dtype) {
+    CUDA_CHECK(cudaMemcpyAsync(host_dst, src.data, n * dtype_size(host_dtype), cudaMemcpyDeviceToHost, s));
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    return;
+  }
+  check(host_dtype == DType::f32 && src.dtype == DType::bf16,
+        std::string("CudaOps::download: host data is ") + dtype_name(host_dtype) + " but the tensor is " +
+            dtype_name(src.dtype) + " (only bf16 -> f32 converts)");
+  float* staging = static_cast<float*>(scratch(std::min(n, kStagingElems) * sizeof(float)));
+  float* dst = static_cast<float*>(host_dst);
+  for (size_t off = 0; off < n; off += kStagingElems) {
+    const size_t len = std::min(kStagingElems, n - off);
+    gpu::convert(DType::f32, staging, DType::bf16, static_cast<const char*>(src.data) + off * 2, len, s);
+    CUDA_CHECK(cudaMemcpyAsync(dst + off, staging, len * sizeof(float), cudaMemcpyDeviceToHost, s));
+    CUDA_CHECK(cudaStreamSynchronize(s));
+  }
+}
+
+void CudaOps::copy(Tensor dst, Tensor src, size_t n) {
+  need(dst, n, "copy", "dst");
+  need(src, n, "copy", "src");
+  if (n == 0) return;
+  cudaStream_t s = as_stream(stream_);
+  if (dst.dtype == src.dtype) {
+    const size_t bytes = n * dtype_size(src.dtype);
+    if (dst.data == src.data) return;
+    if (overlap(dst, src, n)) {  // memmove semantics through the scratch buffer
+      void* tmp = scratch(bytes);
+      CUDA_CHECK(cudaMemcpyAsync(tmp, src.data, bytes, cudaMemcpyDeviceToDevice, s));
+      CUDA_CHECK(cudaMemcpyAsync(dst.data, tmp, bytes, cudaMemcpyDeviceToDevice, s));
+    } else {
+      CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, bytes, cudaMemcpyDeviceToDevice, s));
+    }
+    return;
+  }
+  check(!overlap(dst, src, n), "CudaOps::copy: a converting copy between overlapping ranges is not supported");
+  gpu::convert(dst.dtype, dst.data, src.dtype, src.data, n, s);
+}
+
+void CudaOps::synchronize() { CUDA_CHECK(cudaStreamSynchronize(as_stream(stream_))); }
+
+// ---- embeddings -----------------------------------------------------------------------------------
+
+void CudaOps::embedding_forward(Tensor out, Tensor tokens, Tensor wte, int N, int C, int vocab_start,
+                                int vocab_local) {
+  check_dims("embedding_forward", {N, C, vocab_local});
+  const DType dt = need_act(wte, size_t(vocab_local) * C, "embedding_forward", "wte");
+  need(out, size_t(N) * C, dt, "embedding_forward", "out");
+  need(tokens, N, DType::i32, "embedding_forward", "tokens");
+  gpu::embedding_forward(dt, out.data, static_cast<const int32_t*>(tokens.data), wte.data, N, C, vocab_start,
+                         vocab_local, stream_);
+}
+
+void CudaOps::embedding_backward(Tensor dwte, Tensor dout, Tensor tokens, int N, int C, int vocab_start,
+                                 int vocab_local) {
+  check_dims("embedding_backward", {N, C, vocab_local});
+  if (!dwte) return;
+  need(dwte, size_t(vocab_local) * C, "embedding_backward", "dwte");
+  const DType dt = need_act(dout, size_t(N) * C, "embedding_backward", "dout");
+  need(tokens, N, DType::i32, "embedding_backward", "tokens");
+  const size_t bytes = gpu::embedding_backward_scratch_bytes(N, vocab_local);
+  gpu::embedding_backward(dt, dwte.dtype, dwte.data, dout.data, static_cast<const int32_t*>(tokens.data), N, C,
+                          vocab_start, vocab_local, scratch(bytes), bytes, stream_);
+}
+
+void CudaOps::position_forward(Tensor out, Tensor wpe, Tensor pos, int B, int T, int C) {
+  check_dims("position_forward", {B, T, C});
+  check(C > 0 || size_t(B) * T == 0, "CudaOps::position_forward: C must be positive");
+  const DType dt = need_act(out, size_t(B) * T * C, "position_forward", "out");
+  need(wpe, C, dt, "position_forward", "wpe");
+  need(pos, T, DType::i32, "position_forward", "pos");
+  const int rows = C > 0 ? static_cast<int>(std::min<size_t>(wpe.numel / C, 0x7fffffff)) : 0;
+  gpu::position_forward(dt, out.data, wpe.data, static_cast<const int32_t*>(pos.data), B, T, C, rows, stream_);
+}
+
+void CudaOps::position_backward(Tensor dwpe, Tensor dout, Tensor pos, int B, int T, int C) {
+  check_dims("position_backward", {B, T, C});
+  if (!dwpe || C == 0) return;
+  const DType dt = need_act(dout, size_t(B) * T * C, "position_backward", "dout");
+  need(pos, T, DType::i32, "position_backward", "pos");
+  const int rows = static_cast<int>(std::min<size_t>(dwpe.numel / C, 0x7fffffff));
+  gpu::position_backward(dt, dwpe.dtype, dwpe.data, dout.data, static_cast<const int32_t*>(pos.data), B, T, C, rows,
+                         stream_);
+}
+
+// ---- LayerNorm -----------------------------------------------------------------------------------
+
+void CudaOps::layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor w, Tensor b, int N, int C) {
+  check_dims("layernorm_forward", {N, C});
+  const size_t NC = size_t(N) * C;
+  const DType dt = need_act(inp, NC, "layernorm_forward", "inp");
+  need(out, NC, dt, "layernorm_forward", "out");
+  need(w, C, dt, "layernorm_forward", "w");
+  need(b, C, dt, "layernorm_forward", "b");
+  if (mean) need(mean, N, DType::f32, "layernorm_forward", "mean");
+  if (rstd) need(rstd, N, DType::f32, "layernorm_forward", "rstd");
+  gpu::layernorm_forward(dt, out.data, static_cast<float*>(mean.data), static_cast<float*>(rstd.data), inp.data,
+                         w.data, b.data, N, C, stream_);
+}
+
+void CudaOps::layernorm_backward(Tensor dinp, Tensor dw, Tensor db, Tensor dout, Tensor inp, Tensor w, Tensor mean,
+                                 Tensor rstd, int N, int C) {
+  check_dims("layernorm_backward", {N, C});
+  if (!dinp && !dw && !db) return;
+  const size_t NC = size_t(N) * C;
+  const DType dt = need_act(dout, NC, "layernorm_backward", "dout");
+  need(inp, NC, dt, "layernorm_backward", "inp");
+  need(mean, N, DType::f32, "layernorm_backward", "mean");
+  need(rstd, N, DType::f32, "layernorm_backward", "rstd");
+  if (dinp) {
+    need(dinp, NC, dt, "layernorm_backward", "dinp");
+    need(w, C, dt, "layernorm_backward", "w");
+  }
+  if (dw) need(dw, C, "layernorm_backward", "dw");
+  if (db) need(db, C, "layernorm_backward", "db");
+  const DType gt = grad_dtype("layernorm_backward", {&dw, &db}, DType::f32);
+  void* s = (dw || db) ? scratch(gpu::layernorm_backward_scratch_bytes(N, C)) : nullptr;
+  gpu::layernorm_backward(dt, gt, dinp.data, dw.data, db.data, dout.data, inp.data, w.data,
+                          static_cast<const float*>(mean.data), static_cast<const float*>(rstd.data), N, C, s,
+                          stream_);
+}
+
+// ---- linear layer --------------------------------------------------------------------------------
+
+void CudaOps::matmul_forward(Tensor out, Tensor inp, Tensor w, Tensor bias, int N, int IC, int OC) {
+  check_dims("matmul_forward", {N, IC, OC});
+  const DType dt = need_act(inp, size_t(N) * IC, "matmul_forward", "inp");
+  need(w, size_t(OC) * IC, dt, "matmul_forward", "w");
+  const DType ot = need_act(out, size_t(N) * OC, "matmul_forward", "out");
+  check(ot == dt || ot == DType::f32,
+        "CudaOps::matmul_forward: out must be " + std::string(dtype_name(dt)) + " or f32");
+  if (bias) need(bias, OC, ot, "matmul_forward", "bias");
+  gpu::matmul_forward(matmul_, dt, ot, out.data, inp.data, w.data, bias.data, N, IC, OC, stream_);
+}
+
+void CudaOps::matmul_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, int N, int IC,
+                              int OC) {
+  check_dims("matmul_backward", {N, IC, OC});
+  if (!dinp && !dw && !dbias) return;
+  const DType dt = need_act(dout, size_t(N) * OC, "matmul_backward", "dout");
+  if (dinp) {
+    const DType it = need_act(dinp, size_t(N) * IC, "matmul_backward", "dinp");
+    check(it == dt || it == DType::f32,
+          "CudaOps::matmul_backward: dinp must be " + std::string(dtype_name(dt)) + " or f32");
+    need(w, size_t(OC) * IC, dt, "matmul_backward", "w");
+    gpu::matmul_backward_input(matmul_, dt, it, dinp.data, dout.data, w.data, N, IC, OC, stream_);
+  }
+  if (dw) {
+    const DType wt = need_act(dw, size_t(OC) * IC, "matmul_backward", "dw");
+    check(wt == dt || wt == DType::f32,
+          "CudaOps::matmul_backward: dw must be " + std::string(dtype_name(dt)) + " or f32");
+    need(inp, size_t(N) * IC, dt, "matmul_backward", "inp");
+    gpu::matmul_backward_weight(matmul_, dt, wt, dw.data, dout.data, inp.data, N, IC, OC, stream_);
+  }
+  if (dbias) {
+    need(dbias, OC, "matmul_backward", "dbias");
+    gpu::bias_backward(dt, dbias.dtype, dbias.data, dout.data, N, OC,
+                       scratch(gpu::bias_backward_scratch_bytes(N, OC)), stream_);
+  }
+}
+
+// ---- attention -----------------------------------------------------------------------------------
+
+namespace {
+int head_size(const char* op, int C, int NH) {
+  check(NH > 0 && C % NH == 0, where(op) + ": n_heads=" + std::to_string(NH) + " must be positive and divide C=" +
+                                   std::to_string(C));
+  return C / NH;
+}
+}  // namespace
+
+void CudaOps::attention_forward(Tensor out, Tensor lse, Tensor qkv, int B, int T, int C, int NH) {
+  check_dims("attention_forward", {B, T, C});
+  const int HS = head_size("attention_forward", C, NH);
+  const size_t BT = size_t(B) * T;
+  const DType dt = need_act(qkv, BT * 3 * C, "attention_forward", "qkv");
+  need(out, BT * C, dt, "attention_forward", "out");
+  need(lse, size_t(B) * NH * T, DType::f32, "attention_forward", "lse");
+  if (gpu::flash_attention_supported(dt, HS, qkv.data, out.data, nullptr))
+    gpu::flash_attention_forward_bf16(out.data, static_cast<float*>(lse.data), qkv.data, B, T, NH, HS, stream_);
+  else
+    gpu::attention_forward_tiled(dt, out.data, static_cast<float*>(lse.data), qkv.data, B, T, NH, HS, stream_);
+}
+
+void CudaOps::attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B, int T, int C,
+                                 int NH) {
+  check_dims("attention_backward", {B, T, C});
+  const int HS = head_size("attention_backward", C, NH);
+  if (!dqkv) return;
+  const size_t BT = size_t(B) * T;
+  const DType dt = need_act(qkv, BT * 3 * C, "attention_backward", "qkv");
+  need(dqkv, BT * 3 * C, dt, "attention_backward", "dqkv");
+  need(dout, BT * C, dt, "attention_backward", "dout");
+  need(out, BT * C, dt, "attention_backward", "out");
+  need(lse, size_t(B) * NH * T, DType::f32, "attention_backward", "lse");
+  float* D = static_cast<float*>(scratch(size_t(B) * NH * T * sizeof(float)));
+  gpu::attention_row_dot(dt, D, dout.data, out.data, B, T, NH, HS, stream_);
+  const float* L = static_cast<const float*>(lse.data);
+  if (gpu::flash_attention_supported(dt, HS, qkv.data, dout.data, dqkv.data))
+    gpu::flash_attention_backward_bf16(dqkv.data, dout.data, qkv.data, L, D, B, T, NH, HS, stream_);
+  else
+    gpu::attention_backward_tiled(dt, dqkv.data, dout.data, qkv.data, L, D, B, T, NH, HS, stream_);
+}
+
+// ---- elementwise ---------------------------------------------------------------------------------
+
+void CudaOps::gelu_forward(Tensor out, Tensor inp, size_t n) {
+  const DType dt = need_act(inp, n, "gelu_forward", "inp");
+  need(out, n, dt, "gelu_forward", "out");
+  gpu::gelu_forward(dt, out.data, inp.data, n, stream_);
+}
+
+void CudaOps::gelu_backward(Tensor dinp, Tensor inp, Tensor dout, size_t n) {
+  if (!dinp) return;
+  const DType dt = need_act(inp, n, "gelu_backward", "inp");
+  need(dinp, n, dt, "gelu_backward", "dinp");
+  need(dout, n, dt, "gelu_backward", "dout");
+  gpu::gelu_backward(dt, dinp.data, inp.data, dout.data, n, stream_);
+}
+
+void CudaOps::add(Tensor out, Tensor a, Tensor b, size_t n) {
+  const DType dt = need_act(a, n, "add", "a");
+  need(b, n, dt, "add", "b");
+  need(out, n, dt, "add", "out");
+  gpu::add(dt, out.data, a.data, b.data, n, stream_);
+}
+
+void CudaOps::scale(Tensor x, float s, size_t n) {
+  const DType dt = need_act(x, n, "scale", "x");
+  gpu::scale(dt, x.data, s, n, stream_);
+}
+
+// ---- loss ---------------------------------------------------------------------------------------
+
+void CudaOps::softmax_cross_entropy(Tensor losses, Tensor logits, Tensor targets, int N, int V, int Vp, float dloss) {
+  check_dims("softmax_cross_entropy", {N, V, Vp});
+  check(V > 0 && V <= Vp, "CudaOps::softmax_cross_entropy: need 0 < V <= Vp, got V=" + std::to_string(V) +
+                              " Vp=" + std::to_string(Vp));
+  need(losses, N, DType::f32, "softmax_cross_entropy", "losses");
+  const DType dt = need_act(logits, size_t(N) * Vp, "softmax_cross_entropy", "logits");
+  need(targets, N, DType::i32, "softmax_cross_entropy", "targets");
+  gpu::softmax_cross_entropy(dt, static_cast<float*>(losses.data), logits.data,
+                             static_cast<const int32_t*>(targets.data), N, V, Vp, dloss, stream_);
+}
+
+// ---- optimizer and reductions ------------------------------------------------------------------------
+
+void CudaOps::adamw_update(Tensor params, Tensor master, Tensor grad, Tensor m, Tensor v, size_t n, float lr,
+                           float beta1, float beta2, float eps, float weight_decay, int t, float grad_scale) {
+  check(t >= 1, "CudaOps::adamw_update: step t=" + std::to_string(t) + " must be >= 1 (bias correction)");
+  need(master, n, DType::f32, "adamw_update", "master");
+  need(grad, n, DType::f32, "adamw_update", "grad");
+  need(m, n, DType::f32, "adamw_update", "m");
+  need(v, n, DType::f32, "adamw_update", "v");
+  if (params) need_act(params, n, "adamw_update", "params");
+  // The same bias corrections as CpuOps: in double, then rounded once.
+  const float c1 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta1), t));
+  const float c2 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta2), t));
+  gpu::adamw_update(params.dtype, params.data, static_cast<float*>(master.data), static_cast<const float*>(grad.data),
+                    static_cast<float*>(m.data), static_cast<float*>(v.data), n, lr, beta1, beta2, eps, weight_decay,
+                    c1, c2, grad_scale, stream_);
+}
+
+double CudaOps::reduce(Tensor x, size_t n, bool square, const char* op) {
+  const DType dt = need_act(x, n, op, "x");
+  gpu::reduce_sum(dt, result_, x.data, n, square, scratch(gpu::reduce_scratch_bytes()), stream_);
+  double host = 0.0;
+  CUDA_CHECK(cudaMemcpyAsync(&host, result_, sizeof host, cudaMemcpyDeviceToHost, as_stream(stream_)));
+  CUDA_CHECK(cudaStreamSynchronize(as_stream(stream_)));
+  return host;
+}
+
+double CudaOps::sum_squares(Tensor x, size_t n) { return reduce(x, n, true, "sum_squares"); }
+
+double CudaOps::sum(Tensor x, size_t n) { return reduce(x, n, false, "sum"); }
+
+}  // namespace pt

@@ -1,0 +1,94 @@
+// CudaOps: the Ops interface on one NVIDIA GPU. Host code that checks each call's tensors
+// (dtype, size, null) and launches the kernels of cuda/*.cu on the backend's own stream, in
+// order, so consecutive ops need no synchronisation; only download, sum, sum_squares and
+// synchronize wait for the GPU.
+//
+// Dtypes: the compute dtype (f32 or bf16, chosen at construction) is what the model allocates
+// for weights and activations. Each op takes its activation dtype from its input tensors, so an
+// op also runs on f32 tensors in a bf16 backend (tests use that); parameter gradients may be
+// f32 or the activation dtype (the model keeps them f32), statistics, lse, losses, master
+// weights and moments are f32, token ids i32.
+//
+// Determinism: every kernel is bitwise reproducible run to run on one GPU (no float atomics;
+// see each kernel file's header). cuBLASLt is deterministic for a fixed algorithm; its
+// heuristic may pick differently on another GPU model or library version.
+//
+// Memory: alloc is cudaMalloc + zero fill (stream-ordered); running out of memory throws a
+// RuntimeError naming the size, what is free, and the config knobs that reduce memory. Kernels
+// that need temporary space (deterministic reductions, the embedding sort, dtype staging for
+// transfers) share one scratch buffer that grows on demand and is reused, which is safe because
+// every op runs on the one stream in order.
+//
+// No CUDA headers here: g++-compiled code can include it.
+#pragma once
+#include <string>
+
+#include "core/ops/ops.h"
+
+namespace pt {
+
+namespace gpu {
+struct MatmulContext;
+}
+
+class CudaOps final : public Ops {
+ public:
+  // Uses the current CUDA device. compute_dtype must be f32 or bf16.
+  explicit CudaOps(DType compute_dtype);
+  ~CudaOps() override;
+  CudaOps(const CudaOps&) = delete;
+  CudaOps& operator=(const CudaOps&) = delete;
+
+  Device device() const override { return Device::cuda; }
+  std::string device_description() const override { return description_; }
+  DType compute_dtype() const override { return compute_; }
+
+  Tensor alloc(size_t n, DType dtype) override;
+  void release(Tensor& t) override;
+  void zero(Tensor t) override;
+  void upload(Tensor dst, const void* host_src, DType host_dtype, size_t n) override;
+  void download(void* host_dst, DType host_dtype, Tensor src, size_t n) override;
+  void copy(Tensor dst, Tensor src, size_t n) override;
+  void synchronize() override;
+
+  void embedding_forward(Tensor out, Tensor tokens, Tensor wte, int N, int C, int vocab_start,
+                         int vocab_local) override;
+  void embedding_backward(Tensor dwte, Tensor dout, Tensor tokens, int N, int C, int vocab_start,
+                          int vocab_local) override;
+  void position_forward(Tensor out, Tensor wpe, Tensor pos, int B, int T, int C) override;
+  void position_backward(Tensor dwpe, Tensor dout, Tensor pos, int B, int T, int C) override;
+  void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor w, Tensor b, int N, int C) override;
+  void layernorm_backward(Tensor dinp, Tensor dw, Tensor db, Tensor dout, Tensor inp, Tensor w, Tensor mean,
+                          Tensor rstd, int N, int C) override;
+  void matmul_forward(Tensor out, Tensor inp, Tensor w, Tensor bias, int N, int IC, int OC) override;
+  void matmul_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, int N, int IC,
+                       int OC) override;
+  void attention_forward(Tensor out, Tensor lse, Tensor qkv, int B, int T, int C, int NH) override;
+  void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B, int T, int C,
+                          int NH) override;
+  void gelu_forward(Tensor out, Tensor inp, size_t n) override;
+  void gelu_backward(Tensor dinp, Tensor inp, Tensor dout, size_t n) override;
+  void add(Tensor out, Tensor a, Tensor b, size_t n) override;
+  void scale(Tensor x, float s, size_t n) override;
+  void softmax_cross_entropy(Tensor losses, Tensor logits, Tensor targets, int N, int V, int Vp,
+                             float dloss) override;
+  void adamw_update(Tensor params, Tensor master, Tensor grad, Tensor m, Tensor v, size_t n, float lr, float beta1,
+                    float beta2, float eps, float weight_decay, int t, float grad_scale) override;
+  double sum_squares(Tensor x, size_t n) override;
+  double sum(Tensor x, size_t n) override;
+
+ private:
+  // At least `bytes` of device memory for the current op's temporaries (valid until the next call).
+  void* scratch(size_t bytes);
+  double reduce(Tensor x, size_t n, bool square, const char* op);
+
+  DType compute_;
+  std::string description_;
+  void* stream_ = nullptr;  // cudaStream_t
+  gpu::MatmulContext* matmul_ = nullptr;
+  void* scratch_ = nullptr;
+  size_t scratch_bytes_ = 0;
+  double* result_ = nullptr;  // one device double for the reductions
+};
+
+}  // namespace pt

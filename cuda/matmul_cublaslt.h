@@ -1,0 +1,34 @@
+// Host interface of the linear layer on the GPU (cuda/matmul_cublaslt.cu): matrix products
+// through cuBLASLt and the bias gradient as our own deterministic kernel. Row-major tensors as
+// in Ops (a weight is [OC, IC]); `in_dtype` is the dtype of the inputs and weights (f32 or
+// bf16), the output/gradient dtype may be the same or f32 (bf16 inputs with fp32 weight
+// gradients). Accumulation is always fp32 (CUBLAS_COMPUTE_32F; never TF32, so fp32 mode
+// matches the CPU reference to ~1e-6). Same stream conventions as the other launchers.
+#pragma once
+#include <cstddef>
+
+#include "core/tensor/tensor.h"
+
+namespace pt::gpu {
+
+// The cuBLASLt handle, its 32 MiB workspace and a cache of the heuristic's algorithm choices.
+struct MatmulContext;
+MatmulContext* matmul_context_create();
+void matmul_context_destroy(MatmulContext* ctx) noexcept;
+
+// out[N, OC] = inp[N, IC] @ w[OC, IC]^T (+ bias[OC]; bias may be nullptr). out and bias are out_dtype.
+void matmul_forward(MatmulContext* ctx, DType in_dtype, DType out_dtype, void* out, const void* inp, const void* w,
+                    const void* bias, int N, int IC, int OC, void* stream = nullptr);
+// dinp[N, IC] += dout[N, OC] @ w[OC, IC]   (dinp is dinp_dtype)
+void matmul_backward_input(MatmulContext* ctx, DType in_dtype, DType dinp_dtype, void* dinp, const void* dout,
+                           const void* w, int N, int IC, int OC, void* stream = nullptr);
+// dw[OC, IC] += dout[N, OC]^T @ inp[N, IC]   (dw is dw_dtype)
+void matmul_backward_weight(MatmulContext* ctx, DType in_dtype, DType dw_dtype, void* dw, const void* dout,
+                            const void* inp, int N, int IC, int OC, void* stream = nullptr);
+
+// dbias[OC] += sum_n dout[n, :], deterministic (fp32 partial sums in `scratch`, then an ordered pass).
+size_t bias_backward_scratch_bytes(int N, int OC);
+void bias_backward(DType dtype, DType grad_dtype, void* dbias, const void* dout, int N, int OC, void* scratch,
+                   void* stream = nullptr);
+
+}  // namespace pt::gpu

@@ -1,0 +1,198 @@
+#!/usr/bin/env bash
+# Every check of the CUDA backend that needs a GPU, unattended, ending in one summary table:
+#   1. build (Release, CUDA for this GPU's architecture, no MPI)
+#   2. ctest -L gpu: every kernel against CpuOps, whole-model parity, the 50-step loss curve
+#   3. scripts/torch_reference.py: an independent PyTorch GPT-2 against the CPU, CUDA fp32 and
+#      CUDA bf16 backends (logits, loss, every gradient)
+#   4. a short GPT-2 124M bf16 training run on synthetic data (20 steps)
+# Made for a GPU machine with nvcc, CMake, Ninja and PyTorch but no package manager: libraries it
+# lacks come from .deps/ (run scripts/fetch_deps.sh where apt works, then carry .deps along).
+# Meant to finish within 10 minutes on one H100/H200.
+#
+#   scripts/fetch_deps.sh            # once, on a machine with apt
+#   scripts/gpu_check.sh             # on the GPU machine; logs in $OUT (default build-gpucheck/gpu_check/)
+#
+# Writes to $OUT: summary.txt, build.log, ctest.log, torch.log, train.log, metrics.jsonl.
+# Exit status: 0 when every step passed, 1 otherwise.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+BUILD=${BUILD_DIR:-$ROOT/build-gpucheck}
+OUT=${OUT:-$BUILD/gpu_check}
+JOBS=${JOBS:-$(nproc)}
+mkdir -p "$OUT" "$BUILD"
+export PATH="/usr/local/cuda/bin:$PATH"
+export PYTHONUNBUFFERED=1
+
+ROWS=()
+FAILED=0
+# record NAME STATUS SECONDS DETAIL
+record() {
+  ROWS+=("$(printf '| %-22s | %-4s | %6s | %s' "$1" "$2" "$3" "$4")")
+  [ "$2" = "ok" ] || FAILED=1
+  echo "gpu_check: $1: $2 ($3 s) $4"
+}
+now() { date +%s.%N; }
+elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.0f", b - a }'; }
+
+# ---- the machine ----------------------------------------------------------------------------------
+{
+  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown) $(git status --porcelain 2>/dev/null | wc -l) changed files"
+  nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv,noheader 2>&1 | sed 's/^/gpu: /'
+  echo "nvcc: $(nvcc --version 2>&1 | tail -1)"
+  echo "cmake: $(cmake --version 2>&1 | head -1)"
+  echo "python: $(python3 -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__)' 2>&1)"
+} >"$OUT/machine.txt"
+cat "$OUT/machine.txt"
+cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
+case "$cc" in
+  90) ARCHS="90a" ;;  # Hopper: the architecture-specific target
+  "") ARCHS="80;90a" ;;
+  *) ARCHS="$cc" ;;
+esac
+
+# ---- 1. build --------------------------------------------------------------------------------------
+t0=$(now)
+CMAKE_ARGS=(-S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DPICOTRAIN_CUDA=ON -DPICOTRAIN_MPI=OFF
+            "-DPICOTRAIN_CUDA_ARCHS=$ARCHS")
+command -v ninja >/dev/null 2>&1 && CMAKE_ARGS+=(-G Ninja)
+if [ -d .deps/usr ]; then
+  CMAKE_ARGS+=("-DCMAKE_PREFIX_PATH=$ROOT/.deps/usr")
+  # Only what the machine lacks comes from .deps (its libraries are Debian's builds).
+  if ! { command -v pkg-config >/dev/null 2>&1 && pkg-config --exists libpcre2-8; }; then
+    CMAKE_ARGS+=("-DPKG_CONFIG_EXECUTABLE=$ROOT/.deps/bin/pkg-config")
+  fi
+  [ -e /usr/include/zlib.h ] || CMAKE_ARGS+=("-DZLIB_ROOT=$ROOT/.deps/usr")
+else
+  echo "gpu_check: no .deps/ here; if CMake cannot find CLI11/json/Catch2/PCRE2, run scripts/fetch_deps.sh on a" \
+       "machine with apt and carry .deps along" >&2
+fi
+GPU_TESTS=()
+for f in test/gpu_*.cpp; do GPU_TESTS+=("$(basename "$f" .cpp)"); done
+{
+  echo "cmake ${CMAKE_ARGS[*]}"
+  timeout 420 cmake "${CMAKE_ARGS[@]}" &&
+    timeout 420 cmake --build "$BUILD" -j "$JOBS" --target picotrain "${GPU_TESTS[@]}"
+} >"$OUT/build.log" 2>&1
+rc=$?
+if [ $rc -eq 0 ]; then
+  record build ok "$(elapsed "$t0")" "archs $ARCHS, targets picotrain ${GPU_TESTS[*]}"
+else
+  record build FAIL "$(elapsed "$t0")" "rc $rc, see build.log: $(grep -m1 -E 'error|Error' "$OUT/build.log" | cut -c1-120)"
+fi
+
+# ---- 2. GPU tests ----------------------------------------------------------------------------------
+t0=$(now)
+if [ $rc -eq 0 ]; then
+  timeout 400 ctest --test-dir "$BUILD" -L gpu --output-on-failure --timeout 300 >"$OUT/ctest.log" 2>&1
+  trc=$?
+  line=$(grep -E "tests passed|tests failed" "$OUT/ctest.log" | tail -1)
+  # A skipped test (exit 77) means no GPU was seen: that is a failure of this check.
+  if [ $trc -eq 0 ] && ! grep -q "Skipped" "$OUT/ctest.log"; then
+    record "ctest -L gpu" ok "$(elapsed "$t0")" "$line"
+  else
+    failed_tests=$(grep -E "\*\*\*(Failed|Skipped|Timeout)|Exception" "$OUT/ctest.log" | sed -E 's/.*Test +#[0-9]+: ([^ ]+).*/\1/' | tr '\n' ' ')
+    record "ctest -L gpu" FAIL "$(elapsed "$t0")" "rc $trc: $line; $failed_tests"
+  fi
+else
+  record "ctest -L gpu" skip 0 "no build"
+fi
+
+# ---- 3. PyTorch reference --------------------------------------------------------------------------
+t0=$(now)
+if [ $rc -eq 0 ]; then
+  DUMP="$BUILD/torch_dump"
+  rm -rf "$DUMP"
+  {
+    PICOTRAIN_DUMP_DIR="$DUMP" timeout 180 "$BUILD/test/gpu_model" "[dump]" &&
+      timeout 180 python3 scripts/torch_reference.py --dump "$DUMP"
+  } >"$OUT/torch.log" 2>&1
+  prc=$?
+  worst=$(grep -E "^cuda_bf16 .*worst" "$OUT/torch.log" | awk '{print $NF" "$(NF-3)}' | head -1)
+  if [ $prc -eq 0 ]; then
+    record "torch reference" ok "$(elapsed "$t0")" "cpu, cuda_fp32, cuda_bf16 within tolerance (bf16 worst grad: $worst)"
+  else
+    record "torch reference" FAIL "$(elapsed "$t0")" "rc $prc: $(grep -E 'FAIL|over tolerance|Error|error' "$OUT/torch.log" | head -3 | tr '\n' ' ' | cut -c1-160)"
+  fi
+else
+  record "torch reference" skip 0 "no build"
+fi
+
+# ---- 4. GPT-2 124M, 20 steps ------------------------------------------------------------------------
+t0=$(now)
+if [ $rc -eq 0 ]; then
+  DATA="$BUILD/synthetic"
+  RUN="$BUILD/run124m"
+  rm -rf "$RUN"
+  # Synthetic llm.c shards: Zipf-distributed token ids (a learnable unigram distribution, so the
+  # loss falls from ln(50257) ~ 10.8 within a few steps), 1024-byte header + uint16 tokens.
+  python3 - "$DATA" <<'EOF' >"$OUT/train.log" 2>&1
+import os, sys
+import numpy as np
+out = sys.argv[1]
+os.makedirs(out, exist_ok=True)
+rng = np.random.default_rng(0)
+for split, n in (("train", 3_000_000), ("val", 300_000)):
+    tok = np.minimum(rng.zipf(1.2, n) - 1, 50256).astype(np.uint16)
+    header = np.zeros(256, dtype=np.int32)
+    header[:3] = (20240520, 1, n)
+    with open(os.path.join(out, "synthetic_%s_000000.bin" % split), "wb") as f:
+        f.write(header.tobytes())
+        f.write(tok.tobytes())
+print("wrote synthetic shards to", out)
+EOF
+  timeout 300 "$BUILD/picotrain" train --device cuda --config configs/gpt2-124m.json \
+    --set run.out_dir="$RUN" --set "data.train=$DATA/synthetic_train_*.bin" --set "data.val=$DATA/synthetic_val_*.bin" \
+    --set batch.micro_batch_size=8 --set batch.global_batch_tokens=65536 --set schedule.total_steps=20 \
+    --set schedule.warmup_steps=2 --set data.val_every_steps=10 --set data.val_tokens=65536 \
+    --set logging.every_steps=1 --set parallel.zero_stage=0 --set checkpoint.every_steps=0 >>"$OUT/train.log" 2>&1
+  trc=$?
+  metrics=$(find "$RUN" -name 'metrics.jsonl' 2>/dev/null | head -1)
+  [ -n "$metrics" ] && cp "$metrics" "$OUT/metrics.jsonl"
+  detail=$(python3 - "$OUT/metrics.jsonl" <<'EOF' 2>&1
+import json, math, sys
+try:
+    rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+except OSError:
+    print("no metrics.jsonl"); sys.exit(1)
+steps = [r for r in rows if "loss" in r]
+if not steps:
+    print("no steps logged"); sys.exit(1)
+first, last = steps[0], steps[-1]
+losses = [r["loss"] for r in steps]
+ok = all(math.isfinite(x) for x in losses) and last["loss"] < first["loss"]
+tail = steps[len(steps) // 2:]  # steady state: skip the warm-up steps
+tps = sum(r.get("tokens_per_s", 0) for r in tail) / len(tail)
+mfu = sum(r.get("mfu", 0) for r in tail) / len(tail)
+val = [r["val_loss"] for r in rows if "val_loss" in r]
+print("loss %.3f -> %.3f over %d steps, %.0f tok/s, MFU %.1f%%%s" % (
+    first["loss"], last["loss"], last.get("step", len(steps)), tps, 100 * mfu,
+    ", val %.3f" % val[-1] if val else ""))
+sys.exit(0 if ok else 1)
+EOF
+)
+  drc=$?
+  if [ $trc -eq 0 ] && [ $drc -eq 0 ]; then
+    record "gpt2-124m 20 steps" ok "$(elapsed "$t0")" "$detail"
+  else
+    record "gpt2-124m 20 steps" FAIL "$(elapsed "$t0")" "rc $trc: $detail; $(grep -m1 '^error' "$OUT/train.log")"
+  fi
+else
+  record "gpt2-124m 20 steps" skip 0 "no build"
+fi
+
+# ---- summary ---------------------------------------------------------------------------------------
+{
+  echo
+  echo "picotrain GPU check"
+  cat "$OUT/machine.txt"
+  echo
+  printf '| %-22s | %-4s | %6s | %s\n' "check" "ok?" "s" "detail"
+  printf '|%s|%s|%s|%s\n' "------------------------" "------" "--------" "--------------------------------"
+  for r in "${ROWS[@]}"; do echo "$r"; done
+  echo
+  if [ $FAILED -eq 0 ]; then echo "RESULT: all checks passed"; else echo "RESULT: FAILED (logs in $OUT)"; fi
+} | tee "$OUT/summary.txt"
+rm -f "$OUT/machine.txt"
+exit $FAILED

@@ -1,0 +1,107 @@
+// CudaOps attention (flash_attention_*.cu on tensor cores, attention_tiled.cu on CUDA cores)
+// against CpuOps on random inputs of awkward sizes: T not a multiple of any tile (67, 129, 40),
+// head sizes 64 and 128 in bf16 (the tensor-core kernels), and 32 and 5 in fp32 plus 32 in bf16
+// (the CUDA-core kernels). Forward outputs are poisoned first; the backward runs from zero and
+// from nonzero dqkv (checking "+="), from the reference's out and lse so that only the backward
+// is measured, and once more to check it is bitwise deterministic. A last case chains the GPU's
+// own forward into its backward. Tolerances: gpu_test_support.h (lse is fp32: 1e-4 in bf16 mode).
+//
+// Runs only on a GPU machine: catch_main_gpu exits 77 (skipped) when no device is visible.
+#include <catch2/catch.hpp>
+
+#include <vector>
+
+#include "core/cpu/cpu_ops.h"
+#include "test/gpu_test_support.h"
+
+using namespace pt;
+using namespace pt::gputest;
+
+namespace {
+
+struct Case {
+  DType mode;
+  int B, T, NH, HS;
+};
+
+const Case kCases[] = {
+    {DType::f32, 2, 67, 3, 32},    // CUDA-core kernels, three 32-row tiles, the last partial
+    {DType::f32, 1, 40, 3, 5},     // an odd head size
+    {DType::f32, 1, 129, 2, 64},   // fp32 at a tensor-core head size still takes the fp32 kernels
+    {DType::bf16, 2, 129, 2, 64},  // tensor cores: three 64-row tiles, the last with one row
+    {DType::bf16, 2, 129, 2, 128},
+    {DType::bf16, 1, 64, 1, 64},   // exactly one tile
+    {DType::bf16, 2, 67, 3, 32},   // bf16 on the CUDA-core kernels
+};
+
+}  // namespace
+
+TEST_CASE("attention_forward and attention_backward match CpuOps", "[gpu][attention]") {
+  for (const Case& k : kCases) {
+    const DType mode = k.mode;
+    const int B = k.B, T = k.T, NH = k.NH, C = NH * k.HS;
+    INFO("mode " << mode_name(mode) << ", B " << B << " T " << T << " NH " << NH << " HS " << k.HS);
+    Ops& ops = gpu(mode);
+    Tensors g(ops), c(cpu());
+    const size_t BT = size_t(B) * T, nqkv = BT * 3 * C, nout = BT * C, nlse = size_t(B) * NH * T;
+
+    const std::vector<float> qkv = rounded(mode, random_normal(nqkv, 1.0f, 71));
+    Tensor cqkv = c.make(qkv, DType::f32), cout = c.zeros(nout, DType::f32), clse = c.zeros(nlse, DType::f32);
+    cpu().attention_forward(cout, clse, cqkv, B, T, C, NH);
+    Tensor gqkv = g.make(qkv, mode), gout = g.zeros(nout, mode), glse = g.zeros(nlse, DType::f32);
+    g.poison(gout);
+    g.poison(glse);
+    ops.attention_forward(gout, glse, gqkv, B, T, C, NH);
+    expect_close("out", g.read(gout), c.read(cout), tolerance(mode, mode));
+    expect_close("lse", g.read(glse), c.read(clse), tolerance(mode, DType::f32));
+
+    // Backward from the reference forward: out rounded to the mode (what the GPU would have
+    // stored) on both sides, lse as computed in fp32.
+    const std::vector<float> out = rounded(mode, c.read(cout)), lse = c.read(clse);
+    const std::vector<float> dout = rounded(mode, random_normal(nout, 1.0f, 72));
+    Tensor cout_r = c.make(out, DType::f32), cdout = c.make(dout, DType::f32);
+    Tensor gout_r = g.make(out, mode), glse_r = g.make(lse, DType::f32), gdout = g.make(dout, mode);
+    double scale = 1.0;
+    for (bool accumulate : {false, true}) {
+      INFO("accumulate " << accumulate);
+      const std::vector<float> d0 = accumulate ? rounded(mode, random_normal(nqkv, static_cast<float>(scale), 73))
+                                               : std::vector<float>(nqkv, 0.0f);
+      Tensor cd = c.make(d0, DType::f32), gd = g.make(d0, mode);
+      cpu().attention_backward(cd, cdout, cqkv, cout_r, clse, B, T, C, NH);
+      ops.attention_backward(gd, gdout, gqkv, gout_r, glse_r, B, T, C, NH);
+      const std::vector<float> ref = c.read(cd), got = g.read(gd);
+      expect_close("dqkv", got, ref, tolerance(mode, mode));
+      if (!accumulate) {
+        scale = rms(ref);
+        // The q, k and v parts separately (a bug in one part could hide in the total).
+        std::vector<float> part_got[3], part_ref[3];
+        for (size_t r = 0; r < BT; ++r)
+          for (int p = 0; p < 3; ++p)
+            for (int i = 0; i < C; ++i) {
+              part_got[p].push_back(got[r * 3 * C + size_t(p) * C + i]);
+              part_ref[p].push_back(ref[r * 3 * C + size_t(p) * C + i]);
+            }
+        expect_close("dq", part_got[0], part_ref[0], tolerance(mode, mode));
+        expect_close("dk", part_got[1], part_ref[1], tolerance(mode, mode));
+        expect_close("dv", part_got[2], part_ref[2], tolerance(mode, mode));
+        // Deterministic: the same backward again gives the same bits.
+        Tensor gd2 = g.zeros(nqkv, mode);
+        ops.attention_backward(gd2, gdout, gqkv, gout_r, glse_r, B, T, C, NH);
+        CHECK(bitwise_equal(g.read(gd2), got));
+      }
+    }
+
+    // The GPU's own forward feeding its backward, against the CPU doing the same.
+    Tensor cd = c.zeros(nqkv, DType::f32), gd = g.zeros(nqkv, mode);
+    cpu().attention_backward(cd, cdout, cqkv, cout, clse, B, T, C, NH);
+    ops.attention_backward(gd, gdout, gqkv, gout, glse, B, T, C, NH);
+    expect_close("dqkv after the GPU forward", g.read(gd), c.read(cd), mode == DType::f32 ? 1e-5 : 2e-2);
+  }
+}
+
+TEST_CASE("attention rejects a head count that does not divide C", "[gpu][attention]") {
+  Ops& ops = gpu(DType::bf16);
+  Tensors g(ops);
+  Tensor qkv = g.zeros(3 * 10, DType::bf16), out = g.zeros(10, DType::bf16), lse = g.zeros(3, DType::f32);
+  CHECK_THROWS_AS(ops.attention_forward(out, lse, qkv, 1, 1, 10, 3), RuntimeError);
+}

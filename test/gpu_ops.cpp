@@ -1,0 +1,427 @@
+// CudaOps against CpuOps, op by op (attention is in gpu_attention.cpp), in fp32 and bf16 mode on
+// fresh random inputs of awkward sizes: N = 37 rows, C = 771 channels (rows not 16-byte aligned:
+// the scalar paths) next to C = 768 (the 128-bit paths). Outputs are poisoned (NaN) before each
+// forward, so an element a kernel forgets to write fails; every backward runs twice, from zero
+// gradients and from nonzero ones (of the reference gradient's size), so "+=" is checked too.
+// Deterministic kernels are run twice more and compared bitwise. Tolerances: gpu_test_support.h.
+//
+// Runs only on a GPU machine: catch_main_gpu exits 77 (skipped) when no device is visible.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "core/cpu/cpu_ops.h"
+#include "test/gpu_test_support.h"
+
+using namespace pt;
+using namespace pt::gputest;
+
+namespace {
+
+const DType kModes[] = {DType::f32, DType::bf16};
+
+// The starting value of a gradient buffer: zeros, or (accumulate) random values with the rms of
+// the gradient itself, so neither part of the sum hides the other.
+std::vector<float> start_values(bool accumulate, size_t n, double scale, DType dtype, uint32_t seed) {
+  if (!accumulate) return std::vector<float>(n, 0.0f);
+  return rounded(dtype, random_normal(n, static_cast<float>(scale > 0 ? scale : 1.0), seed));
+}
+
+}  // namespace
+
+TEST_CASE("CudaOps describes itself and computes in the dtype it was made for", "[gpu][ops]") {
+  for (DType mode : kModes) {
+    Ops& ops = gpu(mode);
+    CHECK(ops.device() == Device::cuda);
+    CHECK(ops.compute_dtype() == mode);
+    INFO(ops.device_description());
+    CHECK(!ops.device_description().empty());
+  }
+  CHECK_THROWS_AS(make_cuda_ops(DType::i32), ConfigError);
+  // The factory: bf16 by default on CUDA (precision.compute_dtype=auto), fp32 on request; the CPU is fp32 only.
+  CHECK(make_ops(Device::cuda)->compute_dtype() == DType::bf16);
+  CHECK(make_ops(Device::cuda, DType::f32)->compute_dtype() == DType::f32);
+  CHECK(make_ops(Device::cpu)->compute_dtype() == DType::f32);
+  CHECK_THROWS_AS(make_ops(Device::cpu, DType::bf16), ConfigError);
+}
+
+TEST_CASE("CudaOps memory: zero-filled alloc, converting upload/download/copy, zero", "[gpu][ops][memory]") {
+  const size_t n = 1001;
+  for (DType dtype : kModes) {
+    INFO("dtype " << dtype_name(dtype));
+    Ops& ops = gpu(DType::bf16);
+    Tensors t(ops);
+    Tensor x = t.zeros(n, dtype);
+    CHECK(t.read(x) == std::vector<float>(n, 0.0f));
+
+    const std::vector<float> v = random_normal(n, 3.0f, 1);
+    ops.upload(x, v.data(), DType::f32, n);
+    CHECK(t.read(x) == rounded(dtype, v));  // exact: one rounding on the way in, none out
+
+    for (DType other : kModes) {
+      Tensor y = t.zeros(n, other);
+      ops.copy(y, x, n);
+      CHECK(t.read(y) == rounded(other, rounded(dtype, v)));
+    }
+    // Overlapping same-dtype copy: memmove semantics.
+    ops.copy(x.slice(1, n - 1), x.slice(0, n - 1), n - 1);
+    std::vector<float> shifted = rounded(dtype, v);
+    shifted.insert(shifted.begin(), shifted.front());
+    shifted.pop_back();
+    CHECK(t.read(x) == shifted);
+
+    ops.zero(x);
+    CHECK(t.read(x) == std::vector<float>(n, 0.0f));
+  }
+  Ops& ops = gpu(DType::f32);
+  Tensors t(ops);
+  const std::vector<int32_t> ids = random_ints(777, -5, 50000, 2);
+  Tensor id = t.ints(ids);
+  std::vector<int32_t> back(ids.size());
+  ops.download(back.data(), DType::i32, id, ids.size());
+  CHECK(back == ids);
+  std::vector<float> f(ids.size());
+  CHECK_THROWS_AS(ops.download(f.data(), DType::f32, id, ids.size()), RuntimeError);  // i32 -> f32 is not a cast we do
+  ops.synchronize();
+}
+
+TEST_CASE("CudaOps alloc reports out of memory with the knobs to turn", "[gpu][ops][memory]") {
+  Ops& ops = gpu(DType::bf16);
+  const size_t huge = size_t(1) << 46;  // 64 Ti elements: no GPU has that
+  CHECK_THROWS_WITH(ops.alloc(huge, DType::f32), Catch::Contains("micro_batch_size") && Catch::Contains("zero_stage"));
+  // The failed allocation must not poison later work.
+  Tensors t(ops);
+  Tensor x = t.zeros(16, DType::f32);
+  CHECK(t.read(x) == std::vector<float>(16, 0.0f));
+}
+
+TEST_CASE("embedding_forward and embedding_backward match CpuOps", "[gpu][ops][embedding]") {
+  const int N = 37, vocab_start = 10, vocab_local = 23;
+  for (int C : {771, 768}) {
+    for (DType mode : kModes) {
+      INFO("C " << C << ", mode " << mode_name(mode));
+      Ops& ops = gpu(mode);
+      Tensors g(ops), c(cpu());
+      // Tokens from a small range: repeats (the deterministic scatter-add), and ids outside the shard.
+      const std::vector<int32_t> tok = random_ints(N, 0, 40, 3);
+      const std::vector<float> wte = rounded(mode, random_normal(size_t(vocab_local) * C, 1.0f, 4));
+      const size_t NC = size_t(N) * C;
+
+      Tensor cout = c.zeros(NC, DType::f32);
+      cpu().embedding_forward(cout, c.ints(tok), c.make(wte, DType::f32), N, C, vocab_start, vocab_local);
+      Tensor gtok = g.ints(tok), gwte = g.make(wte, mode), gout = g.zeros(NC, mode);
+      g.poison(gout);
+      ops.embedding_forward(gout, gtok, gwte, N, C, vocab_start, vocab_local);
+      expect_close("out", g.read(gout), c.read(cout), tolerance(mode, mode));
+
+      const std::vector<float> dout = rounded(mode, random_normal(NC, 1.0f, 5));
+      Tensor cdout = c.make(dout, DType::f32), gdout = g.make(dout, mode);
+      std::vector<float> first_ref;
+      for (bool accumulate : {false, true}) {
+        INFO("accumulate " << accumulate);
+        const std::vector<float> d0 =
+            start_values(accumulate, size_t(vocab_local) * C, first_ref.empty() ? 1.0 : rms(first_ref), DType::f32, 6);
+        Tensor cd = c.make(d0, DType::f32), gd = g.make(d0, DType::f32);  // parameter gradients are fp32
+        cpu().embedding_backward(cd, cdout, c.ints(tok), N, C, vocab_start, vocab_local);
+        ops.embedding_backward(gd, gdout, gtok, N, C, vocab_start, vocab_local);
+        const std::vector<float> ref = c.read(cd), got = g.read(gd);
+        expect_close("dwte", got, ref, tolerance(mode, DType::f32));
+        if (!accumulate) first_ref = ref;
+        // Deterministic: the same call from the same start gives the same bits.
+        Tensor gd2 = g.make(d0, DType::f32);
+        ops.embedding_backward(gd2, gdout, gtok, N, C, vocab_start, vocab_local);
+        CHECK(bitwise_equal(g.read(gd2), got));
+      }
+    }
+  }
+}
+
+TEST_CASE("position_forward and position_backward match CpuOps", "[gpu][ops][embedding]") {
+  const int B = 3, T = 13, C = 771, rows = 20;
+  // A permutation with a repeat: positions need not be 0..T-1 (context parallelism), and the
+  // backward must sum every t that shares a row.
+  const std::vector<int32_t> pos = {5, 0, 19, 3, 3, 7, 11, 2, 13, 1, 17, 3, 8};
+  for (DType mode : kModes) {
+    INFO("mode " << mode_name(mode));
+    Ops& ops = gpu(mode);
+    Tensors g(ops), c(cpu());
+    const size_t n = size_t(B) * T * C;
+    const std::vector<float> wpe = rounded(mode, random_normal(size_t(rows) * C, 1.0f, 7));
+    const std::vector<float> x0 = rounded(mode, random_normal(n, 1.0f, 8));
+    Tensor cx = c.make(x0, DType::f32), gx = g.make(x0, mode);
+    Tensor cpos = c.ints(pos), gpos = g.ints(pos);
+    cpu().position_forward(cx, c.make(wpe, DType::f32), cpos, B, T, C);
+    ops.position_forward(gx, g.make(wpe, mode), gpos, B, T, C);
+    expect_close("out", g.read(gx), c.read(cx), tolerance(mode, mode));
+
+    const std::vector<float> dout = rounded(mode, random_normal(n, 1.0f, 9));
+    for (bool accumulate : {false, true}) {
+      INFO("accumulate " << accumulate);
+      const std::vector<float> d0 = start_values(accumulate, size_t(rows) * C, 2.0, DType::f32, 10);
+      Tensor cd = c.make(d0, DType::f32), gd = g.make(d0, DType::f32);
+      cpu().position_backward(cd, c.make(dout, DType::f32), cpos, B, T, C);
+      Tensor gdout = g.make(dout, mode);
+      ops.position_backward(gd, gdout, gpos, B, T, C);
+      expect_close("dwpe", g.read(gd), c.read(cd), tolerance(mode, DType::f32));
+    }
+  }
+}
+
+TEST_CASE("layernorm_forward and layernorm_backward match CpuOps", "[gpu][ops][layernorm]") {
+  const int N = 37;
+  for (int C : {771, 768}) {
+    for (DType mode : kModes) {
+      INFO("C " << C << ", mode " << mode_name(mode));
+      Ops& ops = gpu(mode);
+      Tensors g(ops), c(cpu());
+      const size_t NC = size_t(N) * C;
+      // Rows with their own offset and spread, like the residual stream.
+      std::vector<float> x = random_normal(NC, 1.0f, 11);
+      const std::vector<float> shift = random_normal(N, 2.0f, 12);
+      for (int r = 0; r < N; ++r)
+        for (int k = 0; k < C; ++k) x[size_t(r) * C + k] = x[size_t(r) * C + k] * (0.5f + 0.05f * r) + shift[r];
+      x = rounded(mode, x);
+      const std::vector<float> w = rounded(mode, random_normal(C, 1.0f, 13));
+      const std::vector<float> b = rounded(mode, random_normal(C, 0.5f, 14));
+      Tensor cx = c.make(x, DType::f32), cw = c.make(w, DType::f32), cb = c.make(b, DType::f32);
+      Tensor cout = c.zeros(NC, DType::f32), cmean = c.zeros(N, DType::f32), crstd = c.zeros(N, DType::f32);
+      cpu().layernorm_forward(cout, cmean, crstd, cx, cw, cb, N, C);
+
+      Tensor gx = g.make(x, mode), gw = g.make(w, mode), gb = g.make(b, mode);
+      Tensor gout = g.zeros(NC, mode), gmean = g.zeros(N, DType::f32), grstd = g.zeros(N, DType::f32);
+      g.poison(gout);
+      g.poison(gmean);
+      g.poison(grstd);
+      ops.layernorm_forward(gout, gmean, grstd, gx, gw, gb, N, C);
+      expect_close("out", g.read(gout), c.read(cout), tolerance(mode, mode));
+      expect_close("mean", g.read(gmean), c.read(cmean), tolerance(mode, DType::f32));
+      expect_close("rstd", g.read(grstd), c.read(crstd), tolerance(mode, DType::f32));
+
+      // Backward from the reference statistics, so only the backward is measured.
+      const std::vector<float> mean = c.read(cmean), rstd = c.read(crstd);
+      Tensor gm = g.make(mean, DType::f32), gr = g.make(rstd, DType::f32);
+      const std::vector<float> dout = rounded(mode, random_normal(NC, 1.0f, 15));
+      Tensor cdout = c.make(dout, DType::f32), gdout = g.make(dout, mode);
+      double scale_dx = 1, scale_dw = 1, scale_db = 1;
+      for (bool accumulate : {false, true}) {
+        INFO("accumulate " << accumulate);
+        const std::vector<float> dx0 = start_values(accumulate, NC, scale_dx, mode, 16);
+        const std::vector<float> dw0 = start_values(accumulate, C, scale_dw, DType::f32, 17);
+        const std::vector<float> db0 = start_values(accumulate, C, scale_db, DType::f32, 18);
+        Tensor cdx = c.make(dx0, DType::f32), cdw = c.make(dw0, DType::f32), cdb = c.make(db0, DType::f32);
+        cpu().layernorm_backward(cdx, cdw, cdb, cdout, cx, cw, cmean, crstd, N, C);
+        Tensor gdx = g.make(dx0, mode), gdw = g.make(dw0, DType::f32), gdb = g.make(db0, DType::f32);
+        ops.layernorm_backward(gdx, gdw, gdb, gdout, gx, gw, gm, gr, N, C);
+        const std::vector<float> rdx = c.read(cdx), rdw = c.read(cdw), rdb = c.read(cdb);
+        expect_close("dinp", g.read(gdx), rdx, tolerance(mode, mode));
+        expect_close("dw", g.read(gdw), rdw, tolerance(mode, DType::f32));
+        expect_close("db", g.read(gdb), rdb, tolerance(mode, DType::f32));
+        if (!accumulate) {
+          scale_dx = rms(rdx), scale_dw = rms(rdw), scale_db = rms(rdb);
+          // Deterministic column sums: a second run from zero gives the same bits.
+          Tensor gdw2 = g.zeros(C, DType::f32), gdb2 = g.zeros(C, DType::f32);
+          ops.layernorm_backward(Tensor{}, gdw2, gdb2, gdout, gx, gw, gm, gr, N, C);
+          CHECK(bitwise_equal(g.read(gdw2), g.read(gdw)));
+          CHECK(bitwise_equal(g.read(gdb2), g.read(gdb)));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("matmul_forward and matmul_backward match CpuOps", "[gpu][ops][matmul]") {
+  struct Shape {
+    int N, IC, OC;
+  };
+  // Odd sizes (unaligned rows: cuBLASLt must pick an algorithm that copes) and GPT-2-like ones.
+  for (Shape s : {Shape{37, 771, 133}, Shape{64, 768, 256}, Shape{5, 16, 3}}) {
+    for (DType mode : kModes) {
+      for (bool with_bias : {true, false}) {
+        INFO("N " << s.N << " IC " << s.IC << " OC " << s.OC << ", mode " << mode_name(mode) << ", bias "
+                  << with_bias);
+        Ops& ops = gpu(mode);
+        Tensors g(ops), c(cpu());
+        const size_t NI = size_t(s.N) * s.IC, NO = size_t(s.N) * s.OC, WI = size_t(s.OC) * s.IC;
+        const std::vector<float> x = rounded(mode, random_normal(NI, 1.0f, 21));
+        const std::vector<float> w = rounded(mode, random_normal(WI, 0.05f, 22));
+        const std::vector<float> b = rounded(mode, random_normal(s.OC, 0.5f, 23));
+        Tensor cx = c.make(x, DType::f32), cw = c.make(w, DType::f32);
+        Tensor cb = with_bias ? c.make(b, DType::f32) : Tensor{};
+        Tensor cout = c.zeros(NO, DType::f32);
+        cpu().matmul_forward(cout, cx, cw, cb, s.N, s.IC, s.OC);
+        Tensor gx = g.make(x, mode), gw = g.make(w, mode), gb = with_bias ? g.make(b, mode) : Tensor{};
+        Tensor gout = g.zeros(NO, mode);
+        g.poison(gout);
+        ops.matmul_forward(gout, gx, gw, gb, s.N, s.IC, s.OC);
+        expect_close("out", g.read(gout), c.read(cout), tolerance(mode, mode));
+
+        const std::vector<float> dout = rounded(mode, random_normal(NO, 1.0f, 24));
+        Tensor cdout = c.make(dout, DType::f32), gdout = g.make(dout, mode);
+        double scale_dx = 1, scale_dw = 1, scale_db = 1;
+        for (bool accumulate : {false, true}) {
+          INFO("accumulate " << accumulate);
+          const std::vector<float> dx0 = start_values(accumulate, NI, scale_dx, mode, 25);
+          const std::vector<float> dw0 = start_values(accumulate, WI, scale_dw, DType::f32, 26);
+          const std::vector<float> db0 = start_values(accumulate, s.OC, scale_db, DType::f32, 27);
+          Tensor cdx = c.make(dx0, DType::f32), cdw = c.make(dw0, DType::f32), cdb = c.make(db0, DType::f32);
+          cpu().matmul_backward(cdx, cdw, with_bias ? cdb : Tensor{}, cdout, cx, cw, s.N, s.IC, s.OC);
+          Tensor gdx = g.make(dx0, mode), gdw = g.make(dw0, DType::f32), gdb = g.make(db0, DType::f32);
+          ops.matmul_backward(gdx, gdw, with_bias ? gdb : Tensor{}, gdout, gx, gw, s.N, s.IC, s.OC);
+          const std::vector<float> rdx = c.read(cdx), rdw = c.read(cdw), rdb = c.read(cdb);
+          expect_close("dinp", g.read(gdx), rdx, tolerance(mode, mode));
+          expect_close("dw", g.read(gdw), rdw, tolerance(mode, DType::f32));
+          if (with_bias) expect_close("dbias", g.read(gdb), rdb, tolerance(mode, DType::f32));
+          else CHECK(g.read(gdb) == db0);  // a null dbias is not written
+          if (!accumulate) scale_dx = rms(rdx), scale_dw = rms(rdw), scale_db = rms(rdb);
+        }
+        // Each gradient alone (the others null) is the same computation.
+        Tensor gdw_only = g.zeros(WI, DType::f32);
+        ops.matmul_backward(Tensor{}, gdw_only, Tensor{}, gdout, gx, gw, s.N, s.IC, s.OC);
+        Tensor cdw_only = c.zeros(WI, DType::f32);
+        cpu().matmul_backward(Tensor{}, cdw_only, Tensor{}, cdout, cx, cw, s.N, s.IC, s.OC);
+        expect_close("dw alone", g.read(gdw_only), c.read(cdw_only), tolerance(mode, DType::f32));
+      }
+    }
+  }
+}
+
+TEST_CASE("bias gradients are deterministic", "[gpu][ops][matmul]") {
+  const int N = 4099, OC = 771;
+  Ops& ops = gpu(DType::bf16);
+  Tensors g(ops);
+  Tensor dout = g.make(random_normal(size_t(N) * OC, 1.0f, 28), DType::bf16);
+  Tensor db1 = g.zeros(OC, DType::f32), db2 = g.zeros(OC, DType::f32);
+  ops.matmul_backward(Tensor{}, Tensor{}, db1, dout, Tensor{}, Tensor{}, N, 8, OC);
+  ops.matmul_backward(Tensor{}, Tensor{}, db2, dout, Tensor{}, Tensor{}, N, 8, OC);
+  CHECK(bitwise_equal(g.read(db1), g.read(db2)));
+}
+
+TEST_CASE("gelu, add and scale through CudaOps match CpuOps", "[gpu][ops][elementwise]") {
+  const size_t n = 100003;
+  for (DType mode : kModes) {
+    INFO("mode " << mode_name(mode));
+    Ops& ops = gpu(mode);
+    Tensors g(ops), c(cpu());
+    const std::vector<float> a = rounded(mode, random_normal(n, 3.0f, 31));
+    const std::vector<float> b = rounded(mode, random_normal(n, 1.0f, 32));
+    Tensor ca = c.make(a, DType::f32), cb = c.make(b, DType::f32), cout = c.zeros(n, DType::f32);
+    Tensor ga = g.make(a, mode), gb = g.make(b, mode), gout = g.zeros(n, mode);
+
+    cpu().gelu_forward(cout, ca, n);
+    g.poison(gout);
+    ops.gelu_forward(gout, ga, n);
+    expect_close("gelu", g.read(gout), c.read(cout), tolerance(mode, mode));
+
+    const std::vector<float> d0 = rounded(mode, random_normal(n, 1.0f, 33));
+    Tensor cd = c.make(d0, DType::f32), gd = g.make(d0, mode);
+    cpu().gelu_backward(cd, ca, cb, n);
+    ops.gelu_backward(gd, ga, gb, n);
+    expect_close("gelu_backward", g.read(gd), c.read(cd), tolerance(mode, mode));
+
+    cpu().add(cout, ca, cb, n);
+    g.poison(gout);
+    ops.add(gout, ga, gb, n);
+    expect_close("add", g.read(gout), c.read(cout), tolerance(mode, mode));
+    ops.add(ga, ga, gb, n);  // out aliases a
+    expect_close("add in place", g.read(ga), c.read(cout), tolerance(mode, mode));
+
+    cpu().scale(cb, -0.37f, n);
+    ops.scale(gb, -0.37f, n);
+    expect_close("scale", g.read(gb), c.read(cb), tolerance(mode, mode));
+  }
+}
+
+TEST_CASE("softmax_cross_entropy matches CpuOps", "[gpu][ops][loss]") {
+  const int N = 37;
+  struct Vocab {
+    int V, Vp;
+  };
+  // 1001/1008: the 16-byte path (Vp % 8 == 0) with padded columns; 771/771: scalar, no padding.
+  for (Vocab voc : {Vocab{1001, 1008}, Vocab{771, 771}}) {
+    for (DType mode : kModes) {
+      INFO("V " << voc.V << " Vp " << voc.Vp << ", mode " << mode_name(mode));
+      Ops& ops = gpu(mode);
+      Tensors g(ops), c(cpu());
+      const size_t n = size_t(N) * voc.Vp;
+      const std::vector<float> logits = rounded(mode, random_normal(n, 4.0f, 41));
+      std::vector<int32_t> targets = random_ints(N, 0, voc.V, 42);
+      targets[3] = -1;  // no target: loss 0, gradient 0
+      targets[7] = voc.V - 1;
+      for (float dloss : {1.0f / N, 0.0f}) {
+        INFO("dloss " << dloss);
+        Tensor cl = c.make(logits, DType::f32), closs = c.zeros(N, DType::f32);
+        cpu().softmax_cross_entropy(closs, cl, c.ints(targets), N, voc.V, voc.Vp, dloss);
+        Tensor gl = g.make(logits, mode), gloss = g.zeros(N, DType::f32);
+        g.poison(gloss);
+        ops.softmax_cross_entropy(gloss, gl, g.ints(targets), N, voc.V, voc.Vp, dloss);
+        expect_close("losses", g.read(gloss), c.read(closs), tolerance(mode, DType::f32));
+        if (dloss != 0.0f)
+          expect_close("dlogits", g.read(gl), c.read(cl), tolerance(mode, mode));
+        else
+          CHECK(g.read(gl) == logits);  // eval leaves the logits untouched, bit for bit
+      }
+    }
+  }
+}
+
+TEST_CASE("adamw_update matches CpuOps", "[gpu][ops][optimizer]") {
+  const size_t n = 100003;
+  for (DType mode : kModes) {
+    for (int t : {1, 5}) {
+      INFO("mode " << mode_name(mode) << ", t " << t);
+      Ops& ops = gpu(mode);
+      Tensors g(ops), c(cpu());
+      const std::vector<float> w = random_normal(n, 0.02f, 51), grad = random_normal(n, 1e-3f, 52);
+      std::vector<float> m = random_normal(n, 1e-4f, 53), v = random_normal(n, 1e-7f, 54);
+      for (float& x : v) x = std::fabs(x);
+      Tensor cw = c.make(w, DType::f32), cg = c.make(grad, DType::f32), cm = c.make(m, DType::f32),
+             cv = c.make(v, DType::f32);
+      cpu().adamw_update(cw, cw, cg, cm, cv, n, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, t, 0.5f);
+      Tensor gmaster = g.make(w, DType::f32), gg = g.make(grad, DType::f32), gm = g.make(m, DType::f32),
+             gv = g.make(v, DType::f32);
+      // The fp32 backend's parameters ARE the master weights; bf16 gets a separate rounded copy.
+      Tensor gparams = mode == DType::f32 ? gmaster : g.zeros(n, DType::bf16);
+      if (mode == DType::bf16) g.poison(gparams);
+      ops.adamw_update(gparams, gmaster, gg, gm, gv, n, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, t, 0.5f);
+      const std::vector<float> ref = c.read(cw);
+      expect_close("master", g.read(gmaster), ref, tolerance(mode, DType::f32));
+      expect_close("m", g.read(gm), c.read(cm), tolerance(mode, DType::f32));
+      expect_close("v", g.read(gv), c.read(cv), tolerance(mode, DType::f32));
+      if (mode == DType::bf16) expect_close("params", g.read(gparams), rounded(DType::bf16, ref), 1e-2);
+    }
+  }
+}
+
+TEST_CASE("sum and sum_squares match CpuOps and are deterministic", "[gpu][ops][reduce]") {
+  for (size_t n : {size_t{1000003}, size_t{5}, size_t{0}}) {
+    for (DType dtype : kModes) {
+      INFO("n " << n << ", dtype " << dtype_name(dtype));
+      Ops& ops = gpu(DType::bf16);
+      Tensors g(ops), c(cpu());
+      std::vector<float> x = rounded(dtype, random_normal(n, 1.0f, 61));
+      for (float& v : x) v += 0.25f;  // a nonzero mean, so the sum is not ~0
+      x = rounded(dtype, x);
+      Tensor cx = c.make(x, DType::f32);
+      Tensor gx = n ? g.make(x, dtype) : Tensor{nullptr, 0, dtype};
+      const double s = ops.sum(gx, n), ss = ops.sum_squares(gx, n);
+      const double rs = cpu().sum(cx, n), rss = cpu().sum_squares(cx, n);
+      CHECK(std::fabs(s - rs) <= 1e-9 * std::max(1.0, std::fabs(rs)));
+      CHECK(std::fabs(ss - rss) <= 1e-9 * std::max(1.0, rss));
+      CHECK(ops.sum(gx, n) == s);  // bitwise: the split depends on n only
+      CHECK(ops.sum_squares(gx, n) == ss);
+    }
+  }
+}
+
+TEST_CASE("CudaOps rejects wrong dtypes and sizes with a message naming the argument", "[gpu][ops]") {
+  Ops& ops = gpu(DType::bf16);
+  Tensors g(ops);
+  Tensor a = g.zeros(16, DType::bf16), b = g.zeros(16, DType::f32), i = g.zeros(16, DType::i32);
+  CHECK_THROWS_WITH(ops.add(a, a, b, 16), Catch::Contains("b is f32"));
+  CHECK_THROWS_WITH(ops.add(a, a, a, 17), Catch::Contains("holds 16 elements"));
+  CHECK_THROWS_AS(ops.gelu_forward(i, i, 16), RuntimeError);
+  CHECK_THROWS_AS(ops.adamw_update(a, b, b, b, b, 16, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 0, 1.0f), RuntimeError);
+  CHECK_NOTHROW(ops.synchronize());
+}

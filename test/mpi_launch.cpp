@@ -1,0 +1,190 @@
+// The picotrain binary under mpirun (this test itself runs as one plain process and launches
+// mpirun; see test/CMakeLists.txt): bad layouts are config errors printed by every rank, with
+// the numbers, and exit 2 without hanging (each launch runs under `timeout`); a good multi-rank
+// run logs and writes its run directory from rank 0 only; a checkpoint saved under one layout
+// resumes under another on the same trajectory.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "core/ckpt/checkpoint_reader.h"
+#include "core/data/shard.h"
+
+using Catch::Matchers::Contains;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Launch {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr of every rank
+};
+
+// `timeout` turns a hang into exit code 124 instead of a stuck test.
+Launch mpirun(int ranks, const std::string& args) {
+  const std::string cmd = "timeout 60 " + std::string(PICOTRAIN_MPIEXEC) + " -np " + std::to_string(ranks) + " " +
+                          PICOTRAIN_MPIEXEC_FLAGS + " " + PICOTRAIN_BIN + " " + args + " 2>&1";
+  Launch l;
+  FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, p)) l.output.append(buf, n);
+  const int status = pclose(p);
+  l.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  INFO(cmd << "\n" << l.output);
+  CHECK(l.exit_code != 124);  // no hang
+  return l;
+}
+
+struct TempRun {
+  fs::path dir;
+  TempRun() {
+    dir = fs::temp_directory_path() / ("picotrain_mpi_launch_" + std::to_string(::getpid()));
+    fs::create_directories(dir);
+    std::mt19937 rng(3);
+    std::vector<uint16_t> tokens(8000);
+    for (auto& t : tokens) t = rng() % 256;
+    pt::write_shard((dir / "l_train_000000.bin").string(), tokens);
+    std::ofstream(dir / "c.json") << R"({
+      "run": {"name": "launch", "out_dir": ")" << (dir / "run").string() << R"("},
+      "model": {"n_layers": 2, "d_model": 32, "n_heads": 2, "vocab_size": 256, "max_seq_len": 64},
+      "batch": {"micro_batch_size": 2, "seq_len": 16},
+      "schedule": {"total_steps": 3},
+      "data": {"train": ")" << (dir / "l_train_*.bin").string() << R"("},
+      "logging": {"peak_tflops": 1}
+    })";
+  }
+  ~TempRun() { fs::remove_all(dir); }
+  std::string train(const std::string& sets) const { return "train --config " + (dir / "c.json").string() + " " + sets; }
+};
+
+// step -> (loss, grad_norm) from a metrics.jsonl.
+std::map<int, std::pair<double, double>> metrics(const fs::path& file) {
+  std::map<int, std::pair<double, double>> out;
+  std::ifstream in(file);
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    out[j["step"].get<int>()] = {j["loss"].get<double>(), j["grad_norm"].get<double>()};
+  }
+  return out;
+}
+
+// Every tensor of one state ("master/...") of a checkpoint, concatenated in name order (the
+// manifest's order depends on which rank wrote what).
+std::vector<float> checkpoint_state(const fs::path& step_dir, const std::string& state) {
+  pt::ckpt::CheckpointReader r(step_dir.string());
+  std::map<std::string, std::vector<float>> by_name;
+  for (const auto& t : r.manifest().tensors) {
+    if (t.name.rfind(state + "/", 0) != 0) continue;
+    std::vector<float>& v = by_name[t.name];
+    v.resize(t.numel());
+    r.read_all(t.name, t.numel(), v.data());
+  }
+  std::vector<float> out;
+  for (const auto& [name, v] : by_name) out.insert(out.end(), v.begin(), v.end());
+  return out;
+}
+
+double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); i++) {
+    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    den += double(b[i]) * b[i];
+  }
+  return std::sqrt(num / den);
+}
+
+size_t count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) n++;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("bad layouts fail on every rank with the numbers, without hanging", "[mpi]") {
+  const TempRun run;
+  struct Case {
+    int ranks;
+    std::string sets, message;
+  };
+  const std::vector<Case> cases = {
+      {3, "--set parallel.dp_replicate=2", "parallel.dp_replicate=2 must divide parallel.dp=3"},
+      {3, "--set parallel.tp=2", "the world size 3 is not divisible by parallel.tp*pp*cp = 2*1*1 = 2"},
+      {2, "--set parallel.dp=4", "parallel.dp*tp*pp*cp = 4*1*1*1 = 4 must equal the world size 2"},
+      {2, "--set parallel.tp=2", "tp, pp and cp must be 1"},
+  };
+  for (const auto& c : cases) {
+    const Launch l = mpirun(c.ranks, run.train(c.sets));
+    INFO(c.sets << " on " << c.ranks << " ranks:\n" << l.output);
+    CHECK(l.exit_code == 2);
+    for (int r = 0; r < c.ranks; r++) {
+      // Each rank's one line: "error: rank R: <message naming the numbers>".
+      const std::string prefix = "error: rank " + std::to_string(r) + ": ";
+      const size_t at = l.output.find(prefix);
+      REQUIRE(at != std::string::npos);
+      CHECK_THAT(l.output.substr(at, l.output.find('\n', at) - at), Contains(c.message));
+    }
+  }
+}
+
+TEST_CASE("a multi-rank run logs and writes its run directory from rank 0 only", "[mpi]") {
+  const TempRun run;
+  const Launch l = mpirun(2, run.train("--set parallel.zero_stage=3"));
+  INFO(l.output);
+  CHECK(l.exit_code == 0);
+  CHECK(count(l.output, "/3 | loss") == 3);  // three step lines, not six
+  CHECK(count(l.output, "memory    |") == 1);
+  CHECK_THAT(l.output, Contains("dp x cp groups: [0 1]"));
+  std::ifstream metrics(run.dir / "run" / "metrics.jsonl");
+  std::string line;
+  int lines = 0;
+  while (std::getline(metrics, line)) lines++;
+  CHECK(lines == 3);
+  CHECK(fs::exists(run.dir / "run" / "config.json"));
+}
+
+TEST_CASE("a checkpoint saved under dp=4/ZeRO-1 resumes under dp=2/ZeRO-3 and dp=1 on the same trajectory",
+          "[mpi][ckpt]") {
+  const TempRun run;
+  const std::string common = "--set schedule.total_steps=10 --set checkpoint.every_steps=5 "
+                             "--set batch.global_batch_tokens=256 --set optim.lr=3e-3";
+  auto out_dir = [&](const std::string& name) { return run.dir / name; };
+  auto train = [&](int ranks, const std::string& name, const std::string& sets) {
+    const Launch l = mpirun(ranks, run.train(common + " --set run.out_dir=" + out_dir(name).string() + " " + sets));
+    INFO(name << ":\n" << l.output);
+    REQUIRE(l.exit_code == 0);
+  };
+  train(1, "straight", "");
+  train(4, "dp4_zero1", "--set parallel.zero_stage=1");
+  const std::string step5 = (out_dir("dp4_zero1") / "checkpoints" / "step_00000005").string();
+  train(2, "dp2_zero3", "--set parallel.zero_stage=3 --set checkpoint.resume=" + step5);
+  train(1, "dp1", "--set checkpoint.resume=" + step5);
+
+  const auto want = metrics(out_dir("straight") / "metrics.jsonl");
+  const std::vector<float> want_master = checkpoint_state(out_dir("straight") / "checkpoints" / "step_00000010", "master");
+  for (const std::string name : {"dp4_zero1", "dp2_zero3", "dp1"}) {
+    INFO(name);
+    const auto got = metrics(out_dir(name) / "metrics.jsonl");
+    CHECK(got.size() == (name == "dp4_zero1" ? 10u : 5u));  // resumed runs log steps 6..10
+    for (const auto& [step, lg] : got) {
+      INFO("step " << step);
+      CHECK(lg.first == Approx(want.at(step).first).epsilon(1e-5));
+      CHECK(lg.second == Approx(want.at(step).second).epsilon(1e-5));
+    }
+    const std::vector<float> master = checkpoint_state(out_dir(name) / "checkpoints" / "step_00000010", "master");
+    REQUIRE(master.size() == want_master.size());
+    CHECK(rel_diff(master, want_master) < 1e-5);
+  }
+}
