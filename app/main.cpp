@@ -2,6 +2,7 @@
 // else lives here. Exit codes: 0 done, 2 bad config or usage, 1 runtime failure.
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <string>
@@ -11,6 +12,7 @@
 #include "core/common/error.h"
 #include "core/config/run_config.h"
 #include "core/data/prepare.h"
+#include "core/model/sample_run.h"
 #include "core/tokenizer/tokenizer.h"
 #include "core/dist/world.h"
 #include "core/ops/ops.h"
@@ -103,6 +105,66 @@ int run_convert(const ConvertArgs& a) {
   return 0;
 }
 
+// A number >= 0, with a message that says so (CLI11's NonNegativeNumber prints the range up to
+// DBL_MAX in full).
+CLI::Validator at_least_zero(const std::string& meaning) {
+  return CLI::Validator(
+      [meaning](std::string& v) -> std::string {
+        char* end = nullptr;
+        const double x = std::strtod(v.c_str(), &end);
+        if (v.empty() || *end != '\0') return "value " + v + " is not a number";
+        return x >= 0 ? std::string() : "value " + v + " must be >= 0 (" + meaning + ")";
+      },
+      "NUMBER >= 0");
+}
+
+struct SampleArgs {
+  pt::SampleCommand cmd;
+  std::string device = "cpu";
+  bool ignore_eot = false;
+};
+
+void add_sample_command(CLI::App& app, SampleArgs& a) {
+  CLI::App* cmd = app.add_subcommand("sample", "Print text a trained model writes after a prompt (KV-cache decoding)");
+  pt::SampleCommand& c = a.cmd;
+  cmd->add_option("--checkpoint", c.checkpoint,
+                  "A picotrain checkpoint: a step_N directory, or a checkpoint directory (the checkpoint its latest "
+                  "names)")
+      ->required()
+      ->check(CLI::ExistingDirectory);
+  cmd->add_option("--prompt,-p", c.prompt,
+                  "Text to continue (printed first); sampled as the start of a document, so \"\" samples one from "
+                  "scratch")
+      ->capture_default_str();
+  cmd->add_option("-n,--tokens", c.options.max_new_tokens, "Tokens to sample")
+      ->check(at_least_zero("0: print the prompt alone"))
+      ->capture_default_str();
+  cmd->add_option("--temperature,-t", c.options.temperature,
+                  "Softmax temperature; 0: greedy (always the most likely token)")
+      ->check(at_least_zero("0: greedy"))
+      ->capture_default_str();
+  cmd->add_option("--top-k,-k", c.options.top_k, "Sample among the K most likely tokens; 0: all of them")
+      ->check(at_least_zero("0: all tokens"))
+      ->capture_default_str();
+  cmd->add_option("--seed", c.options.seed, "Seed of the sampling stream: the same seed gives the same text")
+      ->capture_default_str();
+  cmd->add_option("--tokenizer", c.tokenizer,
+                  "bytes or gpt2; default: by the model's vocabulary (256: bytes, 50257: gpt2)")
+      ->check(CLI::IsMember({"bytes", "gpt2"}));
+  cmd->add_option("--tokenizer-dir", c.tokenizer_dir,
+                  "gpt2: folder with encoder.json and vocab.bpe (default " + pt::default_tokenizer_dir() + ")");
+  cmd->add_flag("--ignore-eot", a.ignore_eot,
+                "Keep sampling past <|endoftext|> (printed as that text) instead of stopping there");
+  cmd->add_option("--device", a.device, "Backend: cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
+}
+
+int run_sample(SampleArgs a) {
+  a.cmd.device = a.device == "cuda" ? pt::Device::cuda : pt::Device::cpu;
+  a.cmd.stop_at_eot = !a.ignore_eot;
+  pt::run_sample_command(a.cmd, stdout, stderr);
+  return 0;
+}
+
 int run_train(const TrainArgs& a, const pt::World& world) {
   const pt::RunConfig cfg = pt::load_config(a.config, a.overrides, world.size);
   const pt::Device device = a.device == "cuda" ? pt::Device::cuda : pt::Device::cpu;
@@ -149,6 +211,8 @@ int main(int argc, char** argv) {
   add_prepare_command(app, prepare_args);
   ConvertArgs convert_args;
   add_convert_command(app, convert_args);
+  SampleArgs sample_args;
+  add_sample_command(app, sample_args);
 
   try {
     app.parse(argc, argv);
@@ -169,6 +233,7 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("train")) rc = run_train(train_args, world);
     else if (app.got_subcommand("prepare")) rc = run_prepare(prepare_args);
     else if (app.got_subcommand("convert")) rc = run_convert(convert_args);
+    else if (app.got_subcommand("sample")) rc = run_sample(sample_args);
     pt::finalize_world();
     return rc;
   } catch (const pt::ConfigError& e) {

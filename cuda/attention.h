@@ -28,6 +28,21 @@ void attention_forward_tiled(DType dtype, void* out, float* lse, const void* qkv
 void attention_backward_tiled(DType dtype, void* dqkv, const void* dout, const void* qkv, const float* lse,
                               const float* D, int B, int T, int NH, int HS, void* stream = nullptr);
 
+// Attention of Tq queries against Tk keys/values in separate [B, T, C] tensors with position
+// offsets (attention_block.cu; CUDA cores, f32 or bf16, any head size): see
+// Ops::attention_block_forward/backward. Backward ACCUMULATES into dq, dk, dv (each may be null)
+// and needs D = rowsum(dout * out) of the FINAL out (attention_row_dot with T = Tq).
+void attention_block_forward_tiled(DType dtype, void* out, float* lse, const void* q, const void* k, const void* v,
+                                   int B, int Tq, int Tk, int NH, int HS, int q_pos0, int k_pos0, bool causal,
+                                   void* stream = nullptr);
+void attention_block_backward_tiled(DType dtype, void* dq, void* dk, void* dv, const void* dout, const void* q,
+                                    const void* k, const void* v, const float* lse, const float* D, int B, int Tq,
+                                    int Tk, int NH, int HS, int q_pos0, int k_pos0, bool causal,
+                                    void* stream = nullptr);
+// out_acc, lse_acc <- the log-sum-exp weighted merge with out_part, lse_part (Ops::merge_attention_partials).
+void merge_attention_partials_gpu(DType dtype, void* out_acc, float* lse_acc, const void* out_part,
+                                  const float* lse_part, int B, int T, int NH, int HS, void* stream = nullptr);
+
 // D[b, h, t] = sum_c dout[b, t, h*HS + c] * out[b, t, h*HS + c]  (fp32), any dtype/head size.
 void attention_row_dot(DType dtype, float* D, const void* dout, const void* out, int B, int T, int NH, int HS,
                        void* stream = nullptr);

@@ -15,4 +15,13 @@ namespace pt::gpu {
 void softmax_cross_entropy(DType dtype, float* losses, void* logits, const int32_t* targets, int N, int V, int Vp,
                            float dloss, void* stream = nullptr);
 
+// Vocab-parallel halves (cross_entropy_shard.cu), see Ops::cross_entropy_shard_stats/finish:
+// stats [N, 3] f32 from a shard logits [N, Vl] holding global columns vocab_start..; finish from
+// all shards' stats [shards, N, 3]. A target >= V gives a NaN loss (the host check is CpuOps's).
+void cross_entropy_shard_stats(DType dtype, float* stats, const void* logits, const int32_t* targets, int N, int Vl,
+                               int V, int vocab_start, void* stream = nullptr);
+void cross_entropy_shard_finish(DType dtype, float* losses, void* logits, const int32_t* targets,
+                                const float* all_stats, int shards, int N, int Vl, int V, int vocab_start, float dloss,
+                                void* stream = nullptr);
+
 }  // namespace pt::gpu

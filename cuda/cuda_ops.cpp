@@ -241,6 +241,18 @@ void CudaOps::copy(Tensor dst, Tensor src, size_t n) {
   gpu::convert(dst.dtype, dst.data, src.dtype, src.data, n, s);
 }
 
+void CudaOps::copy_2d(Tensor dst, size_t dst_ld, Tensor src, size_t src_ld, size_t rows, size_t cols) {
+  check(src.dtype == dst.dtype, where("copy_2d") + ": src is " + dtype_name(src.dtype) + " but dst is " +
+                                    dtype_name(dst.dtype));
+  check(cols <= dst_ld && cols <= src_ld, where("copy_2d") + ": cols exceeds a leading dimension");
+  if (rows == 0 || cols == 0) return;
+  need(dst, (rows - 1) * dst_ld + cols, "copy_2d", "dst");
+  need(src, (rows - 1) * src_ld + cols, "copy_2d", "src");
+  const size_t elem = dtype_size(src.dtype);
+  CUDA_CHECK(cudaMemcpy2DAsync(dst.data, dst_ld * elem, src.data, src_ld * elem, cols * elem, rows,
+                               cudaMemcpyDeviceToDevice, as_stream(stream_)));
+}
+
 void CudaOps::synchronize() { CUDA_CHECK(cudaStreamSynchronize(as_stream(stream_))); }
 
 // ---- embeddings -----------------------------------------------------------------------------------
@@ -406,6 +418,57 @@ void CudaOps::attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor ou
     gpu::attention_backward_tiled(dt, dqkv.data, dout.data, qkv.data, L, D, B, T, NH, HS, stream_);
 }
 
+void CudaOps::attention_block_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, int B, int Tq, int Tk,
+                                      int C, int NH, int q_pos0, int k_pos0, bool causal) {
+  const char* op = "attention_block_forward";
+  check_dims(op, {B, Tq, Tk, C});
+  const int HS = head_size(op, C, NH);
+  const DType dt = need_act(q, size_t(B) * Tq * C, op, "q");
+  need(k, size_t(B) * Tk * C, dt, op, "k");
+  need(v, size_t(B) * Tk * C, dt, op, "v");
+  need(out, size_t(B) * Tq * C, dt, op, "out");
+  need(lse, size_t(B) * NH * Tq, DType::f32, op, "lse");
+  gpu::attention_block_forward_tiled(dt, out.data, static_cast<float*>(lse.data), q.data, k.data, v.data, B, Tq, Tk,
+                                     NH, HS, q_pos0, k_pos0, causal, stream_);
+}
+
+void CudaOps::attention_block_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v,
+                                       Tensor out, Tensor lse, int B, int Tq, int Tk, int C, int NH, int q_pos0,
+                                       int k_pos0, bool causal) {
+  const char* op = "attention_block_backward";
+  check_dims(op, {B, Tq, Tk, C});
+  const int HS = head_size(op, C, NH);
+  if (!dq && !dk && !dv) return;
+  const size_t nq = size_t(B) * Tq * C, nk = size_t(B) * Tk * C;
+  const DType dt = need_act(q, nq, op, "q");
+  need(k, nk, dt, op, "k");
+  need(v, nk, dt, op, "v");
+  need(dout, nq, dt, op, "dout");
+  need(out, nq, dt, op, "out");
+  need(lse, size_t(B) * NH * Tq, DType::f32, op, "lse");
+  if (dq) need(dq, nq, dt, op, "dq");
+  if (dk) need(dk, nk, dt, op, "dk");
+  if (dv) need(dv, nk, dt, op, "dv");
+  float* D = static_cast<float*>(scratch(size_t(B) * NH * Tq * sizeof(float)));
+  gpu::attention_row_dot(dt, D, dout.data, out.data, B, Tq, NH, HS, stream_);
+  gpu::attention_block_backward_tiled(dt, dq.data, dk.data, dv.data, dout.data, q.data, k.data, v.data,
+                                      static_cast<const float*>(lse.data), D, B, Tq, Tk, NH, HS, q_pos0, k_pos0,
+                                      causal, stream_);
+}
+
+void CudaOps::merge_attention_partials(Tensor out_acc, Tensor lse_acc, Tensor out_part, Tensor lse_part, int B, int T,
+                                       int C, int NH) {
+  const char* op = "merge_attention_partials";
+  check_dims(op, {B, T, C});
+  const int HS = head_size(op, C, NH);
+  const DType dt = need_act(out_acc, size_t(B) * T * C, op, "out_acc");
+  need(out_part, size_t(B) * T * C, dt, op, "out_part");
+  need(lse_acc, size_t(B) * NH * T, DType::f32, op, "lse_acc");
+  need(lse_part, size_t(B) * NH * T, DType::f32, op, "lse_part");
+  gpu::merge_attention_partials_gpu(dt, out_acc.data, static_cast<float*>(lse_acc.data), out_part.data,
+                                    static_cast<const float*>(lse_part.data), B, T, NH, HS, stream_);
+}
+
 // ---- elementwise ---------------------------------------------------------------------------------
 
 void CudaOps::gelu_forward(Tensor out, Tensor inp, size_t n) {
@@ -448,6 +511,32 @@ void CudaOps::softmax_cross_entropy(Tensor losses, Tensor logits, Tensor targets
 }
 
 // ---- optimizer and reductions ------------------------------------------------------------------------
+
+void CudaOps::cross_entropy_shard_stats(Tensor stats, Tensor logits, Tensor targets, int N, int Vl, int V,
+                                        int vocab_start) {
+  const char* op = "cross_entropy_shard_stats";
+  check_dims(op, {N, Vl, V, vocab_start});
+  check(V > 0, where(op) + ": the vocabulary size must be positive");
+  need(stats, size_t(N) * 3, DType::f32, op, "stats");
+  const DType dt = need_act(logits, size_t(N) * Vl, op, "logits");
+  need(targets, N, DType::i32, op, "targets");
+  gpu::cross_entropy_shard_stats(dt, static_cast<float*>(stats.data), logits.data,
+                                 static_cast<const int32_t*>(targets.data), N, Vl, V, vocab_start, stream_);
+}
+
+void CudaOps::cross_entropy_shard_finish(Tensor losses, Tensor logits, Tensor targets, Tensor all_stats, int shards,
+                                         int N, int Vl, int V, int vocab_start, float dloss) {
+  const char* op = "cross_entropy_shard_finish";
+  check_dims(op, {N, Vl, V, vocab_start});
+  check(V > 0 && shards >= 1, where(op) + ": need V > 0 and at least one shard");
+  need(losses, N, DType::f32, op, "losses");
+  const DType dt = need_act(logits, size_t(N) * Vl, op, "logits");
+  need(targets, N, DType::i32, op, "targets");
+  need(all_stats, size_t(shards) * N * 3, DType::f32, op, "all_stats");
+  gpu::cross_entropy_shard_finish(dt, static_cast<float*>(losses.data), logits.data,
+                                  static_cast<const int32_t*>(targets.data), static_cast<const float*>(all_stats.data),
+                                  shards, N, Vl, V, vocab_start, dloss, stream_);
+}
 
 void CudaOps::adamw_update(Tensor params, Tensor master, Tensor grad, Tensor m, Tensor v, size_t n, float lr,
                            float beta1, float beta2, float eps, float weight_decay, int t, float grad_scale) {

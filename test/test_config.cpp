@@ -26,7 +26,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// The shape of configs/tiny.json; everything else is a default.
+// A config of configs/tiny.json's model shape; everything else is a default.
 json tiny() {
   return json::parse(R"({
     "run": {"name": "t"},
@@ -129,6 +129,15 @@ TEST_CASE("every rule names its key and the offending value", "[config]") {
       {{"parallel.pp=2", "parallel.pp_schedule=interleaved"}, 2, {"parallel.pp_virtual_stages=1", ">= 2"}},
       {{"parallel.pp_schedule=interleaved", "parallel.pp_virtual_stages=2"}, 1, {"parallel.pp=1", ">= 2"}},
       {{"parallel.pp=2", "parallel.pp_virtual_stages=2"}, 2, {"parallel.pp_virtual_stages=2", "must be 1", "1f1b"}},
+      {{"parallel.pp=3"}, 3, {"or list the blocks of each stage in parallel.pp_layers"}},
+      {{"parallel.pp=2", "parallel.pp_layers=[1,2,1]"}, 2,
+       {"parallel.pp_layers=[1,2,1] has 3 entries", "parallel.pp*pp_virtual_stages = 2*1 = 2"}},
+      {{"parallel.pp=2", "parallel.pp_layers=[1,2]"}, 2, {"parallel.pp_layers=[1,2] sums to 3 blocks", "model.n_layers=4"}},
+      {{"parallel.pp=2", "parallel.pp_layers=[4,0]"}, 2, {"parallel.pp_layers=[4,0]", "entry 1 (0) must be >= 1"}},
+      {{"parallel.pp_layers=3"}, 1, {"parallel.pp_layers=3", "an array of integers"}},
+      {{"parallel.pp_layers=[1.5,2.5]"}, 1, {"parallel.pp_layers[0]=1.5", "an integer"}},
+      // activation recompute
+      {{"recompute.mode=some"}, 1, {"recompute.mode=\"some\"", "none, selective, full"}},
       // grid order and ZeRO
       {{"parallel.order=tp-cp-dp"}, 1, {"parallel.order=\"tp-cp-dp\"", "permutation"}},
       {{"parallel.order=tp-tp-dp-pp"}, 1, {"parallel.order=\"tp-tp-dp-pp\"", "permutation"}},
@@ -179,6 +188,8 @@ TEST_CASE("every rule names its key and the offending value", "[config]") {
       {{"logging.metrics_file="}, 1, {"logging.metrics_file=\"\"", "must not be empty"}},
       {{"logging.peak_tflops=-1"}, 1, {"logging.peak_tflops=-1", ">= 0"}},
       {{"logging.flops_formula=megatron"}, 1, {"logging.flops_formula=\"megatron\"", "palm, llmc"}},
+      {{"logging.sample_every=-1"}, 1, {"logging.sample_every=-1", ">= 0"}},
+      {{"logging.sample_tokens=0"}, 1, {"logging.sample_tokens=0", ">= 1"}},
   };
   for (const auto& c : cases) {
     DYNAMIC_SECTION(join(c.set) << " on " << c.world << " ranks") {
@@ -223,6 +234,9 @@ TEST_CASE("defaults are GPT-2 124M", "[config]") {
   CHECK(c.checkpoint.resume == "none");
   CHECK(c.logging.metrics_file == "metrics.jsonl");
   CHECK(c.logging.flops_formula == "palm");
+  CHECK(c.logging.sample_every == 0);
+  CHECK(c.logging.sample_prompt == "The");
+  CHECK(c.logging.sample_tokens == 64);
   // derived
   CHECK(c.model.padded_vocab == 50304);
   CHECK(c.parallel.dp == 1);
@@ -292,6 +306,10 @@ TEST_CASE("--set overrides", "[config]") {
     CHECK(pt::config_from_json(tiny(), {"run.name=true"}, 1).run.name == "true");
     CHECK(pt::config_from_json(tiny(), {"run.name=\"q\""}, 1).run.name == "q");
     CHECK(pt::config_from_json(tiny(), {"run.name=a=b"}, 1).run.name == "a=b");
+    // A sample prompt is text whatever it looks like, the empty text and newlines included.
+    CHECK(pt::config_from_json(tiny(), {"logging.sample_prompt=1 2 3"}, 1).logging.sample_prompt == "1 2 3");
+    CHECK(pt::config_from_json(tiny(), {"logging.sample_prompt="}, 1).logging.sample_prompt.empty());
+    CHECK(pt::config_from_json(tiny(), {"logging.sample_prompt=\"\\n\""}, 1).logging.sample_prompt == "\n");
   }
   SECTION("applied after the file, in order") {
     auto c = pt::config_from_json(tiny(), {"model.n_layers=8", "model.n_layers=2"}, 1);
@@ -317,7 +335,7 @@ TEST_CASE("unknown keys and wrong types in the file", "[config]") {
   }
   SECTION("unknown section, even when empty") {
     j["modle"] = json::object();
-    CHECK_THAT(error_of_json(j), Contains("unknown section modle (valid sections: run, model, parallel, batch, "
+    CHECK_THAT(error_of_json(j), Contains("unknown section modle (valid sections: run, model, parallel, recompute, batch, "
                                           "optim, schedule, precision, data, checkpoint, logging)"));
   }
   SECTION("a section that is not an object") {
@@ -412,7 +430,7 @@ TEST_CASE("the shipped configs load", "[config]") {
   SECTION("tiny") {
     auto c = pt::load_config(dir + "tiny.json", {}, 1);
     CHECK(c.model.padded_vocab == 256);
-    CHECK(c.batch.grad_accum_steps == 2);
+    CHECK(c.batch.grad_accum_steps == 4);  // 4 micro-batches: room for dp up to 4
     CHECK(c.schedule.total_steps == 200);
     CHECK(c.data.val == "data/tiny/corpus_val_*.bin");
   }
@@ -420,7 +438,7 @@ TEST_CASE("the shipped configs load", "[config]") {
     for (int tp : {1, 2, 4})
       for (int pp : {1, 2, 4})
         for (int cp : {1, 2, 4})
-          for (int dp : {1, 2}) {
+          for (int dp : {1, 2, 4}) {
             int world = tp * pp * cp * dp;
             if (world > 16) continue;
             std::vector<std::string> sets = {"parallel.tp=" + std::to_string(tp), "parallel.pp=" + std::to_string(pp),

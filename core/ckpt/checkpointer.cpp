@@ -211,6 +211,7 @@ std::string Checkpointer::save(const TrainState& state, ParamStore& store, Ops& 
       std::vector<float> host(shard.numel);
       ops.download(host.data(), DType::f32, shard, shard.numel);
       for (const auto& piece : store.layout().my_pieces()) {
+        if (!not_saved_.empty() && not_saved_[piece.param]) continue;
         const ParamSpec& p = table_.specs()[piece.param];
         w.add_chunk(s + "/" + p.name, p.shape, state_file(s, rank), piece.begin, host.data() + piece.shard_offset,
                     piece.numel());

@@ -7,6 +7,10 @@
 // one file per state and rank, "<state>_r00000.bin", each parameter as the chunk(s) this rank
 // holds (its ShardLayout pieces: everything on one rank, a flat slice under ZeRO).
 //
+// Pipeline parallel: each stage's ranks hold (and save and restore) only that stage's
+// parameters, the table given to the constructor; the tensors of all stages together make one
+// checkpoint of the whole model, which resumes under any other pp (set_not_saved).
+//
 // Several ranks (set_ranks): every rank that holds a shard no other rank writes (the first
 // replica under HSDP, dp rank 0 under ZeRO-0) writes its own files into one temporary directory
 // and rank 0 commits; every rank restores the pieces of ITS layout from whatever chunks the
@@ -42,6 +46,10 @@ class Checkpointer {
   // this rank writes its shard (false when another rank holds and writes the same one).
   // Without a call the checkpointer acts for a world of one.
   void set_ranks(Comm* world, bool writes_shard);
+  // Pipeline parallel: `table` (the constructor's) is this rank's stage's parameters, which it
+  // saves and restores; a parameter marked here (indexed like table.specs()) is restored but
+  // left to another stage to save: the LM head's copy of the tied wte, saved by the first stage.
+  void set_not_saved(std::vector<bool> not_saved) { not_saved_ = std::move(not_saved); }
 
   // Resolves checkpoint.resume. none: nullopt (and a ConfigError when checkpoint.dir already
   // holds committed checkpoints, which a fresh run would prune). auto: the newest committed
@@ -81,6 +89,7 @@ class Checkpointer {
   const ParamTable& table_;
   Comm* world_ = nullptr;
   bool writes_shard_ = true;
+  std::vector<bool> not_saved_;  // by spec index; empty: save everything
   int step_on_disk_ = -1;
   std::string resumed_from_;
   std::vector<std::string> warnings_;

@@ -92,9 +92,19 @@ template <> std::array<double, 2> read_as<std::array<double, 2>>(const std::stri
   return {read_number(key + "[0]", v[0]), read_number(key + "[1]", v[1])};
 }
 
+// A list of integers, each read (and range-checked) as one: "parallel.pp_layers[2]=..." names
+// the entry in a message.
+template <> std::vector<int> read_as<std::vector<int>>(const std::string& key, const json& v) {
+  if (!v.is_array()) wrong_type(key, v, "an array of integers");
+  std::vector<int> out;
+  for (size_t i = 0; i < v.size(); i++) out.push_back(read_integer<int>(key + "[" + std::to_string(i) + "]", v[i]));
+  return out;
+}
+
 template <class T>
 std::string type_name() {
   if constexpr (std::is_same_v<T, std::string>) return "string";
+  else if constexpr (std::is_same_v<T, std::vector<int>>) return "[integer, ...]";
   else if constexpr (std::is_same_v<T, bool>) return "boolean";
   else if constexpr (std::is_same_v<T, double>) return "number";
   else if constexpr (std::is_same_v<T, std::array<double, 2>>) return "[number, number]";
@@ -138,6 +148,15 @@ auto one_of(std::vector<std::string> allowed) {
     std::string list;
     for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
     return "must be one of " + list;
+  };
+}
+
+// Every entry of a list at least `min` (the list's own rule; its length is a cross-key rule).
+auto each_at_least(int min) {
+  return [min](const std::vector<int>& v) {
+    for (size_t i = 0; i < v.size(); i++)
+      if (v[i] < min) return "entry " + std::to_string(i) + " (" + std::to_string(v[i]) + ") must be >= " + num(min);
+    return std::string();
   };
 }
 
@@ -226,7 +245,11 @@ std::vector<ConfigKey> build_table() {
       .add("sequence_parallel", &ParallelSection::sequence_parallel)
       .add("pp_schedule", &ParallelSection::pp_schedule, one_of({"afab", "1f1b", "interleaved"}))
       .add("pp_virtual_stages", &ParallelSection::pp_virtual_stages, at_least(1))
+      .add("pp_layers", &ParallelSection::pp_layers, each_at_least(1))  // []: an even split
       .add("cp_impl", &ParallelSection::cp_impl, one_of({"ring", "ulysses"}));
+
+  SectionKeys(k, "recompute", &RunConfig::recompute)
+      .add("mode", &RecomputeSection::mode, one_of({"none", "selective", "full"}));
 
   SectionKeys(k, "batch", &RunConfig::batch)
       .add("micro_batch_size", &BatchSection::micro_batch_size, at_least(1))
@@ -269,7 +292,10 @@ std::vector<ConfigKey> build_table() {
       .add("every_steps", &LoggingSection::every_steps, at_least(1))
       .add("metrics_file", &LoggingSection::metrics_file, not_empty)
       .add("peak_tflops", &LoggingSection::peak_tflops, at_least(0))
-      .add("flops_formula", &LoggingSection::flops_formula, one_of({"palm", "llmc"}));
+      .add("flops_formula", &LoggingSection::flops_formula, one_of({"palm", "llmc"}))
+      .add("sample_every", &LoggingSection::sample_every, at_least(0))
+      .add("sample_prompt", &LoggingSection::sample_prompt)  // any text, "" included
+      .add("sample_tokens", &LoggingSection::sample_tokens, at_least(1));
 
   return k;
 }

@@ -103,9 +103,21 @@ void check_context_parallel(const RunConfig& c) {
 void check_pipeline_parallel(const RunConfig& c) {
   const auto& p = c.parallel;
   int64_t chunks = mul(p.pp, p.pp_virtual_stages);
-  if (c.model.n_layers % chunks != 0)
+  if (p.pp_layers.empty() && c.model.n_layers % chunks != 0)
     fail(cat("model.n_layers=", c.model.n_layers, " must be divisible by parallel.pp*pp_virtual_stages = ", p.pp,
-             "*", p.pp_virtual_stages, " = ", chunks));
+             "*", p.pp_virtual_stages, " = ", chunks, " (or list the blocks of each stage in parallel.pp_layers)"));
+  // An explicit split: one entry per virtual stage (each >= 1, checked with the key), covering
+  // every block exactly once. Virtual stage s is chunk s / pp of pipeline rank s % pp.
+  if (!p.pp_layers.empty()) {
+    const std::string given = key_value("parallel.pp_layers", json(p.pp_layers));
+    if (static_cast<int64_t>(p.pp_layers.size()) != chunks)
+      fail(cat(given, " has ", p.pp_layers.size(), " entries but needs one per virtual stage: parallel.pp*",
+               "pp_virtual_stages = ", p.pp, "*", p.pp_virtual_stages, " = ", chunks));
+    int64_t sum = 0;
+    for (int n : p.pp_layers) sum += n;
+    if (sum != c.model.n_layers)
+      fail(cat(given, " sums to ", sum, " blocks but model.n_layers=", c.model.n_layers));
+  }
   bool interleaved = p.pp_schedule == "interleaved";
   if (interleaved && p.pp < 2)
     fail(cat("parallel.pp=", p.pp, " must be >= 2 when parallel.pp_schedule=\"interleaved\""));

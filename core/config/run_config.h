@@ -46,7 +46,13 @@ struct ParallelSection {
   bool sequence_parallel = false;
   std::string pp_schedule = "1f1b";  // afab | 1f1b | interleaved
   int pp_virtual_stages = 1;
+  std::vector<int> pp_layers;  // blocks per virtual stage (pp*pp_virtual_stages entries); empty: even split
   std::string cp_impl = "ring";  // ring | ulysses
+};
+
+// Activation recompute: what forward keeps for backward (core/model/gpt2_stage.h).
+struct RecomputeSection {
+  std::string mode = "none";  // none | selective | full
 };
 
 struct BatchSection {
@@ -98,12 +104,16 @@ struct LoggingSection {
   std::string metrics_file = "metrics.jsonl";  // relative to run.out_dir
   double peak_tflops = 0.0;                    // 0: from the device table, or measured on the CPU
   std::string flops_formula = "palm";          // palm | llmc
+  int sample_every = 0;                        // print a sample every this many steps and at the end; 0: never
+  std::string sample_prompt = "The";           // the text samples continue
+  int sample_tokens = 64;                      // tokens per sample
 };
 
 struct RunConfig {
   RunSection run;
   ModelSection model;
   ParallelSection parallel;
+  RecomputeSection recompute;
   BatchSection batch;
   OptimSection optim;
   ScheduleSection schedule;

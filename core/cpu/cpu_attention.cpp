@@ -11,34 +11,25 @@
 // from cache across queries, so at GPT-2 shapes it is compute-bound.
 // Parallel over (b, h, t) forward and over (b, h) backward: a (b, h) pair owns its head's
 // channels of dqkv for all of its tokens, so dk/dv accumulate race-free in a fixed order.
+//
+// The loop nests are general (cpu_attention_kernels.h): Tq queries against Tk keys at any
+// position offsets, operands given as strided views. The packed op here is the case
+// Tq = Tk = T, offsets 0, causal, with q, k, v (and dq, dk, dv) read at row stride 3C from one
+// buffer; the block op (cpu_attention_block.cpp) is the same kernels on separate tensors.
 #include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
 
 #include "core/cpu/cpu_args.h"
+#include "core/cpu/cpu_attention_kernels.h"
 #include "core/cpu/cpu_ops.h"
 
 namespace pt {
 
-namespace {
+namespace cpu {
 
-struct AttentionShape {
-  int B, T, C, NH, HS;
-  float scale;
-  AttentionShape(const char* op, int B_, int T_, int C_, int NH_) : B(B_), T(T_), C(C_), NH(NH_) {
-    cpu::check_dims(op, {B, T, C});
-    check(NH > 0 && C % NH == 0, std::string("CpuOps::") + op + ": n_heads=" + std::to_string(NH) +
-                                     " must be positive and divide C=" + std::to_string(C));
-    HS = C / NH;
-    scale = 1.0f / std::sqrt(static_cast<float>(HS));
-  }
-  size_t tokens() const { return size_t(B) * T; }
-  // Offsets of token (b, t), head h: into qkv (q; add C for k, 2C for v) and into out / dout.
-  size_t qkv_at(int b, int t, int h) const { return (size_t(b) * T + t) * 3 * C + size_t(h) * HS; }
-  size_t out_at(int b, int t, int h) const { return (size_t(b) * T + t) * C + size_t(h) * HS; }
-  size_t lse_at(int b, int h, int t) const { return (size_t(b) * NH + h) * T + t; }
-};
+namespace {
 
 inline float dot(const float* a, const float* b, int n) {
   float s = 0.0f;
@@ -55,86 +46,136 @@ inline void axpy(float* y, float a, const float* x, int n) {
 
 }  // namespace
 
-void CpuOps::attention_forward(Tensor out, Tensor lse, Tensor qkv, int B, int T, int C, int NH) {
-  AttentionShape s("attention_forward", B, T, C, NH);
-  float* o = cpu::f32_arg(out, s.tokens() * C, "attention_forward", "out");
-  float* l = cpu::f32_arg(lse, size_t(B) * NH * T, "attention_forward", "lse");
-  const float* x = cpu::f32_arg(qkv, s.tokens() * 3 * C, "attention_forward", "qkv");
-  const int HS = s.HS;
+void attention_rows_forward(const AttentionProblem& p, AttentionRows out, float* lse, AttentionRows q, AttentionRows k,
+                            AttentionRows v) {
+  const int B = p.B, NH = p.NH, Tq = p.Tq, HS = p.HS;
 #pragma omp parallel
   {
-    std::vector<float> scores(T);  // this thread's row of scaled scores
+    std::vector<float> scores(p.Tk);  // this thread's row of scaled scores
 #pragma omp for collapse(3) schedule(static)
     for (int b = 0; b < B; b++) {
       for (int h = 0; h < NH; h++) {
-        for (int t = 0; t < T; t++) {
-          const float* q = x + s.qkv_at(b, t, h);
+        for (int t = 0; t < Tq; t++) {
+          const float* qrow = q.at(b, t, h, HS);
+          const int n = p.visible_keys(t);
+          float* orow = out.at(b, t, h, HS);
+          for (int c = 0; c < HS; c++) orow[c] = 0.0f;
+          if (n == 0) {  // no key to attend to: an empty softmax
+            lse[p.lse_at(b, h, t)] = -INFINITY;
+            continue;
+          }
           float mx = -INFINITY;
-          for (int j = 0; j <= t; j++) {
-            scores[j] = s.scale * dot(q, x + s.qkv_at(b, j, h) + C, HS);
+          for (int j = 0; j < n; j++) {
+            scores[j] = p.scale * dot(qrow, k.at(b, j, h, HS), HS);
             mx = std::max(mx, scores[j]);
           }
           float sum = 0.0f;
-          for (int j = 0; j <= t; j++) {
+          for (int j = 0; j < n; j++) {
             scores[j] = std::exp(scores[j] - mx);
             sum += scores[j];
           }
           float inv = 1.0f / sum;
-          float* orow = o + s.out_at(b, t, h);
-          for (int c = 0; c < HS; c++) orow[c] = 0.0f;
-          for (int j = 0; j <= t; j++) axpy(orow, scores[j] * inv, x + s.qkv_at(b, j, h) + 2 * C, HS);
-          l[s.lse_at(b, h, t)] = mx + std::log(sum);
+          for (int j = 0; j < n; j++) axpy(orow, scores[j] * inv, v.at(b, j, h, HS), HS);
+          lse[p.lse_at(b, h, t)] = mx + std::log(sum);
         }
       }
     }
   }
 }
 
-void CpuOps::attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B, int T, int C,
-                                int NH) {
-  AttentionShape s("attention_backward", B, T, C, NH);
-  float* dx = cpu::optional_f32_arg(dqkv, s.tokens() * 3 * C, "attention_backward", "dqkv");
-  if (!dx) return;
-  const float* dy = cpu::f32_arg(dout, s.tokens() * C, "attention_backward", "dout");
-  const float* x = cpu::f32_arg(qkv, s.tokens() * 3 * C, "attention_backward", "qkv");
-  const float* y = cpu::f32_arg(out, s.tokens() * C, "attention_backward", "out");
-  const float* l = cpu::f32_arg(lse, size_t(B) * NH * T, "attention_backward", "lse");
-  const int HS = s.HS;
+void attention_rows_backward(const AttentionProblem& p, AttentionRows dq, AttentionRows dk, AttentionRows dv,
+                             AttentionRows dout, AttentionRows q, AttentionRows k, AttentionRows v, AttentionRows out,
+                             const float* lse) {
+  if (!dq.p && !dk.p && !dv.p) return;
+  const int B = p.B, NH = p.NH, Tq = p.Tq, Tk = p.Tk, HS = p.HS;
 #pragma omp parallel
   {
     // This thread's sums for one (b, h): dk and dv for every key, dq for the current query.
     // Summing apart and adding once keeps "+=" a single rounding per element.
-    std::vector<float> dk(size_t(T) * HS), dv(size_t(T) * HS), dq(HS);
+    std::vector<float> dk_acc(size_t(Tk) * HS), dv_acc(size_t(Tk) * HS), dq_acc(HS);
 #pragma omp for collapse(2) schedule(static)
     for (int b = 0; b < B; b++) {
       for (int h = 0; h < NH; h++) {
-        std::fill(dk.begin(), dk.end(), 0.0f);
-        std::fill(dv.begin(), dv.end(), 0.0f);
-        for (int t = 0; t < T; t++) {
-          const float* q = x + s.qkv_at(b, t, h);
-          const float* dO = dy + s.out_at(b, t, h);
-          float D = dot(dO, y + s.out_at(b, t, h), HS);
-          float lse_t = l[s.lse_at(b, h, t)];
-          std::fill(dq.begin(), dq.end(), 0.0f);
-          for (int j = 0; j <= t; j++) {
-            const float* k = x + s.qkv_at(b, j, h) + C;
-            const float* v = k + C;
-            float p = std::exp(s.scale * dot(q, k, HS) - lse_t);
-            float dS = p * (dot(dO, v, HS) - D);
-            axpy(dq.data(), dS, k, HS);
-            axpy(dk.data() + size_t(j) * HS, s.scale * dS, q, HS);
-            axpy(dv.data() + size_t(j) * HS, p, dO, HS);
+        std::fill(dk_acc.begin(), dk_acc.end(), 0.0f);
+        std::fill(dv_acc.begin(), dv_acc.end(), 0.0f);
+        int keys_touched = 0;  // keys [0, keys_touched) got a contribution
+        for (int t = 0; t < Tq; t++) {
+          const float lse_t = lse[p.lse_at(b, h, t)];
+          const int n = p.visible_keys(t);
+          if (n == 0 || lse_t == -INFINITY) continue;  // a row that saw no key has no gradient
+          keys_touched = std::max(keys_touched, n);
+          const float* qrow = q.at(b, t, h, HS);
+          const float* dO = dout.at(b, t, h, HS);
+          float D = dot(dO, out.at(b, t, h, HS), HS);
+          std::fill(dq_acc.begin(), dq_acc.end(), 0.0f);
+          for (int j = 0; j < n; j++) {
+            const float* krow = k.at(b, j, h, HS);
+            const float* vrow = v.at(b, j, h, HS);
+            float P = std::exp(p.scale * dot(qrow, krow, HS) - lse_t);
+            float dS = P * (dot(dO, vrow, HS) - D);
+            axpy(dq_acc.data(), dS, krow, HS);
+            axpy(dk_acc.data() + size_t(j) * HS, p.scale * dS, qrow, HS);
+            axpy(dv_acc.data() + size_t(j) * HS, P, dO, HS);
           }
-          axpy(dx + s.qkv_at(b, t, h), s.scale, dq.data(), HS);
+          if (dq.p) axpy(dq.at(b, t, h, HS), p.scale, dq_acc.data(), HS);
         }
-        for (int j = 0; j < T; j++) {
-          float* dkv = dx + s.qkv_at(b, j, h) + C;
-          axpy(dkv, 1.0f, dk.data() + size_t(j) * HS, HS);
-          axpy(dkv + C, 1.0f, dv.data() + size_t(j) * HS, HS);
+        for (int j = 0; j < keys_touched; j++) {
+          if (dk.p) axpy(dk.at(b, j, h, HS), 1.0f, dk_acc.data() + size_t(j) * HS, HS);
+          if (dv.p) axpy(dv.at(b, j, h, HS), 1.0f, dv_acc.data() + size_t(j) * HS, HS);
         }
       }
     }
   }
+}
+
+}  // namespace cpu
+
+namespace {
+
+// The problem and operand views of the packed op: q | k | v of token (b, t) in one 3C row.
+struct PackedAttention {
+  cpu::AttentionProblem p;
+  PackedAttention(const char* op, int B, int T, int C, int NH) {
+    cpu::check_dims(op, {B, T, C});
+    check(NH > 0 && C % NH == 0, std::string("CpuOps::") + op + ": n_heads=" + std::to_string(NH) +
+                                     " must be positive and divide C=" + std::to_string(C));
+    const int HS = C / NH;
+    p = cpu::AttentionProblem{B, T, T, NH, HS, 0, 0, true, 1.0f / std::sqrt(static_cast<float>(HS))};
+  }
+  // Part `part` (0 q, 1 k, 2 v) of a packed [B, T, 3C] buffer.
+  cpu::AttentionRows part(float* x, int part) const {
+    const size_t C = size_t(p.NH) * p.HS;
+    return {x ? x + part * C : nullptr, 3 * C, size_t(p.Tq) * 3 * C};
+  }
+  cpu::AttentionRows plain(float* x) const {
+    const size_t C = size_t(p.NH) * p.HS;
+    return {x, C, size_t(p.Tq) * C};
+  }
+};
+
+}  // namespace
+
+void CpuOps::attention_forward(Tensor out, Tensor lse, Tensor qkv, int B, int T, int C, int NH) {
+  PackedAttention a("attention_forward", B, T, C, NH);
+  const size_t BT = size_t(B) * T;
+  float* o = cpu::f32_arg(out, BT * C, "attention_forward", "out");
+  float* l = cpu::f32_arg(lse, size_t(B) * NH * T, "attention_forward", "lse");
+  float* x = cpu::f32_arg(qkv, BT * 3 * C, "attention_forward", "qkv");
+  cpu::attention_rows_forward(a.p, a.plain(o), l, a.part(x, 0), a.part(x, 1), a.part(x, 2));
+}
+
+void CpuOps::attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B, int T, int C,
+                                int NH) {
+  PackedAttention a("attention_backward", B, T, C, NH);
+  const size_t BT = size_t(B) * T;
+  float* dx = cpu::optional_f32_arg(dqkv, BT * 3 * C, "attention_backward", "dqkv");
+  if (!dx) return;
+  float* dy = cpu::f32_arg(dout, BT * C, "attention_backward", "dout");
+  float* x = cpu::f32_arg(qkv, BT * 3 * C, "attention_backward", "qkv");
+  float* y = cpu::f32_arg(out, BT * C, "attention_backward", "out");
+  const float* l = cpu::f32_arg(lse, size_t(B) * NH * T, "attention_backward", "lse");
+  cpu::attention_rows_backward(a.p, a.part(dx, 0), a.part(dx, 1), a.part(dx, 2), a.plain(dy), a.part(x, 0),
+                               a.part(x, 1), a.part(x, 2), a.plain(y), l);
 }
 
 }  // namespace pt

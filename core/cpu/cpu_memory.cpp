@@ -88,6 +88,20 @@ void CpuOps::copy(Tensor dst, Tensor src, size_t n) {
   if (n) std::memmove(dst.data, src.data, n * dtype_size(src.dtype));
 }
 
+void CpuOps::copy_2d(Tensor dst, size_t dst_ld, Tensor src, size_t src_ld, size_t rows, size_t cols) {
+  check_cpu_dtype(dst.dtype, "copy_2d");
+  check(src.dtype == dst.dtype, std::string("CpuOps::copy_2d: src is ") + dtype_name(src.dtype) + " but dst is " +
+                                    dtype_name(dst.dtype));
+  check(cols <= dst_ld && cols <= src_ld, "CpuOps::copy_2d: cols exceeds a leading dimension");
+  if (rows == 0 || cols == 0) return;
+  cpu::check_size(dst, (rows - 1) * dst_ld + cols, "copy_2d", "dst");
+  cpu::check_size(src, (rows - 1) * src_ld + cols, "copy_2d", "src");
+  const size_t elem = dtype_size(src.dtype);
+  char* d = static_cast<char*>(dst.data);
+  const char* s = static_cast<const char*>(src.data);
+  for (size_t r = 0; r < rows; r++) std::memcpy(d + r * dst_ld * elem, s + r * src_ld * elem, cols * elem);
+}
+
 void CpuOps::synchronize() {}
 
 }  // namespace pt

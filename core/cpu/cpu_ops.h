@@ -18,6 +18,7 @@ class CpuOps final : public Ops {
   void upload(Tensor dst, const void* host_src, DType host_dtype, size_t n) override;
   void download(void* host_dst, DType host_dtype, Tensor src, size_t n) override;
   void copy(Tensor dst, Tensor src, size_t n) override;
+  void copy_2d(Tensor dst, size_t dst_ld, Tensor src, size_t src_ld, size_t rows, size_t cols) override;
   void synchronize() override;
   void embedding_forward(Tensor out, Tensor tokens, Tensor wte, int N, int C, int vocab_start, int vocab_local) override;
   void embedding_backward(Tensor dwte, Tensor dout, Tensor tokens, int N, int C, int vocab_start, int vocab_local) override;
@@ -29,11 +30,16 @@ class CpuOps final : public Ops {
   void matmul_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, int N, int IC, int OC) override;
   void attention_forward(Tensor out, Tensor lse, Tensor qkv, int B, int T, int C, int NH) override;
   void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B, int T, int C, int NH) override;
+  void attention_block_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, int B, int Tq, int Tk, int C, int NH, int q_pos0, int k_pos0, bool causal) override;
+  void attention_block_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, int B, int Tq, int Tk, int C, int NH, int q_pos0, int k_pos0, bool causal) override;
+  void merge_attention_partials(Tensor out_acc, Tensor lse_acc, Tensor out_part, Tensor lse_part, int B, int T, int C, int NH) override;
   void gelu_forward(Tensor out, Tensor inp, size_t n) override;
   void gelu_backward(Tensor dinp, Tensor inp, Tensor dout, size_t n) override;
   void add(Tensor out, Tensor a, Tensor b, size_t n) override;
   void scale(Tensor x, float s, size_t n) override;
   void softmax_cross_entropy(Tensor losses, Tensor logits, Tensor targets, int N, int V, int Vp, float dloss) override;
+  void cross_entropy_shard_stats(Tensor stats, Tensor logits, Tensor targets, int N, int Vl, int V, int vocab_start) override;
+  void cross_entropy_shard_finish(Tensor losses, Tensor logits, Tensor targets, Tensor all_stats, int shards, int N, int Vl, int V, int vocab_start, float dloss) override;
   void adamw_update(Tensor params, Tensor master, Tensor grad, Tensor m, Tensor v, size_t n, float lr, float beta1, float beta2, float eps, float weight_decay, int t, float grad_scale) override;
   double sum_squares(Tensor x, size_t n) override;
   double sum(Tensor x, size_t n) override;

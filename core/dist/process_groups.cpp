@@ -25,6 +25,12 @@ ProcessGroups make_process_groups(const Grid& grid, const World& world, Ops& ops
   g.dp_cp = make_group_comm(grid.dp_cp_group(world.rank), world, ops);
   g.shard = make_group_comm(grid.dp_shard_group(world.rank), world, ops);
   g.replicate = make_group_comm(grid.dp_replicate_group(world.rank), world, ops);
+  const std::vector<int> pipeline = grid.group(world.rank, Axis::pp);
+  g.pp = make_group_comm(pipeline, world, ops);
+  std::vector<int> embedding = {world.rank};
+  if (pipeline.size() > 1 && (world.rank == pipeline.front() || world.rank == pipeline.back()))
+    embedding = {pipeline.front(), pipeline.back()};
+  g.embedding = make_group_comm(embedding, world, ops);
   return g;
 }
 

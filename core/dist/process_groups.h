@@ -16,6 +16,10 @@ struct ProcessGroups {
   std::unique_ptr<Comm> dp_cp;      // gradient reduction and the loss mean (Grid::dp_cp_group)
   std::unique_ptr<Comm> shard;      // ZeRO shards: dp_shard x cp (= dp_cp without HSDP)
   std::unique_ptr<Comm> replicate;  // HSDP replicas of one shard (one rank without HSDP)
+  std::unique_ptr<Comm> pp;         // this pipeline's stages, in stage order (Grid::group(rank, pp))
+  // The tied embedding's two copies: the first and the last stage of this pipeline when pp > 1
+  // (rank 0 = first stage); every other rank (and every rank when pp == 1) is a group of one.
+  std::unique_ptr<Comm> embedding;
 };
 
 // Collective over the whole world: every rank calls it once, in the same order relative to

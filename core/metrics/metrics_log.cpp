@@ -52,6 +52,10 @@ std::string MetricsLog::step_line(const StepMetrics& m) const {
                 width, m.step, m.total_steps, m.loss, m.lr, m.grad_norm, m.dt_ms, m.tokens_per_s, m.tflops_per_gpu,
                 100.0 * m.mfu, formula_.c_str(), format_duration(m.eta_s).c_str());
   std::string line = buf;
+  if (m.pp_bubble && m.pp_wait_ms) {
+    std::snprintf(buf, sizeof buf, " | bubble %.1f%% wait %.1f ms", 100.0 * *m.pp_bubble, *m.pp_wait_ms);
+    line += buf;
+  }
   if (m.val_loss) {
     std::snprintf(buf, sizeof buf, " | val %.4f", *m.val_loss);
     line += buf;
@@ -72,6 +76,8 @@ void MetricsLog::log(const StepMetrics& m) {
                       {"tokens", m.tokens},
                       {"eta_s", m.eta_s}};
   if (m.val_loss) j["val_loss"] = *m.val_loss;
+  if (m.pp_bubble) j["pp_bubble"] = *m.pp_bubble;
+  if (m.pp_wait_ms) j["pp_wait_ms"] = *m.pp_wait_ms;
   jsonl_ << j.dump() << '\n';
   jsonl_.flush();
   check(jsonl_.good(), "writing " + path_ + " failed (disk full?)");

@@ -21,6 +21,10 @@ struct StepMetrics {
   uint64_t tokens = 0;        // tokens trained on so far
   double eta_s = 0;           // estimated seconds to the end of the run
   std::optional<double> val_loss;
+  // Pipeline parallel only (pp > 1): the measured bubble, idle over total time of the step's
+  // schedule averaged over the pipeline's ranks, and the mean time a rank spent in send/recv.
+  std::optional<double> pp_bubble;
+  std::optional<double> pp_wait_ms;
 };
 
 class MetricsLog {

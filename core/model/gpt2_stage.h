@@ -1,44 +1,124 @@
-// Gpt2Stage: the layers one pipeline rank owns, run through the Ops interface. On one rank
-// (this issue) that is the whole model: token + position embedding, n_layers pre-LN blocks
-// (causal attention, 4x GELU MLP), final LayerNorm, LM head tied to the token embedding, and
-// the fused softmax cross-entropy over the real (unpadded) vocabulary.
+// Gpt2Stage: a consecutive range of GPT-2 blocks run through the Ops interface: the whole model
+// on one pipeline rank, or one chunk of a pipeline (core/model/pipeline_stages.h). It holds
+//  - with `embedding`: the token + position embedding in front of its blocks; otherwise its
+//    input is an activation [B*T, C] received from the previous stage (input(slot));
+//  - with `head`: the final LayerNorm, the LM head tied to the token embedding and the fused
+//    softmax cross-entropy over the real (unpadded) vocabulary behind them; otherwise its output
+//    is the activation [B*T, C] to send on (output()), and backward starts from the gradient
+//    of that output received back (grad_output(slot)).
 //
-// Forward keeps every activation backward needs for one micro-batch (activation recompute
-// comes later); backward accumulates parameter gradients into the ParamStore. Around each layer
-// it calls the LayerHooks (core/model/layer_hooks.h), through which ZeRO gathers parameters and
-// reduces gradients layer by layer.
+// Micro-batches in flight. A pipeline rank forwards several micro-batches before it backwards
+// the first (1F1B: up to pp - rank, AFAB: all m), so what backward needs is kept per micro-batch,
+// in two kinds of slots the caller hands out (the pipeline executor, from its action list):
+//  - an activation set (`slots.activations` of them): the blocks' kept activations and the
+//    token ids, from the micro-batch's forward to its backward;
+//  - an I/O set (`slots.io`): the stage's input (received, or the embedding output) and the
+//    residual stream's gradient (received, or from the head), from the receive of the input
+//    to the send of the input's gradient. A receive can come before the backward that frees a
+//    slot, so a stage may need one more of these small sets than of activation sets.
+// Buffers that live only while one forward or backward runs (the attention and MLP projections
+// before their residual add, everything recompute rebuilds, the backward scratch, the logits)
+// are one shared set. The stage's output is one shared buffer too: the pipeline sends it
+// before this rank computes anything else (pp_schedule.h's ordering rule), after which it is
+// free again.
+//
+// The head's backward runs at the end of the training forward: the logits' gradient (written in
+// place by the fused cross-entropy) goes through the LM head and the final LayerNorm at once, and
+// only the gradient of the last block's output is kept per micro-batch ([B*T, C] instead of
+// the [B*T, padded_vocab] logits).
+//
+// Activation recompute (recompute.mode), per block, what forward keeps for backward:
+//   none       ln1 (+ mean, rstd), qkv, atty, lse, res2, ln2 (+ mean, rstd), fch, fch_gelu,
+//              and the block's output (the next block's input): 16 B*T*C + 4 B*T + B*NH*T floats
+//   selective  qkv, res2, fch and the output: 9 B*T*C. Backward first rebuilds the cheap,
+//              memory-heavy rest from them: both LayerNorm outputs (and statistics) with one
+//              LayerNorm forward each, the attention output and its log-sum-exps (the
+//              softmax state) with one attention forward, the GELU output with one GELU.
+//              The matmuls (the FLOPs) are never redone.
+//   full       only the block's output (the next block's input): B*T*C. Backward re-runs the
+//              block's forward up to the MLP's GELU from its input, then backpropagates.
+// (The last block of a chunk keeps nothing of its own output: it is the stage's output, sent
+// on, or consumed at once by the head.) Recompute runs the same kernels on the same inputs, so
+// gradients are bitwise those of mode none. The rebuilt buffers live in the one shared set.
+//
+// Around each block it calls the LayerHooks (core/model/layer_hooks.h), through which ZeRO
+// gathers parameters and reduces gradients layer by layer.
 #pragma once
 #include <cstdint>
+#include <string_view>
 #include <vector>
 
 #include "core/config/run_config.h"
 #include "core/model/layer_hooks.h"
 #include "core/model/param_store.h"
+#include "core/model/pipeline_stages.h"
 #include "core/ops/ops.h"
 
 namespace pt {
 
+enum class Recompute { none, selective, full };
+// "none" | "selective" | "full" (recompute.mode); ConfigError otherwise.
+Recompute parse_recompute(std::string_view mode);
+const char* to_string(Recompute mode);
+
+// How many micro-batches a stage holds at once (see above).
+struct StageSlots {
+  int io = 1;
+  int activations = 1;
+  bool operator==(const StageSlots&) const = default;
+};
+
+// The two slots one micro-batch in flight holds.
+struct MicroSlot {
+  int io = 0;
+  int activations = 0;
+};
+
 class Gpt2Stage {
  public:
-  // B x T is the micro-batch shape every forward/backward uses.
+  // The whole model, one micro-batch in flight, no recompute. B x T is the micro-batch shape
+  // every forward/backward uses.
   Gpt2Stage(const ModelSection& model, ParamStore& store, Ops& ops, int B, int T);
+  // The chunk `layers` with `slots` micro-batches in flight at most.
+  Gpt2Stage(const ModelSection& model, ParamStore& store, Ops& ops, int B, int T, const StageLayers& layers,
+            StageSlots slots, Recompute recompute);
   ~Gpt2Stage();
   Gpt2Stage(const Gpt2Stage&) = delete;
   Gpt2Stage& operator=(const Gpt2Stage&) = delete;
 
-  // Runs the forward pass on host token ids (B*T each; targets < 0 are ignored) and returns
-  // the SUM of the per-token losses. With dloss != 0 the loss gradient (dloss per token) is
-  // prepared for backward(); with dloss == 0 (evaluation) backward() must not be called.
-  double forward(const int32_t* tokens, const int32_t* targets, float dloss);
-  // Backpropagates the last forward, accumulating into the parameter gradients.
-  void backward();
+  // Forward of one micro-batch into the slots `at`. tokens (B*T host ids) are read with the
+  // embedding, else input(at.io) must hold the received activation; targets (host, < 0:
+  // ignored) with the head, which returns the SUM of the per-token losses (0 without a head).
+  // dloss != 0: training; the loss gradient per token is dloss and backward(at) must follow.
+  // dloss == 0: evaluation; nothing is kept and backward(at) must not be called.
+  double forward(MicroSlot at, const int32_t* tokens, const int32_t* targets, float dloss);
+  // Backpropagates the micro-batch in `at`, accumulating into the parameter gradients.
+  // Without the head, grad_output(at.io) must hold the gradient of the output.
+  void backward(MicroSlot at);
+  // The whole-model form: slots 0.
+  double forward(const int32_t* tokens, const int32_t* targets, float dloss) { return forward({}, tokens, targets, dloss); }
+  void backward() { backward({}); }
+
+  // Where the received activation goes (no embedding).
+  Tensor input(int io_slot) const;
+  // After forward, the activation to send (no head); valid until the next forward or backward.
+  Tensor output() const;
+  // Where the received gradient of the output goes (no head).
+  Tensor grad_output(int io_slot) const;
+  // After backward, the gradient of the input to send back (no embedding); valid until the I/O
+  // slot is used again.
+  Tensor grad_input(int io_slot) const;
+
   // The data-parallel runtime's hooks (not owned; nullptr: everything is resident).
   void set_hooks(LayerHooks* hooks) { hooks_ = hooks ? hooks : &no_hooks_; }
 
-  // Logits of the last forward, [B*T, padded_vocab] (valid when it ran with dloss == 0).
+  // Logits of the last forward, [B*T, padded_vocab] (the head; valid when it ran with dloss == 0).
   Tensor logits() const { return logits_; }
-  // Bytes of activation memory allocated for one micro-batch.
+  // Bytes of activation memory allocated (every slot, the shared buffers, backward scratch).
   size_t activation_bytes() const { return activation_bytes_; }
+  const StageLayers& layers() const { return layers_; }
+  StageSlots slots() const { return {static_cast<int>(io_.size()), static_cast<int>(acts_.size())}; }
+  Recompute recompute() const { return recompute_; }
 
  private:
   struct LayerActs {
@@ -48,7 +128,26 @@ class Gpt2Stage {
   struct LayerParams {
     Tensor ln1w, ln1b, qkvw, qkvb, projw, projb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb;
   };
+  // One micro-batch's input and gradient.
+  struct IoSlot {
+    Tensor input;  // the stream entering the first block: embedding output or received activation
+    Tensor dres;   // the residual stream's gradient: received (no head) or from the head; in
+                   // place through the blocks, it ends as the gradient of `input`
+  };
+  // One micro-batch's activation set.
+  struct ActSlot {
+    Tensor tokens;  // embedding: the token ids, for the embedding backward
+    std::vector<LayerActs> kept;  // per block: what recompute_ keeps (the rest is null)
+    bool backward_due = false;
+  };
   LayerParams layer_params(int l, bool grads) const;
+  LayerActs buffers(const ActSlot& s, int l) const;  // kept buffers, the rest from the shared set
+  Tensor block_input(const IoSlot& io, const ActSlot& s, int l) const;
+  // Runs block l's forward from x into a; `to_gelu`: stop after the GELU (full recompute).
+  void block_forward(const LayerActs& a, const LayerParams& p, Tensor x, bool to_gelu);
+  void recompute_block(const LayerActs& a, const LayerParams& p, Tensor x);
+  void check_slots(MicroSlot at) const;
+  const IoSlot& io(int io_slot) const;
   Tensor alloc_act(size_t n, DType dtype);
 
   ModelSection m_;
@@ -57,16 +156,18 @@ class Gpt2Stage {
   LayerHooks* hooks_ = &no_hooks_;
   Ops& ops_;
   int B_, T_;
+  StageLayers layers_;
+  Recompute recompute_;
   size_t activation_bytes_ = 0;
-  std::vector<Tensor> owned_;  // every buffer below, released in the destructor
+  std::vector<Tensor> owned_;  // every buffer, released in the destructor
 
-  Tensor tokens_, targets_, pos_;
-  Tensor encoded_;
-  std::vector<LayerActs> acts_;
-  Tensor lnf_, lnf_mean_, lnf_rstd_, logits_, losses_;
+  std::vector<IoSlot> io_;
+  std::vector<ActSlot> acts_;
+  LayerActs shared_;  // everything no slot keeps (and the projections before their residual add)
+  Tensor output_;     // the last block's output
+  Tensor pos_, targets_, lnf_, lnf_mean_, lnf_rstd_, logits_, losses_;
   // backward scratch
-  Tensor dres_, dbtc_, dqkv_, dfch_, dfch_gelu_;
-  bool have_grad_ = false;
+  Tensor dbtc_, dqkv_, dfch_, dfch_gelu_;
 };
 
 }  // namespace pt

@@ -50,6 +50,10 @@ class Ops {
   virtual void download(void* host_dst, DType host_dtype, Tensor src, size_t n) = 0;
   // dst[i] = src[i] for i < n, converting dtypes.
   virtual void copy(Tensor dst, Tensor src, size_t n) = 0;
+  // A strided block copy, same dtype: dst[r * dst_ld + c] = src[r * src_ld + c] for r < rows,
+  // c < cols (non-overlapping). It splits and reassembles packed q | k | v rows and moves a
+  // context-parallel rank's chunks and heads around (core/parallel) without a loop of small copies.
+  virtual void copy_2d(Tensor dst, size_t dst_ld, Tensor src, size_t src_ld, size_t rows, size_t cols) = 0;
   // Waits for all queued work (a no-op on the CPU). Used before timing and host reads.
   virtual void synchronize() = 0;
 
@@ -90,6 +94,33 @@ class Ops {
   virtual void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B, int T,
                                   int C, int NH) = 0;
 
+  // ---- attention of queries against keys/values held apart (KV cache, context parallel) --------
+  // Tq queries against Tk keys/values in separate tensors (a KV cache, or another context-
+  // parallel rank's block). q, out: [B, Tq, C]; k, v: [B, Tk, C]; lse: [B, NH, Tq] (f32); heads
+  // and scale as attention_forward. Query i sits at global position q_pos0 + i, key j at
+  // k_pos0 + j; with causal, a query sees the keys at positions <= its own (always a prefix of
+  // the block). A query that sees no key gets out = 0 and lse = -inf (merge_attention_partials
+  // then gives it weight 0). attention_forward(qkv) is the case Tq = Tk = T, offsets 0, causal.
+  virtual void attention_block_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, int B, int Tq, int Tk,
+                                       int C, int NH, int q_pos0, int k_pos0, bool causal) = 0;
+  // Backward of one block given the FINAL out and lse of the rows (after any merge across
+  // blocks): accumulates (+=) into dq [B, Tq, C], dk and dv [B, Tk, C] (each may be null), the
+  // flash recurrence with D = rowsum(dout * out), P = exp(scale q.k - lse), dS = P (dout.v - D).
+  // Summed over all blocks of a row, this is exactly the gradient of the merged attention.
+  // Rows with lse = -inf (no key anywhere) get no gradient.
+  virtual void attention_block_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v,
+                                        Tensor out, Tensor lse, int B, int Tq, int Tk, int C, int NH, int q_pos0,
+                                        int k_pos0, bool causal) = 0;
+  // Merges a partial attention result into an accumulated one, per (b, h, t) row, weighting
+  // each by its share of the softmax mass: lse = log(exp(lse_acc) + exp(lse_part)),
+  // out_acc = out_acc * exp(lse_acc - lse) + out_part * exp(lse_part - lse). out_*: [B, T, C],
+  // lse_*: [B, NH, T] (f32); out_acc, lse_acc are updated in place. Rows with lse = -inf on
+  // both sides stay as they are (out 0, lse -inf). Attention over keys [0, Tk) equals the merge
+  // of attention over [0, a) and over [a, Tk), so blocks of keys can be computed apart (ring
+  // attention, chunked KV caches).
+  virtual void merge_attention_partials(Tensor out_acc, Tensor lse_acc, Tensor out_part, Tensor lse_part, int B,
+                                        int T, int C, int NH) = 0;
+
   // ---- elementwise -------------------------------------------------------------------
   // GELU, tanh approximation (GPT-2): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
   virtual void gelu_forward(Tensor out, Tensor inp, size_t n) = 0;
@@ -107,6 +138,22 @@ class Ops {
   // logits are left untouched. targets[n] < 0 means "no target": loss 0 and no gradient.
   virtual void softmax_cross_entropy(Tensor losses, Tensor logits, Tensor targets, int N, int V, int Vp,
                                      float dloss) = 0;
+
+  // Vocab-parallel cross-entropy, the two per-shard halves (core/parallel/vocab_parallel_ce.h
+  // gathers the stats across the tensor-parallel group between them, so the full logits never
+  // meet). logits [N, Vl] hold global vocabulary columns [vocab_start, vocab_start + Vl); columns
+  // at or past V are padding, never predicted. targets [N] are global ids (< 0: no target).
+  // stats [N, 3] (f32) <- per row: this shard's max m over its real columns, s = sum exp(x - m)
+  // over them (m = -inf, s = 0 for a shard of padding only), and the target's logit when the
+  // target is in this shard (else 0).
+  virtual void cross_entropy_shard_stats(Tensor stats, Tensor logits, Tensor targets, int N, int Vl, int V,
+                                         int vocab_start) = 0;
+  // From every shard's stats, all_stats [shards, N, 3] in shard order: M = max m_r,
+  // S = sum s_r exp(m_r - M), losses[n] = log S + M - sum t_r (0 without a target). With
+  // dloss != 0, logits are overwritten IN PLACE with (exp(x - M) / S - onehot(target)) * dloss,
+  // padded columns and rows without a target with 0, as softmax_cross_entropy.
+  virtual void cross_entropy_shard_finish(Tensor losses, Tensor logits, Tensor targets, Tensor all_stats, int shards,
+                                          int N, int Vl, int V, int vocab_start, float dloss) = 0;
 
   // ---- optimizer and reductions --------------------------------------------------------------
   // AdamW with decoupled weight decay on n elements, step t >= 1 (bias correction):

@@ -85,19 +85,42 @@ std::string MemoryPlan::describe() const {
   return s;
 }
 
+size_t gpt2_activation_bytes(const ModelSection& m, int B, int T, DType compute, const StageLayers& layers,
+                             StageSlots slots, Recompute recompute) {
+  const size_t N = static_cast<size_t>(B) * T, NC = N * m.d_model, Vp = m.padded_vocab;
+  const size_t lse = static_cast<size_t>(B) * m.n_heads * T, L = static_cast<size_t>(layers.layers());
+  // f32 per LayerNorm: mean and rstd (N each); the attention keeps its log-sum-exps.
+  const size_t stats_f32 = 4 * N + lse;
+  // Per block and slot, what the mode keeps (in units of N*C of the compute dtype): none: ln1,
+  // atty, ln2 (1 each), qkv (3), res2 (1), fch and fch_gelu (4 each) = 15, and the LayerNorm
+  // statistics and log-sum-exps in f32; selective: qkv, res2, fch = 8; full: nothing. Every
+  // block but the chunk's last also keeps its output (the next block's input): 1.
+  size_t kept_nc = 0, kept_f32 = 0;
+  if (recompute == Recompute::none) kept_nc = 15, kept_f32 = stats_f32;
+  if (recompute == Recompute::selective) kept_nc = 8;
+  // An activation set also holds the token ids (embedding); an I/O set the input and dres.
+  const size_t per_set_act = L * kept_nc * NC + (L - 1) * NC, per_io_act = 2 * NC;
+  const size_t per_set_f32 = L * kept_f32, per_set_i32 = layers.embedding ? N : 0;
+  // The shared set: the two projections, and what the slots do not keep (selective: ln1, atty,
+  // ln2, fch_gelu = 7 + statistics; full: everything = 15 + statistics), the stage's output,
+  // and the backward scratch (dbtc 1, dqkv 3, dfch and its GELU input 4 each = 12).
+  size_t shared_nc = 2 + 1 + 12, shared_f32 = 0;
+  if (recompute == Recompute::selective) shared_nc += 7, shared_f32 += stats_f32;
+  if (recompute == Recompute::full) shared_nc += 15, shared_f32 += stats_f32;
+  size_t shared_act = shared_nc * NC, shared_i32 = 0;
+  if (layers.embedding) shared_i32 += T;  // positions
+  if (layers.head) {  // targets; final LayerNorm and its statistics; logits; per-token losses
+    shared_i32 += N;
+    shared_act += NC + N * Vp;
+    shared_f32 += 3 * N;
+  }
+  const size_t S = static_cast<size_t>(slots.activations), IO = static_cast<size_t>(slots.io);
+  return dtype_size(compute) * (S * per_set_act + IO * per_io_act + shared_act) +
+         sizeof(float) * (S * per_set_f32 + shared_f32) + dtype_size(DType::i32) * (S * per_set_i32 + shared_i32);
+}
+
 size_t gpt2_activation_bytes(const ModelSection& m, int B, int T, DType compute) {
-  const size_t N = static_cast<size_t>(B) * T, C = m.d_model, NH = m.n_heads, Vp = m.padded_vocab;
-  const size_t L = m.n_layers;
-  // Per block: ln1, atty, attproj, res2, ln2, fcproj, res3 (N*C each), qkv (3NC), fch and its
-  // GELU (4NC each) in the compute dtype; two LayerNorms' mean and rstd and the attention
-  // log-sum-exps in f32.
-  const size_t block_act = 18 * N * C, block_f32 = 4 * N + B * NH * static_cast<size_t>(T);
-  // Outside the blocks: the embedding output, final LayerNorm and logits; backward scratch
-  // (dres, dbtc: NC; dqkv: 3NC; dfch and its GELU input: 4NC each); token ids, targets,
-  // positions (i32); final LayerNorm statistics and per-token losses (f32).
-  const size_t rest_act = 15 * N * C + N * Vp, rest_f32 = 3 * N, i32 = 2 * N + T;
-  return dtype_size(compute) * (L * block_act + rest_act) + sizeof(float) * (L * block_f32 + rest_f32) +
-         dtype_size(DType::i32) * i32;
+  return gpt2_activation_bytes(m, B, T, compute, whole_model_layers(m), StageSlots{}, Recompute::none);
 }
 
 }  // namespace pt

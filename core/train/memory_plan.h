@@ -18,6 +18,8 @@
 #include <string>
 
 #include "core/config/run_config.h"
+#include "core/model/gpt2_stage.h"
+#include "core/model/pipeline_stages.h"
 #include "core/model/shard_layout.h"
 #include "core/tensor/tensor.h"
 
@@ -32,7 +34,7 @@ struct MemoryPlan {
   size_t grads_working = 0;   // ZeRO-2/3: layer gradient buffers at the peak, + one reduced piece
   size_t master = 0;          // fp32 master weights (0 when they are the params)
   size_t optimizer = 0;       // Adam m and v
-  size_t activations = 0;     // one micro-batch, everything backward needs (no recompute)
+  size_t activations = 0;     // every micro-batch in flight, what the recompute mode keeps (gpt2_stage.h)
   size_t total() const;
   // "params 0.1 MiB, grads ..., total ...": one line for the start-up log.
   std::string describe() const;
@@ -40,8 +42,12 @@ struct MemoryPlan {
 
 MemoryPlan plan_memory(const ShardLayout& layout, DType compute_dtype, size_t activation_bytes);
 
-// Bytes of the activations (and backward scratch) of a GPT-2 stage for one B x T micro-batch,
-// from the shapes: the buffers Gpt2Stage allocates.
+// Bytes of the activations (and backward scratch) of a GPT-2 stage running the blocks and ends
+// of `layers` with `slots` B x T micro-batches in flight under `recompute`, from the shapes:
+// the buffers Gpt2Stage allocates (see its header for what each mode keeps).
+size_t gpt2_activation_bytes(const ModelSection& model, int B, int T, DType compute_dtype, const StageLayers& layers,
+                             StageSlots slots, Recompute recompute);
+// The whole model, one micro-batch, no recompute.
 size_t gpt2_activation_bytes(const ModelSection& model, int B, int T, DType compute_dtype);
 
 }  // namespace pt

@@ -4,17 +4,27 @@
 
 namespace pt {
 
-OptimizerStats adamw_step(Ops& ops, ParamStore& store, const OptimSection& o, double lr, int t, Comm* shard_group) {
+OptimizerStats adamw_step(Ops& ops, ParamStore& store, const OptimSection& o, double lr, int t, Comm* shard_group,
+                          const NormScope& scope) {
   OptimizerStats s;
   // Each element of the model lies in exactly one rank's shard (padding is zero), and HSDP
   // replicas hold copies of the same shard: summing squares over the shard group only counts
-  // every element once.
+  // every element once. A stage's parameters lie in that stage only, except a tied copy, which
+  // is left out here and counted where its original lives.
   const Tensor grads = store.grad_shard();
-  double sum_sq = ops.sum_squares(grads, grads.numel);
+  const auto& specs = store.table().specs();
+  double sum_sq = 0;
+  if (scope.not_counted.empty()) {
+    sum_sq = ops.sum_squares(grads, grads.numel);
+  } else {
+    for (const ShardPiece& piece : store.layout().my_pieces())
+      if (!scope.not_counted[piece.param])
+        sum_sq += ops.sum_squares(grads.slice(piece.shard_offset, piece.numel()), piece.numel());
+  }
   if (shard_group && !store.holds_whole_shard()) shard_group->all_reduce(&sum_sq, 1);
+  if (scope.pipeline) scope.pipeline->all_reduce(&sum_sq, 1);
   s.grad_norm = std::sqrt(sum_sq);
   if (o.grad_clip > 0 && s.grad_norm > o.grad_clip) s.clip_scale = o.grad_clip / s.grad_norm;
-  const auto& specs = store.table().specs();
   for (const ShardPiece& piece : store.layout().my_pieces()) {
     const float wd = specs[piece.param].weight_decay ? static_cast<float>(o.weight_decay) : 0.0f;
     const size_t off = piece.shard_offset, n = piece.numel();

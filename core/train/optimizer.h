@@ -2,6 +2,8 @@
 // ZeRO-0): the global gradient norm (each element counted once whatever the sharding),
 // clipping to optim.grad_clip, and AdamW with decoupled weight decay on matrices only.
 #pragma once
+#include <vector>
+
 #include "core/config/run_config.h"
 #include "core/dist/comm.h"
 #include "core/model/param_store.h"
@@ -14,10 +16,19 @@ struct OptimizerStats {
   double clip_scale = 1;  // the factor gradients were multiplied by (1: not clipped)
 };
 
+// Beyond the shard group, where the rest of the global gradient norm lives: the other pipeline
+// stages (their squared norms are summed over `pipeline`), and parameters held twice whose
+// second copy must not count again (`not_counted`, by index into the store's table: the LM
+// head's copy of the tied wte on the last stage; empty: every parameter counts).
+struct NormScope {
+  Comm* pipeline = nullptr;
+  std::vector<bool> not_counted;
+};
+
 // t: the 1-based AdamW step (bias correction). Reads store.grad_shard() (reduced by GradSync).
 // shard_group: the ranks the shard is split over, whose squared norms add up to the global one
 // (nullptr, or any group when the store holds one shard: nothing to add).
 OptimizerStats adamw_step(Ops& ops, ParamStore& store, const OptimSection& optim, double lr, int t,
-                          Comm* shard_group = nullptr);
+                          Comm* shard_group = nullptr, const NormScope& scope = {});
 
 }  // namespace pt

@@ -9,9 +9,11 @@
 #include "core/ckpt/stop_signal.h"
 #include "core/metrics/flops.h"
 #include "core/metrics/peak_probe.h"
+#include "core/model/sample_run.h"
 #include "core/train/lr_schedule.h"
 #include "core/train/memory_plan.h"
 #include "core/train/optimizer.h"
+#include "core/train/pp_bubble.h"
 #include "core/train/shard_gather.h"
 
 namespace pt {
@@ -37,7 +39,9 @@ Trainer::Trainer(const RunConfig& cfg, const World& world, Ops& ops)
   gather_ = std::make_unique<ParamGather>(*store_, ops, *groups_.shard);
   grad_sync_ = std::make_unique<GradSync>(*store_, ops, *groups_.dp_cp, *groups_.shard, *groups_.replicate);
   hooks_ = std::make_unique<ZeroHooks>(*gather_, *grad_sync_);
-  stage_->set_hooks(hooks_.get());
+  executor_->connect(*groups_.pp, groups_.embedding.get());
+  executor_->set_grad_runtime(hooks_.get(), grad_sync_.get());
+  if (cfg.parallel.pp > 1) norm_scope_.pipeline = groups_.pp.get();
 
   // checkpoint.resume: overwrites the initial weights, step and cursor when it names a
   // checkpoint. Each rank reads the pieces of its own layout, whatever layout wrote them; the
@@ -69,13 +73,13 @@ void Trainer::setup_local() {
   if (want != "auto" && want != have)
     throw ConfigError("precision.compute_dtype=" + want + " but the " + device_name(ops.device()) +
                       " backend computes in " + have);
-  // This issue distributes data parallel (with ZeRO and HSDP); the model-parallel axes need the
-  // parallel Stage and schedules: refuse them rather than train a wrong model.
+  // Data and pipeline parallel run here (dp with ZeRO and HSDP, pp with every schedule); tensor
+  // and context parallel need the TP/CP stage: refuse them rather than train a wrong model.
   const auto& par = cfg.parallel;
-  if (par.tp > 1 || par.pp > 1 || par.cp > 1)
-    throw ConfigError("parallel.tp=" + std::to_string(par.tp) + ", pp=" + std::to_string(par.pp) + ", cp=" +
-                      std::to_string(par.cp) + ": only data parallel runs in this build (tp, pp and cp must be 1; "
-                      "tensor/context parallel land with the TP/CP issue, pipeline parallel with the PP issue)");
+  if (par.tp > 1 || par.cp > 1)
+    throw ConfigError("parallel.tp=" + std::to_string(par.tp) + ", cp=" + std::to_string(par.cp) +
+                      ": tensor and context parallel do not run in this build yet (tp and cp must be 1; they land "
+                      "with the TP/CP issue; dp and pp run)");
   // The MPI communicators move host memory; device buffers need the NCCL backend.
   if (world_.size > 1 && ops.device() != Device::cpu)
     throw ConfigError(std::string("--device ") + device_name(ops.device()) + " with " + std::to_string(world_.size) +
@@ -89,21 +93,35 @@ void Trainer::setup_local() {
   // ZeRO shards over the dp_shard x cp ranks of this rank's replica (all of dp x cp without HSDP).
   const std::vector<int> shard_group = grid_->dp_shard_group(world_.rank);
   const int shard_rank = static_cast<int>(std::find(shard_group.begin(), shard_group.end(), world_.rank) - shard_group.begin());
-  const ShardLayout layout(table_, par.zero_stage, static_cast<int>(shard_group.size()), shard_rank,
+  // Pipeline parallel: this rank holds only its stage's parameters (the whole table when pp == 1),
+  // sharded by ZeRO over the stage's own dp x cp group.
+  const std::vector<StageLayers> chunks = pipeline_chunks(cfg.model, par, coord_.pp);
+  stage_table_ = std::make_unique<ParamTable>(stage_param_table(table_, chunks, cfg.model.n_layers));
+  const ParamTable& stage_table = *stage_table_;
+  const ShardLayout layout(stage_table, par.zero_stage, static_cast<int>(shard_group.size()), shard_rank,
                            bucket_cap_elements(par.grad_bucket_mb));
-  store_ = std::make_unique<ParamStore>(table_, layout, ops);
-  std::vector<float> host(table_.total_numel());
-  init_params(table_, cfg.run.seed, host.data());
+  store_ = std::make_unique<ParamStore>(stage_table, layout, ops);
+  std::vector<float> host(stage_table.total_numel());
+  init_params(stage_table, cfg.run.seed, host.data());
   store_->load_master(host.data());
 
   const int B = cfg.batch.micro_batch_size, T = cfg.batch.seq_len;
-  stage_ = std::make_unique<Gpt2Stage>(cfg.model, *store_, ops, B, T);
+  executor_ = std::make_unique<PipelineExecutor>(cfg, coord_.pp, *store_, ops);
   train_data_ = std::make_unique<DataLoader>(cfg.data.train, cfg.model.vocab_size, B, T);
   if (!cfg.data.val.empty()) val_data_ = std::make_unique<DataLoader>(cfg.data.val, cfg.model.vocab_size, B, T);
-  inputs_.resize(static_cast<size_t>(B) * T);
-  targets_.resize(static_cast<size_t>(B) * T);
+  const size_t step_tokens = static_cast<size_t>(cfg.batch.grad_accum_steps) * B * T;
+  inputs_.resize(step_tokens);
+  targets_.resize(step_tokens);
 
-  ckpt_ = std::make_unique<ckpt::Checkpointer>(cfg, table_);
+  // The LM head's copy of the tied wte (the last stage, pp > 1) is neither counted in the
+  // gradient norm nor saved: the first stage's copy is, and both copies are equal.
+  std::vector<bool> tied_copy;
+  for (const ParamSpec& p : stage_table.specs()) tied_copy.push_back(is_tied_copy(p, chunks));
+  ckpt_ = std::make_unique<ckpt::Checkpointer>(cfg, stage_table);
+  if (std::find(tied_copy.begin(), tied_copy.end(), true) != tied_copy.end()) {
+    norm_scope_.not_counted = tied_copy;
+    ckpt_->set_not_saved(tied_copy);
+  }
 }
 
 Trainer::~Trainer() = default;
@@ -114,30 +132,41 @@ int64_t Trainer::sequences_per_step() const {
 
 StepResult Trainer::step() {
   const int B = cfg_.batch.micro_batch_size, T = cfg_.batch.seq_len;
-  const int accum = cfg_.batch.grad_accum_steps, dp = cfg_.parallel.dp;
+  const int accum = cfg_.batch.grad_accum_steps, dp = cfg_.parallel.dp, pp = cfg_.parallel.pp;
   // The loss is the token-weighted mean over the whole global batch, so each token's
   // gradient is scaled by 1 / (tokens in the global batch), whatever the split.
   const double batch_tokens = static_cast<double>(sequences_per_step()) * T;
   const float dloss = static_cast<float>(1.0 / batch_tokens);
 
+  // The step's micro-batches, read by the stages that need them (the first and the last).
+  const size_t n = static_cast<size_t>(B) * T;
+  if (executor_->has_embedding() || executor_->has_head())
+    for (int micro = 0; micro < accum; micro++) {
+      const int64_t first_sequence = (static_cast<int64_t>(micro) * dp + coord_.dp) * B;
+      int32_t *in = inputs_.data() + micro * n, *tg = targets_.data() + micro * n;
+      train_data_->load(cursor_, first_sequence, in, tg);
+      if (batch_observer_) batch_observer_(micro, in, tg, n);
+    }
   grad_sync_->start_step();
-  double sums[2] = {0, 0};  // this rank's loss sum and tokens with a target
-  for (int micro = 0; micro < accum; micro++) {
-    const int64_t first_sequence = (static_cast<int64_t>(micro) * dp + coord_.dp) * B;
-    train_data_->load(cursor_, first_sequence, inputs_.data(), targets_.data());
-    if (batch_observer_) batch_observer_(micro, inputs_.data(), targets_.data(), inputs_.size());
-    grad_sync_->start_micro_step(micro == accum - 1);
-    sums[0] += stage_->forward(inputs_.data(), targets_.data(), dloss);
-    sums[1] += static_cast<double>(std::count_if(targets_.begin(), targets_.end(), [](int32_t t) { return t >= 0; }));
-    stage_->backward();
-  }
+  const PipelineStepStats ps = executor_->train_step(inputs_.data(), targets_.data(), dloss);
   grad_sync_->finish_step();
-  groups_.dp_cp->all_reduce(sums, 2);  // the token-weighted mean over dp x cp
+  double sums[2] = {ps.loss_sum, ps.tokens};  // this rank's loss sum and tokens with a target
+  groups_.dp_cp->all_reduce(sums, 2);         // the token-weighted mean over dp x cp
+  StepResult r;
+  if (pp > 1) {
+    // The loss lives on the last stage; the bubble and the waits are averaged over the stages.
+    double pipe[4] = {sums[0], sums[1], ps.bubble_fraction(), ps.wait_s};
+    groups_.pp->all_reduce(pipe, 4);
+    sums[0] = pipe[0];
+    sums[1] = pipe[1];
+    r.pp_bubble = pipe[2] / pp;
+    r.pp_wait_ms = pipe[3] / pp * 1e3;
+  }
   cursor_ = (cursor_ + static_cast<uint64_t>(sequences_per_step()) * T) % train_data_->total_tokens();
 
-  StepResult r;
   r.lr = lr_at(cfg_.optim, cfg_.schedule, step_);
-  const OptimizerStats s = adamw_step(ops_, *store_, cfg_.optim, r.lr, step_ + 1, groups_.shard.get());
+  const OptimizerStats s =
+      adamw_step(ops_, *store_, cfg_.optim, r.lr, step_ + 1, groups_.shard.get(), norm_scope_);
   gather_->gather_updated();  // ZeRO-1/2: every rank's updated piece back into the full params
   r.grad_norm = s.grad_norm;
   r.loss = sums[0] / sums[1];
@@ -158,18 +187,21 @@ double Trainer::evaluate() {
   const int64_t batches = static_cast<int64_t>(std::max<uint64_t>(1, std::min(wanted, available) / batch_tokens));
   // DP rank d evaluates batches d, d + dp, ... Every rank runs the same number of forwards
   // (ZeRO-3 gathers parameters collectively), so a rank past the end repeats batch 0 unused.
+  // With pp > 1 each batch goes through the pipeline's stages in turn; the last one has the loss.
   const int64_t dp = cfg_.parallel.dp, rounds = (batches + dp - 1) / dp;
+  const bool reads = executor_->has_embedding() || executor_->has_head();
   double sums[2] = {0, 0};  // loss sum, tokens
   for (int64_t round = 0; round < rounds; round++) {
     const int64_t i = round * dp + coord_.dp;
     const bool counted = i < batches;
-    val_data_->load(0, (counted ? i : 0) * B, inputs_.data(), targets_.data());
-    const double loss = stage_->forward(inputs_.data(), targets_.data(), 0.0f);
-    if (!counted) continue;
+    if (reads) val_data_->load(0, (counted ? i : 0) * B, inputs_.data(), targets_.data());
+    const double loss = executor_->forward_only(inputs_.data(), targets_.data());
+    if (!counted || !executor_->has_head()) continue;
     sums[0] += loss;
     sums[1] += static_cast<double>(batch_tokens);
   }
   groups_.dp_cp->all_reduce(sums, 2);
+  if (cfg_.parallel.pp > 1) groups_.pp->all_reduce(sums, 2);
   return sums[0] / sums[1];
 }
 
@@ -193,9 +225,43 @@ void Trainer::print_startup() const {
   std::printf("          | ZeRO-%d, gradients reduced in %zu bucket(s) of <= %g MiB%s\n", store_->layout().zero_stage(),
               store_->layout().buckets().size(), cfg_.parallel.grad_bucket_mb,
               store_->layout().zero_stage() >= 2 ? " (one layer each under ZeRO-2/3)" : "");
-  // Shards are padded to equal sizes, so every rank's account is the same as rank 0's.
-  const MemoryPlan plan = plan_memory(store_->layout(), ops_.compute_dtype(), stage_->activation_bytes());
-  std::printf("memory    | %s%s\n", world_.size > 1 ? "per rank (all ranks equal), " : "", plan.describe().c_str());
+  const auto& par = cfg_.parallel;
+  const Recompute recompute = parse_recompute(cfg_.recompute.mode);
+  if (par.pp > 1) {
+    const PipeSchedule kind = parse_pipe_schedule(par.pp_schedule);
+    std::printf("pipeline  | %s over pp %d", par.pp_schedule.c_str(), par.pp);
+    if (par.pp_virtual_stages > 1) std::printf(" x %d virtual stages", par.pp_virtual_stages);
+    // The step line measures the bubble as a fraction of the step; the formula gives both.
+    std::printf(", %d micro-batches per step; bubble by the formula %.1f%% of compute time, %.1f%% of the step\n",
+                b.grad_accum_steps, 100.0 * pipeline_bubble_ratio(kind, par.pp, par.pp_virtual_stages, b.grad_accum_steps),
+                100.0 * pipeline_bubble_fraction(kind, par.pp, par.pp_virtual_stages, b.grad_accum_steps));
+  }
+  // Every rank of a pipeline stage holds the same bytes (shards are padded to equal sizes); the
+  // stages differ, so each gets a line, computed here from the shapes alone.
+  const int shards = store_->layout().shard_count();
+  const size_t bucket_cap = bucket_cap_elements(par.grad_bucket_mb);
+  for (int r = 0; r < par.pp; r++) {
+    const std::vector<StageLayers> chunks = pipeline_chunks(m, par, r);
+    const ParamTable stage = stage_param_table(table_, chunks, m.n_layers);
+    const std::vector<StageSlots> slots =
+        pipeline_slots(pipeline_schedule(parse_pipe_schedule(par.pp_schedule), par.pp, par.pp_virtual_stages,
+                                         b.grad_accum_steps, r),
+                       par.pp_virtual_stages);
+    size_t activations = 0;
+    std::string what;
+    for (size_t c = 0; c < chunks.size(); c++) {
+      activations += gpt2_activation_bytes(m, b.micro_batch_size, b.seq_len, ops_.compute_dtype(), chunks[c],
+                                           slots[c], recompute);
+      what += (c ? "; " : "") + chunks[c].describe() + ", " + std::to_string(slots[c].activations) +
+              " micro-batch(es) in flight";
+    }
+    const MemoryPlan plan =
+        plan_memory(ShardLayout(stage, par.zero_stage, shards, 0, bucket_cap), ops_.compute_dtype(), activations);
+    if (par.pp > 1) std::printf("stage %-4d| %s\n", r, what.c_str());
+    std::printf("memory    | %s%s, recompute %s\n",
+                world_.size > 1 ? (par.pp > 1 ? "per rank of this stage, " : "per rank (all ranks equal), ") : "",
+                plan.describe().c_str(), to_string(recompute));
+  }
   std::printf("data      | train %zu file(s), %llu tokens", train_data_->files().size(),
               static_cast<unsigned long long>(train_data_->total_tokens()));
   if (val_data_)
@@ -269,6 +335,15 @@ void Trainer::run() {
     std::printf("mfu       | %s; peak %.4f TFLOP/s (%s)\n",
                 flops_formula_description(table_, cfg_.model, lg.flops_formula).c_str(), peak, peak_source.c_str());
   std::fflush(stdout);
+  const auto& par = cfg_.parallel;
+  if (lead && par.pp > 1)
+    if (const auto w = pipeline_bubble_warning(parse_pipe_schedule(par.pp_schedule), par.pp, par.pp_virtual_stages,
+                                               cfg_.batch.grad_accum_steps))
+      std::cerr << "warning: " << *w << std::endl;
+  if (lead && par.pp > 1 && lg.sample_every > 0)
+    std::cerr << "warning: logging.sample_every=" << lg.sample_every
+              << ": in-training samples need the whole model on one rank and are skipped with parallel.pp="
+              << par.pp << " (sample from a checkpoint with `picotrain sample`)" << std::endl;
 
   const std::string metrics_path = (std::filesystem::path(cfg_.run.out_dir) / lg.metrics_file).string();
   // A resumed run continues its metrics file: the records up to the checkpoint's step are kept
@@ -282,8 +357,15 @@ void Trainer::run() {
   int timed_steps = 0;
   const auto run_start = Clock::now();
 
+  // logging.sample_every: a text sample in the log (core/model/sample_run.h; collective under ZeRO-3).
+  auto print_sample = [&](bool finished) {
+    // The sampler needs the whole model on one rank; a pipeline stage holds only its layers.
+    if (par.pp > 1) return;
+    print_training_sample(cfg_, step_, finished, *store_, ops_, lead, [this] { return gather_master(); });
+  };
   while (step_ < total) {
     if (checkpoint_if_due(false)) return;  // for the step just done
+    if (step_ > first_step) print_sample(false);
     const auto t0 = Clock::now();
     const StepResult r = step();
     ops_.synchronize();
@@ -311,9 +393,14 @@ void Trainer::run() {
     m.tokens = static_cast<uint64_t>(tokens_per_step) * step_;
     m.eta_s = avg_dt * (total - step_);
     if (do_val) m.val_loss = evaluate();
+    if (par.pp > 1) {
+      m.pp_bubble = r.pp_bubble;
+      m.pp_wait_ms = r.pp_wait_ms;
+    }
     if (log) log->log(m);
   }
   if (checkpoint_if_due(true)) return;
+  print_sample(true);
   if (lead)
     std::printf("done      | %d steps in %s, metrics in %s\n", step_, format_duration(seconds_since(run_start)).c_str(),
               metrics_path.c_str());

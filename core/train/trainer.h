@@ -3,11 +3,18 @@
 // sums their gradients, clips, updates with AdamW at the scheduled learning rate, and logs.
 // Validation runs every data.val_every_steps steps and at the last step.
 //
-// Data parallel: the ranks lie on the Grid (dp x tp x pp x cp; this issue runs dp, with ZeRO
-// 0-3 and HSDP). DP rank d reads sequences (m*dp + d)*B .. +B-1 of micro-step m from the global
+// Data parallel: the ranks lie on the Grid (dp x tp x pp x cp; dp with ZeRO 0-3 and HSDP, and
+// pp run here). DP rank d reads sequences (m*dp + d)*B .. +B-1 of micro-step m from the global
 // cursor, so together the ranks read exactly what one rank would; GradSync reduces gradients
 // over dp x cp, and the loss is the token-weighted mean over dp x cp. Only rank 0 prints the
 // log and writes the run directory's files.
+//
+// Pipeline parallel: each rank holds only its pipeline stage's parameters (stage_table(),
+// core/model/pipeline_stages.h) and runs its part of the schedule through the PipelineExecutor
+// (core/train/pipeline_executor.h), which also runs the one-rank case (pp = 1). The grad_accum_steps
+// micro-batches of a step are the schedule's micro-batches; the loss is computed on the last
+// stage and shared over the pipeline; the gradient norm adds up over the stages (the tied wte
+// counted once).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -27,7 +34,9 @@
 #include "core/model/param_table.h"
 #include "core/ops/ops.h"
 #include "core/train/grad_sync.h"
+#include "core/train/optimizer.h"
 #include "core/train/param_gather.h"
+#include "core/train/pipeline_executor.h"
 #include "core/train/zero_hooks.h"
 
 namespace pt {
@@ -36,6 +45,10 @@ struct StepResult {
   double loss = 0;  // token-weighted mean over the global batch
   double grad_norm = 0;
   double lr = 0;
+  // pp > 1: the measured bubble (idle over total schedule time, mean over the pipeline's ranks)
+  // and the mean time a rank waited in send/recv.
+  double pp_bubble = 0;
+  double pp_wait_ms = 0;
 };
 
 class Trainer {
@@ -57,10 +70,13 @@ class Trainer {
   int steps_done() const { return step_; }
   uint64_t cursor() const { return cursor_; }
   ParamStore& params() { return *store_; }
+  // The parameters this rank's pipeline stage holds (the whole model when pp == 1).
+  const ParamTable& stage_table() const { return *stage_table_; }
+  PipelineExecutor& pipeline() { return *executor_; }
   const Grid& grid() const { return *grid_; }
   const ProcessGroups& groups() const { return groups_; }
-  // The fp32 master weights in table order (total_numel), gathered from the ZeRO shards.
-  // Collective over the shard group: every rank of it must call it.
+  // The fp32 master weights of this rank's stage in stage_table() order (total_numel), gathered
+  // from the ZeRO shards. Collective over the shard group: every rank of it must call it.
   std::vector<float> gather_master();
   // Called with every micro-batch this rank reads (B*T inputs and targets), for tests that
   // check which tokens each DP rank saw.
@@ -80,9 +96,10 @@ class Trainer {
   RunConfig cfg_;
   World world_;
   Ops& ops_;
-  ParamTable table_;
+  ParamTable table_;                         // the whole model
+  std::unique_ptr<ParamTable> stage_table_;  // this rank's pipeline stage (= table_ with pp == 1)
   std::unique_ptr<ParamStore> store_;
-  std::unique_ptr<Gpt2Stage> stage_;
+  std::unique_ptr<PipelineExecutor> executor_;
   std::unique_ptr<DataLoader> train_data_, val_data_;
   std::unique_ptr<ckpt::Checkpointer> ckpt_;
   std::unique_ptr<Grid> grid_;
@@ -91,8 +108,9 @@ class Trainer {
   std::unique_ptr<ParamGather> gather_;
   std::unique_ptr<GradSync> grad_sync_;
   std::unique_ptr<ZeroHooks> hooks_;
+  NormScope norm_scope_;  // the gradient norm over the pipeline's stages
   BatchObserver batch_observer_;
-  std::vector<int32_t> inputs_, targets_;  // host staging for one micro-batch
+  std::vector<int32_t> inputs_, targets_;  // host staging for one step's micro-batches
   int step_ = 0;         // optimizer steps done
   uint64_t cursor_ = 0;  // global token position of the next step's first token
 };

@@ -1,0 +1,162 @@
+#include "core/model/sample_run.h"
+
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "core/ckpt/checkpoint_reader.h"
+#include "core/ckpt/manifest.h"
+#include "core/common/error.h"
+#include "core/model/gpt2_decoder.h"
+#include "core/model/param_table.h"
+#include "core/tokenizer/gpt2_tokenizer.h"
+
+namespace pt {
+
+CheckpointWeights read_checkpoint_weights(const std::string& path) {
+  CheckpointWeights w;
+  w.dir = ckpt::resolve_checkpoint_path(path, "sample --checkpoint");
+  ckpt::CheckpointReader reader(w.dir);
+  w.model = ckpt::model_from_manifest(reader.manifest(), w.dir);
+  if (w.model.arch != "gpt2") throw ConfigError("sample: " + w.dir + " holds a " + w.model.arch + " model; only gpt2 samples");
+  const ParamTable table = build_gpt2_param_table(w.model);
+  w.weights.resize(table.total_numel());
+  for (const auto& p : table.specs()) reader.read_all("master/" + p.name, p.numel, w.weights.data() + p.offset);
+  return w;
+}
+
+std::vector<int32_t> prompt_context(const Tokenizer& tok, std::string_view prompt) {
+  std::vector<int32_t> ids = tok.document_prefix();
+  if (ids.empty()) ids = tok.document_suffix();
+  const std::vector<int32_t> text = tok.encode(prompt);
+  ids.insert(ids.end(), text.begin(), text.end());
+  return ids;
+}
+
+namespace {
+
+// The id that ends a document, when the tokenizer has one (GPT-2's <|endoftext|>).
+int32_t end_of_text(const Tokenizer& tok) {
+  if (const auto* gpt2 = dynamic_cast<const Gpt2Tokenizer*>(&tok)) return gpt2->eot_id();
+  return -1;
+}
+
+std::string describe(const SampleOptions& o) {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "temperature %g, top-k %d, seed %llu", o.temperature, o.top_k,
+                static_cast<unsigned long long>(o.seed));
+  return o.temperature == 0 ? "greedy" : buf;
+}
+
+}  // namespace
+
+void run_sample_command(const SampleCommand& c, std::FILE* out, std::FILE* info) {
+  if (c.options.temperature < 0)
+    throw ConfigError("sample --temperature " + std::to_string(c.options.temperature) + " must be >= 0 (0: greedy)");
+  if (c.options.top_k < 0) throw ConfigError("sample --top-k " + std::to_string(c.options.top_k) + " must be >= 0 (0: all)");
+  if (c.options.max_new_tokens < 0) throw ConfigError("sample -n " + std::to_string(c.options.max_new_tokens) + " must be >= 0");
+  const CheckpointWeights w = read_checkpoint_weights(c.checkpoint);
+  const ModelSection& m = w.model;
+
+  std::string name = c.tokenizer;
+  if (name.empty()) {
+    name = tokenizer_for_vocab(m.vocab_size);
+    if (name.empty())
+      throw ConfigError("sample: the model's vocabulary (" + std::to_string(m.vocab_size) +
+                        ") is neither the byte tokenizer's (256) nor GPT-2's (50257); name one with --tokenizer");
+  }
+  const std::unique_ptr<Tokenizer> tok = make_tokenizer(name, c.tokenizer_dir);
+  if (tok->vocab_size() > m.vocab_size)
+    throw ConfigError("sample --tokenizer " + name + " has " + std::to_string(tok->vocab_size()) +
+                      " tokens but the model in " + w.dir + " only " + std::to_string(m.vocab_size));
+
+  SampleOptions o = c.options;
+  o.stop_token = c.stop_at_eot ? end_of_text(*tok) : -1;
+  const std::vector<int32_t> context = prompt_context(*tok, c.prompt);
+  const auto ops = make_ops(c.device);
+  std::fprintf(info, "sample    | %s: gpt2, %d layers, d_model %d, %d heads, vocab %d, max_seq_len %d; %s tokenizer; "
+                     "%d tokens, %s; %s\n",
+               w.dir.c_str(), m.n_layers, m.d_model, m.n_heads, m.vocab_size, m.max_seq_len, name.c_str(),
+               o.max_new_tokens, describe(o).c_str(), ops->device_description().c_str());
+  std::fflush(info);
+
+  Gpt2Decoder decoder(m, w.weights.data(), *ops);
+  std::fwrite(c.prompt.data(), 1, c.prompt.size(), out);
+  std::fflush(out);
+  Utf8Stream text;
+  generate(decoder, context, o, tok->vocab_size(), [&](int32_t id) {
+    const std::string piece = text.push(tok->decode(std::span<const int32_t>(&id, 1)));
+    std::fwrite(piece.data(), 1, piece.size(), out);
+    std::fflush(out);
+  });
+  const std::string rest = text.flush();
+  std::fwrite(rest.data(), 1, rest.size(), out);
+  std::fputc('\n', out);
+  std::fflush(out);
+}
+
+namespace {
+
+// Tokenizers for training samples, loaded once per process; a null entry is one that failed
+// (and was warned about once).
+std::shared_ptr<const Tokenizer> training_tokenizer(int vocab_size) {
+  static std::mutex mu;
+  static std::map<int, std::shared_ptr<const Tokenizer>> loaded;
+  const std::lock_guard<std::mutex> lock(mu);
+  if (const auto it = loaded.find(vocab_size); it != loaded.end()) return it->second;
+  std::shared_ptr<const Tokenizer> tok;
+  const std::string name = tokenizer_for_vocab(vocab_size);
+  if (name.empty()) {
+    std::printf("warning   | logging.sample_every: model.vocab_size=%d is neither the byte tokenizer's (256) nor "
+                "GPT-2's (50257), so there is no tokenizer to print samples with; skipping them\n",
+                vocab_size);
+  } else {
+    try {
+      tok = make_tokenizer(name);
+    } catch (const std::exception& e) {
+      std::printf("warning   | logging.sample_every: skipping samples: %s\n", e.what());
+    }
+  }
+  loaded[vocab_size] = tok;
+  return tok;
+}
+
+// Prints `text` as log lines under a header, each line behind the log's column.
+void print_block(const std::string& header, const std::string& text) {
+  std::string out = "sample    | " + header + "\n";
+  size_t at = 0;
+  do {
+    const size_t end = std::min(text.find('\n', at), text.size());
+    out += "          | " + text.substr(at, end - at) + "\n";
+    at = end + 1;
+  } while (at <= text.size());
+  std::fwrite(out.data(), 1, out.size(), stdout);
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+void print_training_sample(const RunConfig& cfg, int step, bool run_finished, const ParamStore& store, Ops& ops,
+                           bool lead, const std::function<std::vector<float>()>& gather_master) {
+  const auto& lg = cfg.logging;
+  if (lg.sample_every <= 0 || step <= 0 || (!run_finished && step % lg.sample_every != 0)) return;
+  // ZeRO-3 holds no full parameters anywhere: every rank takes part in the gather.
+  std::vector<float> gathered;
+  if (!store.layout().params_resident()) gathered = gather_master();
+  if (!lead) return;
+  const std::shared_ptr<const Tokenizer> tok = training_tokenizer(cfg.model.vocab_size);
+  if (!tok) return;
+
+  SampleOptions o;
+  o.max_new_tokens = lg.sample_tokens;
+  o.seed = cfg.run.seed;
+  o.stop_token = end_of_text(*tok);
+  const std::unique_ptr<Gpt2Decoder> decoder =
+      gathered.empty() ? std::make_unique<Gpt2Decoder>(cfg.model, store, ops)
+                       : std::make_unique<Gpt2Decoder>(cfg.model, gathered.data(), ops);
+  const std::vector<int32_t> ids = generate(*decoder, prompt_context(*tok, lg.sample_prompt), o, tok->vocab_size());
+  print_block("step " + std::to_string(step) + ", " + std::to_string(ids.size()) + " tokens (" + describe(o) + "):",
+              lg.sample_prompt + tok->decode(ids));
+}
+
+}  // namespace pt

@@ -1,0 +1,71 @@
+// Megatron tensor-parallel linear layers, with or without sequence parallelism, over a tp group.
+//
+// Column-parallel (QKV, MLP up): each rank holds the rows [rank*OC/tp, ...) of W [OC, IC] (and
+// of the bias) and computes its slice of the output features: no communication forward; the
+// input gradient is a partial sum per rank, reduced in backward.
+// Row-parallel (attention out, MLP down): each rank holds the columns [rank*IC/tp, ...) of W
+// (as a contiguous [OC, IC/tp] matrix) and gets the matching input features (a column-parallel
+// layer's output); the outputs are partial sums, reduced in forward. The bias is added once
+// (by rank 0 before the reduction); its gradient is the full one on every rank.
+//
+// Without sequence parallelism the tensors outside the pair are replicated, [N, C] on every
+// rank: forward all-reduces after row-parallel, backward all-reduces the input gradient of
+// column-parallel (Megatron's f and g). With sequence parallelism (`sp`) they are sharded by
+// token: a rank holds rows [rank*N/tp, (rank+1)*N/tp) of the N = B*T tokens flattened (any
+// partition works for the token-wise LayerNorm, residual and dropout between the pairs; N must
+// divide by tp). Then forward all-gathers the tokens before column-parallel and reduce-scatters
+// after row-parallel, and backward does the reverse: reduce-scatter the column-parallel input
+// gradient, all-gather the row-parallel output gradient. Same bytes as all-reduce (an
+// all-reduce is a reduce-scatter + all-gather), 1/tp of the activation memory in the SP region.
+// Under SP, replicated parameters used inside the SP region (LayerNorm weights) get gradients
+// from their token shard only: the caller all-reduces those over tp.
+//
+// All reductions go through Comm (f32 sums). Scratch is grown on demand and reused.
+#pragma once
+#include "core/dist/comm.h"
+#include "core/ops/ops.h"
+
+namespace pt {
+
+class TensorParallel {
+ public:
+  TensorParallel(Ops& ops, Comm& tp, bool sequence_parallel);
+  ~TensorParallel();
+  TensorParallel(const TensorParallel&) = delete;
+  TensorParallel& operator=(const TensorParallel&) = delete;
+
+  bool sequence_parallel() const { return sp_; }
+  int ranks() const { return tp_.size(); }
+  // Rows of a tensor outside the parallel pair: N / tp under SP, N otherwise.
+  int outer_rows(int N) const;
+
+  // out [N, OC_local] = inp @ w^T + bias, inp [outer_rows(N), IC] (all-gathered under SP),
+  // w [OC_local, IC], bias [OC_local] or null.
+  void column_forward(Tensor out, Tensor inp, Tensor w, Tensor bias, int N, int IC, int OC_local);
+  // dw, dbias += this rank's; dinp [outer_rows(N), IC] += the input gradient summed over the
+  // group (all-reduce, or reduce-scatter under SP). Any gradient may be null.
+  void column_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, int N, int IC,
+                       int OC_local);
+  // out [outer_rows(N), OC] = sum over ranks of inp @ w^T, + bias; inp [N, IC_local],
+  // w [OC, IC_local], bias [OC] (replicated) or null.
+  void row_forward(Tensor out, Tensor inp, Tensor w, Tensor bias, int N, int IC_local, int OC);
+  // dinp [N, IC_local], dw, dbias += from dout [outer_rows(N), OC] (all-gathered under SP).
+  void row_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, int N, int IC_local,
+                    int OC);
+
+  // The sequence-parallel collectives by themselves: full [N, C] <- every rank's shard
+  // [N/tp, C]; shard [N/tp, C] <- this rank's rows of the sum over ranks of full [N, C].
+  void gather_tokens(Tensor full, Tensor shard, int N, int C);
+  void reduce_scatter_tokens(Tensor shard, Tensor full, int N, int C);
+
+ private:
+  enum Slot { kGathered, kPartial, kShard, kSlots };
+  Tensor scratch(Slot slot, size_t n, DType dtype);
+
+  Ops& ops_;
+  Comm& tp_;
+  bool sp_;
+  Tensor scratch_[kSlots];
+};
+
+}  // namespace pt

@@ -1,0 +1,276 @@
+#include "core/train/pipeline_executor.h"
+
+#include <algorithm>
+#include <chrono>
+#include <set>
+#include <utility>
+
+namespace pt {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+bool is_compute(const PipeAction& a) { return a.op == PipeOp::forward || a.op == PipeOp::backward; }
+
+// Which slot of its chunk each micro-batch in flight holds, for one kind of slot: a micro-batch
+// takes the lowest free one when it starts and gives it back when it ends.
+class SlotPool {
+ public:
+  SlotPool(int v, int m) : m_(m), slot_(static_cast<size_t>(v) * m, -1), busy_(v), peak_(v, 0) {}
+
+  int start(int chunk, int micro) {
+    int& s = at(chunk, micro);
+    check(s == -1, "internal error: micro-batch " + std::to_string(micro) + " of chunk " + std::to_string(chunk) +
+                       " takes a slot twice in one step");
+    std::vector<bool>& busy = busy_[static_cast<size_t>(chunk)];
+    s = static_cast<int>(std::find(busy.begin(), busy.end(), false) - busy.begin());
+    if (s == static_cast<int>(busy.size())) busy.push_back(false);
+    busy[static_cast<size_t>(s)] = true;
+    int& peak = peak_[static_cast<size_t>(chunk)];
+    peak = std::max(peak, static_cast<int>(std::count(busy.begin(), busy.end(), true)));
+    return s;
+  }
+  // The slot of a started micro-batch (starting it when `start_if_new`).
+  int of(int chunk, int micro, bool start_if_new = false) {
+    const int s = at(chunk, micro);
+    if (s >= 0) return s;
+    check(start_if_new && s == -1, "internal error: micro-batch " + std::to_string(micro) + " of chunk " +
+                                       std::to_string(chunk) + " has no slot");
+    return start(chunk, micro);
+  }
+  void finish(int chunk, int micro) {
+    int& s = at(chunk, micro);
+    check(s >= 0, "internal error: micro-batch " + std::to_string(micro) + " of chunk " + std::to_string(chunk) +
+                      " frees a slot it does not hold");
+    busy_[static_cast<size_t>(chunk)][static_cast<size_t>(s)] = false;
+    s = -2;  // done for this step
+  }
+  int peak(int chunk) const { return peak_[static_cast<size_t>(chunk)]; }
+
+ private:
+  int& at(int chunk, int micro) { return slot_[static_cast<size_t>(chunk) * m_ + micro]; }
+  int m_;
+  std::vector<int> slot_;
+  std::vector<std::vector<bool>> busy_;
+  std::vector<int> peak_;
+};
+
+// The two kinds of slots (gpt2_stage.h) through one step's action list. An I/O slot lives from
+// the receive of the input (or the forward, without one) to the send of the input's gradient
+// (or the backward, without one); an activation set from the forward to the backward.
+class SlotTable {
+ public:
+  SlotTable(const std::vector<PipeAction>& actions, int v) : io_(v, micro_count(actions)), acts_(v, micro_count(actions)) {
+    for (const auto& a : actions)
+      if (a.op == PipeOp::send_grad) sends_grad_.insert({a.chunk, a.micro_batch});
+  }
+  int received(int chunk, int micro) { return io_.start(chunk, micro); }
+  MicroSlot forward(int chunk, int micro) { return {io_.of(chunk, micro, true), acts_.start(chunk, micro)}; }
+  int io(int chunk, int micro) { return io_.of(chunk, micro); }
+  MicroSlot backward(int chunk, int micro) { return {io_.of(chunk, micro), acts_.of(chunk, micro)}; }
+  void backward_done(int chunk, int micro) {
+    acts_.finish(chunk, micro);
+    if (!sends_grad_.count({chunk, micro})) io_.finish(chunk, micro);
+  }
+  void grad_sent(int chunk, int micro) { io_.finish(chunk, micro); }
+  StageSlots peak(int chunk) const { return {std::max(1, io_.peak(chunk)), std::max(1, acts_.peak(chunk))}; }
+
+ private:
+  static int micro_count(const std::vector<PipeAction>& actions) {
+    int m = 0;
+    for (const auto& a : actions) m = std::max(m, a.micro_batch + 1);
+    return m;
+  }
+  SlotPool io_, acts_;
+  std::set<std::pair<int, int>> sends_grad_;
+};
+
+}  // namespace
+
+std::vector<StageSlots> pipeline_slots(const std::vector<PipeAction>& actions, int virtual_stages) {
+  SlotTable t(actions, virtual_stages);
+  for (const auto& a : actions) {
+    switch (a.op) {
+      case PipeOp::recv_activation: t.received(a.chunk, a.micro_batch); break;
+      case PipeOp::forward: t.forward(a.chunk, a.micro_batch); break;
+      case PipeOp::backward: t.backward_done(a.chunk, a.micro_batch); break;
+      case PipeOp::send_grad: t.grad_sent(a.chunk, a.micro_batch); break;
+      default: break;
+    }
+  }
+  std::vector<StageSlots> out;  // at least one of each: evaluation needs them without training
+  for (int c = 0; c < virtual_stages; c++) out.push_back(t.peak(c));
+  return out;
+}
+
+// The hooks the chunks call: the runtime's, except that with a tied embedding split over two
+// stages the embeddings' grads_ready waits until both copies' gradients are summed.
+class PipelineExecutor::TiedEmbeddingHooks final : public LayerHooks {
+ public:
+  LayerHooks* inner = nullptr;
+  bool hold_embeddings = false;
+  bool embeddings_held = false;
+  void acquire_params(int layer) override {
+    if (inner) inner->acquire_params(layer);
+  }
+  void release_params(int layer) override {
+    if (inner) inner->release_params(layer);
+  }
+  void acquire_grads(int layer) override {
+    if (inner) inner->acquire_grads(layer);
+  }
+  void grads_ready(int layer) override {
+    if (hold_embeddings && layer < 0) {
+      embeddings_held = true;
+      return;
+    }
+    if (inner) inner->grads_ready(layer);
+  }
+};
+
+PipelineExecutor::PipelineExecutor(const RunConfig& cfg, int pp_rank, ParamStore& store, Ops& ops)
+    : kind_(parse_pipe_schedule(cfg.parallel.pp_schedule)),
+      pp_(cfg.parallel.pp),
+      v_(cfg.parallel.pp_virtual_stages),
+      m_(cfg.batch.grad_accum_steps),
+      rank_(pp_rank),
+      B_(cfg.batch.micro_batch_size),
+      T_(cfg.batch.seq_len),
+      store_(store),
+      tied_hooks_(std::make_unique<TiedEmbeddingHooks>()) {
+  chunk_layers_ = pipeline_chunks(cfg.model, cfg.parallel, pp_rank);
+  actions_ = pipeline_schedule(kind_, pp_, v_, m_, pp_rank);
+  slots_ = pipeline_slots(actions_, v_);
+  const Recompute recompute = parse_recompute(cfg.recompute.mode);
+  for (int c = 0; c < v_; c++)
+    chunks_.push_back(std::make_unique<Gpt2Stage>(cfg.model, store, ops, B_, T_, chunk_layers_[static_cast<size_t>(c)],
+                                                  slots_[static_cast<size_t>(c)], recompute));
+  // Where GradSync's last micro-step begins: from here on only the last micro-batch computes.
+  last_micro_start_ = actions_.size();
+  for (size_t i = actions_.size(); i-- > 0;) {
+    if (!is_compute(actions_[i])) continue;
+    if (actions_[i].micro_batch != m_ - 1) break;
+    last_micro_start_ = i;
+  }
+  tied_hooks_->hold_embeddings = pp_ > 1 && (has_embedding() || has_head());
+  for (auto& ch : chunks_) ch->set_hooks(tied_hooks_.get());
+}
+
+PipelineExecutor::~PipelineExecutor() = default;
+
+void PipelineExecutor::connect(Comm& pp_group, Comm* embedding_group) {
+  check(pp_group.size() == pp_ && pp_group.rank() == rank_,
+        "PipelineExecutor: the pipeline group has " + std::to_string(pp_group.size()) + " ranks (this one " +
+            std::to_string(pp_group.rank()) + "), the layout pp=" + std::to_string(pp_) + " (this rank " +
+            std::to_string(rank_) + ")");
+  check(!tied_hooks_->hold_embeddings || (embedding_group && embedding_group->size() == 2),
+        "PipelineExecutor: the first and the last stage need a 2-rank embedding group for the tied wte");
+  pp_group_ = &pp_group;
+  embedding_group_ = tied_hooks_->hold_embeddings ? embedding_group : nullptr;
+}
+
+void PipelineExecutor::set_grad_runtime(LayerHooks* hooks, GradSync* sync) {
+  tied_hooks_->inner = hooks;
+  sync_ = sync;
+}
+
+bool PipelineExecutor::has_embedding() const {
+  return std::any_of(chunk_layers_.begin(), chunk_layers_.end(), [](const StageLayers& s) { return s.embedding; });
+}
+
+bool PipelineExecutor::has_head() const {
+  return std::any_of(chunk_layers_.begin(), chunk_layers_.end(), [](const StageLayers& s) { return s.head; });
+}
+
+size_t PipelineExecutor::activation_bytes() const {
+  size_t n = 0;
+  for (const auto& ch : chunks_) n += ch->activation_bytes();
+  return n;
+}
+
+PipelineStepStats PipelineExecutor::train_step(const int32_t* inputs, const int32_t* targets, float dloss) {
+  check(!has_embedding() || inputs, "PipelineExecutor: the first stage needs the micro-batches' inputs");
+  check(!has_head() || targets, "PipelineExecutor: the last stage needs the micro-batches' targets");
+  check(pp_group_ != nullptr, "PipelineExecutor: train_step before connect");
+  const size_t N = static_cast<size_t>(B_) * T_;
+  PipelineStepStats st;
+  SlotTable slots(actions_, v_);
+  size_t first_compute = 0;
+  while (first_compute < actions_.size() && !is_compute(actions_[first_compute])) first_compute++;
+  if (sync_) sync_->start_micro_step(last_micro_start_ == first_compute);
+  bool output_unsent = false;  // a chunk's shared output buffer holds an activation not yet sent
+  const auto step_start = Clock::now();
+  for (size_t i = 0; i < actions_.size(); i++) {
+    const PipeAction& a = actions_[i];
+    if (sync_ && i == last_micro_start_ && i != first_compute) sync_->start_micro_step(true);
+    Gpt2Stage& ch = *chunks_[static_cast<size_t>(a.chunk)];
+    const int mb = a.micro_batch;
+    const auto t0 = Clock::now();
+    switch (a.op) {
+      case PipeOp::recv_activation:
+        pp_group_->recv(ch.input(slots.received(a.chunk, mb)), a.peer);
+        st.wait_s += seconds_since(t0);
+        break;
+      case PipeOp::send_activation:
+        pp_group_->send(ch.output(), a.peer);
+        output_unsent = false;
+        st.wait_s += seconds_since(t0);
+        break;
+      case PipeOp::recv_grad:
+        pp_group_->recv(ch.grad_output(slots.io(a.chunk, mb)), a.peer);
+        st.wait_s += seconds_since(t0);
+        break;
+      case PipeOp::send_grad:
+        pp_group_->send(ch.grad_input(slots.io(a.chunk, mb)), a.peer);
+        slots.grad_sent(a.chunk, mb);
+        st.wait_s += seconds_since(t0);
+        break;
+      case PipeOp::forward: {
+        check(!output_unsent, "internal error: a pipeline computation before the previous output was sent");
+        const StageLayers& layers = ch.layers();
+        const int32_t* tgt = layers.head ? targets + mb * N : nullptr;
+        st.loss_sum += ch.forward(slots.forward(a.chunk, mb), layers.embedding ? inputs + mb * N : nullptr, tgt, dloss);
+        if (tgt) st.tokens += static_cast<double>(std::count_if(tgt, tgt + N, [](int32_t t) { return t >= 0; }));
+        output_unsent = !layers.head;
+        st.compute_s += seconds_since(t0);
+        break;
+      }
+      case PipeOp::backward:
+        check(!output_unsent, "internal error: a pipeline computation before the previous output was sent");
+        ch.backward(slots.backward(a.chunk, mb));
+        slots.backward_done(a.chunk, mb);
+        st.compute_s += seconds_since(t0);
+        break;
+    }
+  }
+  // The tied embedding: both copies' gradients, each accumulated over every micro-batch, summed
+  // over the first and last stage, then reduced over dp x cp like any other layer.
+  if (tied_hooks_->hold_embeddings) {
+    check(tied_hooks_->embeddings_held, "internal error: the embeddings' gradient was never reported");
+    const auto t0 = Clock::now();
+    embedding_group_->all_reduce(store_.grad("wte"));
+    st.wait_s += seconds_since(t0);
+    tied_hooks_->embeddings_held = false;
+    if (tied_hooks_->inner) tied_hooks_->inner->grads_ready(-1);
+  }
+  st.total_s = seconds_since(step_start);
+  return st;
+}
+
+double PipelineExecutor::forward_only(const int32_t* inputs, const int32_t* targets) {
+  check(pp_group_ != nullptr, "PipelineExecutor: forward_only before connect");
+  const int stages = pp_ * v_;
+  double loss = 0;
+  for (int c = 0; c < v_; c++) {
+    Gpt2Stage& ch = *chunks_[static_cast<size_t>(c)];
+    const int vs = c * pp_ + rank_;
+    if (vs > 0) pp_group_->recv(ch.input(0), (vs - 1) % pp_);
+    loss += ch.forward(MicroSlot{}, inputs, targets, 0.0f);
+    if (vs + 1 < stages) pp_group_->send(ch.output(), (vs + 1) % pp_);
+  }
+  return loss;
+}
+
+}  // namespace pt

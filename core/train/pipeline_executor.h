@@ -1,0 +1,113 @@
+// PipelineExecutor: runs one pipeline rank's part of a training step, its action list from
+// pipeline_schedule(kind, pp, v, m, rank) (pp_schedule.h), over the model chunks it owns
+// (pipeline_stages.h), with blocking point-to-point messages to its pipeline neighbours.
+// With pp = 1 the list is forward/backward of micro-batch 0, 1, ... and nothing is sent: the
+// one-rank trainer runs through the same code.
+//
+// Per action:
+//   recv_activation  into the input buffer of a fresh I/O slot of that chunk;
+//   forward          into a fresh activation set (embedding chunk: and a fresh I/O slot, from
+//                    the micro-batch's tokens); head chunk: the loss (summed here) and the
+//                    head's backward;
+//   send_activation  the chunk's output buffer, which is free again when send returns (MPI_Send
+//                    returns once the buffer may be reused; the schedule's ordering rule puts the
+//                    send before this rank's next computation, which is checked);
+//   recv_grad        into the slot's gradient buffer;
+//   backward         accumulates into the parameter gradients (ZeRO hooks per layer), then frees
+//                    the activation set;
+//   send_grad        the I/O slot's gradient of its input, after which the I/O slot is free.
+// A chunk needs as many activation sets as it ever has micro-batches between their forward and
+// backward (1f1b: pp - rank, afab: m), and as many I/O slots as between the receive and the
+// send of the gradient (pipeline_slots): the next input may arrive before a backward.
+//
+// Gradient accumulation and reduction. Micro-batches = batch.grad_accum_steps; their gradients
+// add up in the ParamStore (GradSync, ZeRO 0-3, within this stage's dp x cp group). GradSync is
+// told the last micro-step begins where only computations of the last micro-batch remain in
+// the list, so under ZeRO 0-1 buckets whose layers that tail completes are reduced there and
+// the rest in finish_step (the trainer's; on the CPU backend MPI is blocking, nothing overlaps).
+// Tied embeddings with pp > 1: the first stage's wte (embedding) and the last stage's copy (LM
+// head) each accumulate their own gradient over the whole step; the embeddings' grads_ready is
+// held back until the schedule is done, then the two gradients are summed over the 2-rank
+// embedding group (before any dp reduction, so both stages reduce the same values) and handed to
+// GradSync. Collectives inside computations (ZeRO) involve the same stage of every dp replica,
+// which runs the identical list, so they cannot deadlock with the pipeline's messages.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "core/config/run_config.h"
+#include "core/dist/comm.h"
+#include "core/model/gpt2_stage.h"
+#include "core/model/layer_hooks.h"
+#include "core/model/param_store.h"
+#include "core/model/pipeline_stages.h"
+#include "core/ops/ops.h"
+#include "core/train/grad_sync.h"
+#include "core/train/pp_schedule.h"
+
+namespace pt {
+
+// What one rank did in one step.
+struct PipelineStepStats {
+  double loss_sum = 0;  // head: the summed per-token losses of every micro-batch (else 0)
+  double tokens = 0;    // head: the tokens with a target (else 0)
+  double total_s = 0;   // wall time of the whole action list
+  double compute_s = 0; // in forward and backward (ZeRO collectives inside them included)
+  double wait_s = 0;    // in send and recv: waiting on pipeline neighbours
+  // Idle over total time on this rank (the measured bubble): (total - compute) / total.
+  double bubble_fraction() const { return total_s > 0 ? (total_s - compute_s) / total_s : 0.0; }
+};
+
+// The slots each of this rank's chunks needs for `actions` (its pipeline_schedule list): the most
+// micro-batches a chunk holds at once in each kind of slot (gpt2_stage.h), at least one.
+std::vector<StageSlots> pipeline_slots(const std::vector<PipeAction>& actions, int virtual_stages);
+
+class PipelineExecutor {
+ public:
+  // Builds (allocates) this rank's chunks of the model on `store`: the schedule, micro-batches
+  // and shapes come from `cfg` (parallel.*, batch.*, recompute.mode). Talks to no other rank.
+  PipelineExecutor(const RunConfig& cfg, int pp_rank, ParamStore& store, Ops& ops);
+  ~PipelineExecutor();
+  PipelineExecutor(const PipelineExecutor&) = delete;
+  PipelineExecutor& operator=(const PipelineExecutor&) = delete;
+
+  // pp_group: the ranks of this pipeline in stage order (group rank = pp coordinate);
+  // embedding_group: the first and the last stage (their wte copies) when pp > 1; any
+  // (ignored) on the other ranks or when pp == 1. Not owned. Needed before the first step.
+  void connect(Comm& pp_group, Comm* embedding_group);
+  // The runtime's layer hooks and gradient reduction (not owned; nullptr: none).
+  void set_grad_runtime(LayerHooks* hooks, GradSync* sync);
+
+  // One step's schedule. inputs and targets: the step's micro-batches, m * B * T host ids each
+  // (read only by the embedding and head chunks; may be null on other ranks). dloss: the loss
+  // gradient per token. The gradients are complete (up to GradSync::finish_step) on return.
+  PipelineStepStats train_step(const int32_t* inputs, const int32_t* targets, float dloss);
+  // Evaluation of one micro-batch through the pipeline (each chunk in turn, no schedule):
+  // the summed per-token losses on the head's rank, 0 elsewhere.
+  double forward_only(const int32_t* inputs, const int32_t* targets);
+
+  bool has_embedding() const;  // this rank reads inputs
+  bool has_head() const;       // this rank reads targets and computes the loss
+  const std::vector<StageLayers>& chunks() const { return chunk_layers_; }
+  const std::vector<PipeAction>& actions() const { return actions_; }
+  const std::vector<StageSlots>& slots() const { return slots_; }
+  size_t activation_bytes() const;
+  Gpt2Stage& chunk(int c) { return *chunks_[static_cast<size_t>(c)]; }
+
+ private:
+  class TiedEmbeddingHooks;
+  PipeSchedule kind_;
+  int pp_, v_, m_, rank_, B_, T_;
+  ParamStore& store_;
+  Comm* pp_group_ = nullptr;
+  Comm* embedding_group_ = nullptr;
+  GradSync* sync_ = nullptr;
+  std::vector<StageLayers> chunk_layers_;
+  std::vector<PipeAction> actions_;
+  std::vector<StageSlots> slots_;
+  size_t last_micro_start_ = 0;  // index in actions_ where only the last micro-batch remains
+  std::vector<std::unique_ptr<Gpt2Stage>> chunks_;
+  std::unique_ptr<TiedEmbeddingHooks> tied_hooks_;
+};
+
+}  // namespace pt

@@ -1,0 +1,134 @@
+// CudaOps attention_block_forward/backward (attention_block.cu) and merge_attention_partials
+// against CpuOps on random inputs: query/key counts that are not multiples of the 32-row tile,
+// position offsets that leave the first queries with no key (out 0, lse -inf), a past block,
+// the diagonal, non-causal, decoding (Tq = 1) against a long cache; f32 (head sizes 32, 5, 64)
+// and bf16. Forward outputs are poisoned first; the backward runs from the reference's out and
+// lse onto a nonzero start (checking "+="), per gradient, and once more for bitwise determinism.
+// Tolerances: gpu_test_support.h (relative L2; lse -inf entries must match exactly).
+//
+// Runs only on a GPU machine: catch_main_gpu exits 77 (skipped) when no device is visible.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <vector>
+
+#include "core/cpu/cpu_ops.h"
+#include "test/gpu_test_support.h"
+
+using namespace pt;
+using namespace pt::gputest;
+
+namespace {
+
+struct Case {
+  DType mode;
+  int B, Tq, Tk, NH, HS, q_pos0, k_pos0;
+  bool causal;
+};
+
+const Case kCases[] = {
+    {DType::f32, 2, 67, 45, 3, 32, 20, 0, true},  // rows 0..24 see a prefix, later ones all 45 keys
+    {DType::f32, 1, 40, 70, 2, 5, 0, 30, true},   // queries 0..29 see no key; odd head size
+    {DType::f32, 2, 33, 33, 2, 64, 7, 7, true},   // the diagonal block at an offset
+    {DType::f32, 1, 1, 100, 4, 64, 99, 0, true},  // decoding: one query against a 100-token cache
+    {DType::f32, 1, 1, 100, 4, 64, 40, 0, true},  // ... in the middle of a longer cache
+    {DType::f32, 2, 20, 50, 2, 8, 0, 0, false},   // non-causal
+    {DType::f32, 1, 9, 13, 2, 8, 0, 500, true},   // a future block: nothing visible anywhere
+    {DType::bf16, 2, 67, 45, 3, 32, 20, 0, true}, {DType::bf16, 1, 1, 129, 2, 64, 128, 0, true},
+};
+
+// lse: -inf where the reference has -inf, relative L2 over the finite rest.
+void expect_lse(const std::vector<float>& got, const std::vector<float>& ref, double tol) {
+  std::vector<float> g, r;
+  size_t mismatched = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (std::isinf(ref[i])) {
+      mismatched += !(std::isinf(got[i]) && got[i] < 0);
+    } else {
+      g.push_back(got[i]);
+      r.push_back(ref[i]);
+    }
+  }
+  INFO("lse: " << mismatched << " rows that see no key without -inf");
+  CHECK(mismatched == 0);
+  if (!r.empty()) expect_close("lse", g, r, tol);
+}
+
+}  // namespace
+
+TEST_CASE("attention_block_forward and attention_block_backward match CpuOps", "[gpu][attention]") {
+  for (const Case& k : kCases) {
+    const DType mode = k.mode;
+    const int B = k.B, Tq = k.Tq, Tk = k.Tk, NH = k.NH, C = NH * k.HS;
+    INFO("mode " << mode_name(mode) << ", B " << B << " Tq " << Tq << " Tk " << Tk << " NH " << NH << " HS " << k.HS
+                 << " q_pos0 " << k.q_pos0 << " k_pos0 " << k.k_pos0 << " causal " << k.causal);
+    Ops& ops = gpu(mode);
+    Tensors g(ops), c(cpu());
+    const size_t nq = size_t(B) * Tq * C, nk = size_t(B) * Tk * C, nlse = size_t(B) * NH * Tq;
+    const std::vector<float> q = rounded(mode, random_normal(nq, 1.0f, 81)),
+                             kk = rounded(mode, random_normal(nk, 1.0f, 82)),
+                             v = rounded(mode, random_normal(nk, 1.0f, 83));
+    Tensor cq = c.make(q, DType::f32), ck = c.make(kk, DType::f32), cv = c.make(v, DType::f32);
+    Tensor cout = c.zeros(nq, DType::f32), clse = c.zeros(nlse, DType::f32);
+    cpu().attention_block_forward(cout, clse, cq, ck, cv, B, Tq, Tk, C, NH, k.q_pos0, k.k_pos0, k.causal);
+    Tensor gq = g.make(q, mode), gk = g.make(kk, mode), gv = g.make(v, mode);
+    Tensor gout = g.zeros(nq, mode), glse = g.zeros(nlse, DType::f32);
+    g.poison(gout);
+    g.poison(glse);
+    ops.attention_block_forward(gout, glse, gq, gk, gv, B, Tq, Tk, C, NH, k.q_pos0, k.k_pos0, k.causal);
+    expect_close("out", g.read(gout), c.read(cout), tolerance(mode, mode));
+    expect_lse(g.read(glse), c.read(clse), tolerance(mode, DType::f32));
+
+    // Backward from the reference forward, onto nonzero gradients.
+    const std::vector<float> out = rounded(mode, c.read(cout)), lse = c.read(clse);
+    const std::vector<float> dout = rounded(mode, random_normal(nq, 1.0f, 84));
+    const std::vector<float> dq0 = rounded(mode, random_normal(nq, 0.1f, 85)),
+                             dk0 = rounded(mode, random_normal(nk, 0.1f, 86)),
+                             dv0 = rounded(mode, random_normal(nk, 0.1f, 87));
+    Tensor cout_r = c.make(out, DType::f32), cdout = c.make(dout, DType::f32);
+    Tensor cdq = c.make(dq0, DType::f32), cdk = c.make(dk0, DType::f32), cdv = c.make(dv0, DType::f32);
+    cpu().attention_block_backward(cdq, cdk, cdv, cdout, cq, ck, cv, cout_r, clse, B, Tq, Tk, C, NH, k.q_pos0, k.k_pos0,
+                                   k.causal);
+    Tensor gout_r = g.make(out, mode), glse_r = g.make(lse, DType::f32), gdout = g.make(dout, mode);
+    Tensor gdq = g.make(dq0, mode), gdk = g.make(dk0, mode), gdv = g.make(dv0, mode);
+    ops.attention_block_backward(gdq, gdk, gdv, gdout, gq, gk, gv, gout_r, glse_r, B, Tq, Tk, C, NH, k.q_pos0, k.k_pos0,
+                                 k.causal);
+    const std::vector<float> got_dq = g.read(gdq), got_dk = g.read(gdk), got_dv = g.read(gdv);
+    expect_close("dq", got_dq, c.read(cdq), tolerance(mode, mode));
+    expect_close("dk", got_dk, c.read(cdk), tolerance(mode, mode));
+    expect_close("dv", got_dv, c.read(cdv), tolerance(mode, mode));
+
+    // Deterministic, and a null gradient is skipped without touching the others.
+    Tensor gdq2 = g.make(dq0, mode), gdk2 = g.make(dk0, mode), gdv2 = g.make(dv0, mode);
+    ops.attention_block_backward(gdq2, gdk2, gdv2, gdout, gq, gk, gv, gout_r, glse_r, B, Tq, Tk, C, NH, k.q_pos0,
+                                 k.k_pos0, k.causal);
+    CHECK(bitwise_equal(g.read(gdq2), got_dq));
+    CHECK(bitwise_equal(g.read(gdk2), got_dk));
+    CHECK(bitwise_equal(g.read(gdv2), got_dv));
+    Tensor gdk3 = g.make(dk0, mode);
+    ops.attention_block_backward(Tensor{}, gdk3, Tensor{}, gdout, gq, gk, gv, gout_r, glse_r, B, Tq, Tk, C, NH,
+                                 k.q_pos0, k.k_pos0, k.causal);
+    CHECK(bitwise_equal(g.read(gdk3), got_dk));
+  }
+}
+
+TEST_CASE("merge_attention_partials matches CpuOps, empty rows included", "[gpu][attention]") {
+  for (DType mode : {DType::f32, DType::bf16}) {
+    INFO("mode " << mode_name(mode));
+    Ops& ops = gpu(mode);
+    Tensors g(ops), c(cpu());
+    const int B = 2, T = 37, NH = 3, HS = 40, C = NH * HS;
+    const size_t n = size_t(B) * T * C, nl = size_t(B) * NH * T;
+    const std::vector<float> oa = rounded(mode, random_normal(n, 1.0f, 91)),
+                             op = rounded(mode, random_normal(n, 1.0f, 92));
+    std::vector<float> la = random_normal(nl, 2.0f, 93), lp = random_normal(nl, 2.0f, 94);
+    for (size_t i = 0; i < nl; i += 5) la[i] = -INFINITY;   // only the part saw keys
+    for (size_t i = 1; i < nl; i += 7) lp[i] = -INFINITY;   // only the accumulator did
+    for (size_t i = 0; i < nl; i += 35) lp[i] = -INFINITY;  // neither
+    Tensor coa = c.make(oa, DType::f32), cla = c.make(la, DType::f32);
+    cpu().merge_attention_partials(coa, cla, c.make(op, DType::f32), c.make(lp, DType::f32), B, T, C, NH);
+    Tensor goa = g.make(oa, mode), gla = g.make(la, DType::f32);
+    ops.merge_attention_partials(goa, gla, g.make(op, mode), g.make(lp, DType::f32), B, T, C, NH);
+    expect_close("out", g.read(goa), c.read(coa), tolerance(mode, mode));
+    expect_lse(g.read(gla), c.read(cla), tolerance(mode, DType::f32));
+  }
+}

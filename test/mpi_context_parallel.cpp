@@ -1,0 +1,119 @@
+// Context parallelism over real MPI (run under mpirun with 2, 3 and 4 ranks, the cp group being
+// the world, see test/CMakeLists.txt; 3 makes an odd ring, where the send/recv order matters):
+// ring attention on zigzag chunks and Ulysses on contiguous ones, forward (out, lse) and
+// backward (dqkv, accumulated onto a nonzero start) against CpuOps attention over the unsplit
+// sequence computed on every rank. A group of one (each rank alone) checks the cp = 1
+// degenerate case. Tolerance: atol 1e-6 + rtol 1e-5 (the merge and the regrouped sums
+// reassociate float additions).
+#include <mpi.h>
+
+#include <catch2/catch.hpp>
+#include <vector>
+
+#include "core/cpu/cpu_ops.h"
+#include "core/dist/process_groups.h"
+#include "core/parallel/ring_attention.h"
+#include "core/parallel/ulysses.h"
+#include "core/parallel/zigzag.h"
+#include "cpu_test_support.h"
+
+using namespace pt;
+using namespace pt::test;
+
+namespace {
+
+World whole_world() {
+  World w;
+  MPI_Comm_rank(MPI_COMM_WORLD, &w.rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &w.size);
+  return w;
+}
+
+std::vector<int> everyone(int n) {
+  std::vector<int> v(n);
+  for (int i = 0; i < n; i++) v[i] = i;
+  return v;
+}
+
+struct Unsplit {
+  std::vector<float> qkv, dout, d0, out, lse, dqkv;
+};
+
+// Attention over the whole sequence on one rank (the same on every rank: the same seeds).
+Unsplit unsplit(CpuOps& ops, int B, int T, int C, int NH, uint32_t seed) {
+  Buffers bufs(ops);
+  Unsplit u;
+  u.qkv = random_floats(size_t(B) * T * 3 * C, seed, -2.0f, 2.0f);
+  u.dout = random_floats(size_t(B) * T * C, seed + 1);
+  u.d0 = random_floats(u.qkv.size(), seed + 2);
+  Tensor qkv = bufs.f32(u.qkv), out = bufs.zeros(size_t(B) * T * C), lse = bufs.zeros(size_t(B) * NH * T);
+  ops.attention_forward(out, lse, qkv, B, T, C, NH);
+  Tensor dqkv = bufs.f32(u.d0);
+  ops.attention_backward(dqkv, bufs.f32(u.dout), qkv, out, lse, B, T, C, NH);
+  u.out = bufs.read(out);
+  u.lse = bufs.read(lse);
+  u.dqkv = bufs.read(dqkv);
+  return u;
+}
+
+// Runs `Impl` (RingAttention or UlyssesAttention) on this rank's tokens and compares. lse is
+// compared only for the ring (Ulysses keeps it head-sharded).
+template <class Impl>
+void check_against_unsplit(Comm& cp, CpSplitKind kind, int B, int T, int C, int NH, bool compare_lse) {
+  CpuOps ops;
+  const Unsplit u = unsplit(ops, B, T, C, NH, 900 + T);
+  const CpSplit split(kind, T, cp.size());
+  const int r = cp.rank(), Tl = split.local_len();
+  Buffers bufs(ops);
+  Tensor qkv = bufs.f32(split.take(u.qkv, B, r, 3 * C));
+  Tensor out = bufs.zeros(size_t(B) * Tl * C), lse = bufs.zeros(size_t(B) * NH * Tl);
+  Impl impl(ops, cp, B, Tl, C, NH, DType::f32);
+  impl.forward(out, lse, qkv);
+  require_close(bufs.read(out), split.take(u.out, B, r, C), 1e-6, 1e-5, "out");
+  if (compare_lse) require_close(bufs.read(lse), split.take(u.lse, B * NH, r), 1e-6, 1e-5, "lse");
+
+  Tensor dqkv = bufs.f32(split.take(u.d0, B, r, 3 * C));  // += onto a nonzero start
+  impl.backward(dqkv, bufs.f32(split.take(u.dout, B, r, C)), qkv, out, lse);
+  require_close(bufs.read(dqkv), split.take(u.dqkv, B, r, 3 * C), 1e-6, 1e-5, "dqkv");
+}
+
+}  // namespace
+
+TEST_CASE("ring attention on zigzag chunks equals unsplit attention", "[mpi][cp]") {
+  const World w = whole_world();
+  CpuOps ops;
+  const auto cp = make_group_comm(everyone(w.size), w, ops);
+  // Tc = 3 (not a power of two), 3 heads of 4 channels; then one token per chunk; then B = 1.
+  SECTION("B 2, Tc 3") {
+    check_against_unsplit<RingAttention>(*cp, CpSplitKind::zigzag, 2, 2 * w.size * 3, 12, 3, true);
+  }
+  SECTION("B 2, Tc 1") { check_against_unsplit<RingAttention>(*cp, CpSplitKind::zigzag, 2, 2 * w.size, 8, 2, true); }
+  SECTION("B 1, Tc 5") {
+    check_against_unsplit<RingAttention>(*cp, CpSplitKind::zigzag, 1, 2 * w.size * 5, 6, 1, true);
+  }
+}
+
+TEST_CASE("ring attention in a group of one is plain attention", "[mpi][cp]") {
+  const World w = whole_world();
+  CpuOps ops;
+  const auto alone = make_group_comm({w.rank}, w, ops);
+  check_against_unsplit<RingAttention>(*alone, CpSplitKind::zigzag, 2, 10, 12, 3, true);
+}
+
+TEST_CASE("Ulysses all-to-all attention equals unsplit attention", "[mpi][cp]") {
+  const World w = whole_world();
+  CpuOps ops;
+  const auto cp = make_group_comm(everyone(w.size), w, ops);
+  // 12 heads divide over cp 2, 3 and 4; head sizes 2 and 3; T_local 5 and 3.
+  SECTION("B 2, T_local 5") {
+    check_against_unsplit<UlyssesAttention>(*cp, CpSplitKind::contiguous, 2, 5 * w.size, 24, 12, false);
+  }
+  SECTION("B 1, T_local 3") {
+    check_against_unsplit<UlyssesAttention>(*cp, CpSplitKind::contiguous, 1, 3 * w.size, 36, 12, false);
+  }
+  SECTION("heads not divisible by cp are refused") {
+    // cp + 1 heads never divide over cp > 1 ranks.
+    const int NH = w.size + 1;
+    CHECK_THROWS_AS(UlyssesAttention(ops, *cp, 1, 4, 2 * NH, NH, DType::f32), RuntimeError);
+  }
+}

@@ -1,0 +1,148 @@
+// Tensor parallelism over real MPI (run under mpirun with 2 and 4 ranks, the tp group being the
+// world, see test/CMakeLists.txt):
+//  - a 2-layer MLP split column-parallel -> GELU -> row-parallel equals the unsplit MLP, forward
+//    and every gradient (input gradient accumulated onto a nonzero start), with and without
+//    sequence parallelism;
+//  - vocab-parallel cross-entropy equals softmax_cross_entropy over the full logits (losses,
+//    dlogits, eval mode), for a vocabulary with no padding, one whose padding straddles the last
+//    shard, and one whose last shard is all padding.
+// Tolerance: atol 1e-6 + rtol 1e-5 (sums over ranks reassociate float additions).
+#include <mpi.h>
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <vector>
+
+#include "core/cpu/cpu_ops.h"
+#include "core/dist/process_groups.h"
+#include "core/parallel/tensor_parallel.h"
+#include "core/parallel/vocab_parallel_ce.h"
+#include "cpu_test_support.h"
+
+using namespace pt;
+using namespace pt::test;
+
+namespace {
+
+World whole_world() {
+  World w;
+  MPI_Comm_rank(MPI_COMM_WORLD, &w.rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &w.size);
+  return w;
+}
+
+std::vector<int> everyone(int n) {
+  std::vector<int> v(n);
+  for (int i = 0; i < n; i++) v[i] = i;
+  return v;
+}
+
+// Rows [r0, r0 + n) of a row-major matrix with `cols` columns.
+std::vector<float> rows_of(const std::vector<float>& m, int cols, int r0, int n) {
+  return {m.begin() + size_t(r0) * cols, m.begin() + size_t(r0 + n) * cols};
+}
+
+// Columns [c0, c0 + n) of a row-major [rows, cols] matrix, as a contiguous [rows, n] one.
+std::vector<float> cols_of(const std::vector<float>& m, int rows, int cols, int c0, int n) {
+  std::vector<float> out(size_t(rows) * n);
+  for (int r = 0; r < rows; r++)
+    for (int c = 0; c < n; c++) out[size_t(r) * n + c] = m[size_t(r) * cols + c0 + c];
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("column -> row parallel MLP equals the unsplit MLP", "[mpi][tp]") {
+  const World w = whole_world();
+  CpuOps ops;
+  const auto tp = make_group_comm(everyone(w.size), w, ops);
+  const int P = tp->size(), r = tp->rank();
+  const int N = 4 * P, C = 6, H = 4 * C * P / 2, Hl = H / P;  // hidden divisible by tp
+
+  const std::vector<float> x = random_floats(size_t(N) * C, 11), W1 = random_floats(size_t(H) * C, 12),
+                           b1 = random_floats(H, 13), W2 = random_floats(size_t(C) * H, 14), b2 = random_floats(C, 15),
+                           dy = random_floats(size_t(N) * C, 16), dx0 = random_floats(size_t(N) * C, 17);
+
+  // The unsplit MLP, on every rank.
+  Buffers ref(ops);
+  Tensor rx = ref.f32(x), rW1 = ref.f32(W1), rb1 = ref.f32(b1), rW2 = ref.f32(W2), rb2 = ref.f32(b2);
+  Tensor rh = ref.zeros(size_t(N) * H), ra = ref.zeros(size_t(N) * H), ry = ref.zeros(size_t(N) * C);
+  ops.matmul_forward(rh, rx, rW1, rb1, N, C, H);
+  ops.gelu_forward(ra, rh, size_t(N) * H);
+  ops.matmul_forward(ry, ra, rW2, rb2, N, H, C);
+  Tensor rdy = ref.f32(dy), rda = ref.zeros(size_t(N) * H), rdh = ref.zeros(size_t(N) * H), rdx = ref.f32(dx0);
+  Tensor rdW1 = ref.zeros(W1.size()), rdb1 = ref.zeros(H), rdW2 = ref.zeros(W2.size()), rdb2 = ref.zeros(C);
+  ops.matmul_backward(rda, rdW2, rdb2, rdy, ra, rW2, N, H, C);
+  ops.gelu_backward(rdh, rh, rda, size_t(N) * H);
+  ops.matmul_backward(rdx, rdW1, rdb1, rdh, rx, rW1, N, C, H);
+  const std::vector<float> y_ref = ref.read(ry), dx_ref = ref.read(rdx), dW1_ref = ref.read(rdW1),
+                           db1_ref = ref.read(rdb1), dW2_ref = ref.read(rdW2), db2_ref = ref.read(rdb2);
+
+  for (bool sp : {false, true}) {
+    INFO("sequence parallel " << sp);
+    TensorParallel tpl(ops, *tp, sp);
+    const int No = tpl.outer_rows(N), row0 = sp ? r * No : 0;
+    Buffers bufs(ops);
+    Tensor tx = bufs.f32(rows_of(x, C, row0, No));
+    Tensor tW1 = bufs.f32(rows_of(W1, C, r * Hl, Hl)), tb1 = bufs.f32(rows_of(b1, 1, r * Hl, Hl));
+    Tensor tW2 = bufs.f32(cols_of(W2, C, H, r * Hl, Hl)), tb2 = bufs.f32(b2);
+    Tensor h = bufs.zeros(size_t(N) * Hl), a = bufs.zeros(size_t(N) * Hl), y = bufs.zeros(size_t(No) * C);
+    tpl.column_forward(h, tx, tW1, tb1, N, C, Hl);
+    ops.gelu_forward(a, h, size_t(N) * Hl);
+    tpl.row_forward(y, a, tW2, tb2, N, Hl, C);
+    require_close(bufs.read(y), rows_of(y_ref, C, row0, No), 1e-6, 1e-5, "y");
+
+    Tensor tdy = bufs.f32(rows_of(dy, C, row0, No)), da = bufs.zeros(size_t(N) * Hl), dh = bufs.zeros(size_t(N) * Hl);
+    Tensor dx = bufs.f32(rows_of(dx0, C, row0, No));
+    Tensor dW1 = bufs.zeros(size_t(Hl) * C), db1 = bufs.zeros(Hl), dW2 = bufs.zeros(size_t(C) * Hl),
+           db2 = bufs.zeros(C);
+    tpl.row_backward(da, dW2, db2, tdy, a, tW2, N, Hl, C);
+    ops.gelu_backward(dh, h, da, size_t(N) * Hl);
+    tpl.column_backward(dx, dW1, db1, dh, tx, tW1, N, C, Hl);
+    require_close(bufs.read(dx), rows_of(dx_ref, C, row0, No), 1e-6, 1e-5, "dx");
+    require_close(bufs.read(dW1), rows_of(dW1_ref, C, r * Hl, Hl), 1e-6, 1e-5, "dW1");
+    require_close(bufs.read(db1), rows_of(db1_ref, 1, r * Hl, Hl), 1e-6, 1e-5, "db1");
+    require_close(bufs.read(dW2), cols_of(dW2_ref, C, H, r * Hl, Hl), 1e-6, 1e-5, "dW2");
+    require_close(bufs.read(db2), db2_ref, 1e-6, 1e-5, "db2");
+  }
+}
+
+TEST_CASE("vocab-parallel cross-entropy equals the full one", "[mpi][tp]") {
+  const World w = whole_world();
+  CpuOps ops;
+  const auto tp = make_group_comm(everyone(w.size), w, ops);
+  const int P = tp->size(), r = tp->rank();
+  const int Vl = 8, Vp = Vl * P, N = 6;
+  struct Case {
+    const char* name;
+    int V;
+  };
+  const Case cases[] = {
+      {"no padding", Vp},
+      {"padding straddles the last shard", Vp - 3},
+      {"the last shard is all padding", Vp - Vl - 2},  // and the one before it straddles V
+  };
+  for (const Case& cs : cases) {
+    INFO(cs.name << ", V " << cs.V << " of " << Vp);
+    const int V = cs.V;
+    const std::vector<float> logits = random_floats(size_t(N) * Vp, 21 + V, -4.0f, 4.0f);
+    // Targets at both ends of the vocabulary, in different shards, and one row without a target.
+    const std::vector<int32_t> targets = {0, V - 1, -1, V / 2, std::min(Vl, V - 1), V - 2};
+    const float dloss = 1.0f / N;
+    for (float scale : {dloss, 0.0f}) {
+      INFO("dloss " << scale);
+      Buffers full(ops);
+      Tensor flog = full.f32(logits), fl = full.zeros(N), ftg = full.i32(targets);
+      ops.softmax_cross_entropy(fl, flog, ftg, N, V, Vp, scale);
+      const std::vector<float> want_loss = full.read(fl), want_dlogits = full.read(flog);
+
+      Buffers bufs(ops);
+      VocabParallelCrossEntropy ce(ops, *tp);
+      Tensor shard = bufs.f32(cols_of(logits, N, Vp, r * Vl, Vl)), losses = bufs.zeros(N), tg = bufs.i32(targets);
+      ce.forward_backward(losses, shard, tg, N, V, Vl, scale);
+      require_close(bufs.read(losses), want_loss, 1e-6, 1e-5, "losses");
+      require_close(bufs.read(shard), cols_of(want_dlogits, N, Vp, r * Vl, Vl), 1e-6, 1e-5,
+                    scale != 0 ? "dlogits" : "logits left untouched in eval");
+    }
+  }
+}
