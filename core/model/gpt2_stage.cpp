@@ -42,28 +42,33 @@ Gpt2Stage::Gpt2Stage(const ModelSection& model, ParamStore& store, Ops& ops, int
     s.input = alloc_act(NC, act);
     s.dres = alloc_act(NC, act);
   }
+  // The buffers selective recompute rebuilds (LayerNorm outputs and stats, attention output and
+  // lse, GELU output), and the matmul inputs only full recompute rebuilds. A slot keeps what its
+  // mode does not rebuild; the shared set holds the rest, written again in backward.
+  auto alloc_selective_buffers = [&](LayerActs& a) {
+    a.ln1 = alloc_act(NC, act);
+    a.ln1_mean = alloc_act(N, f32);
+    a.ln1_rstd = alloc_act(N, f32);
+    a.atty = alloc_act(NC, act);
+    a.lse = alloc_act(lse_n, f32);
+    a.ln2 = alloc_act(NC, act);
+    a.ln2_mean = alloc_act(N, f32);
+    a.ln2_rstd = alloc_act(N, f32);
+    a.fch_gelu = alloc_act(4 * NC, act);
+  };
+  auto alloc_matmul_inputs = [&](LayerActs& a) {
+    a.qkv = alloc_act(3 * NC, act);
+    a.res2 = alloc_act(NC, act);
+    a.fch = alloc_act(4 * NC, act);
+  };
   acts_.resize(static_cast<size_t>(slots.activations));
   for (ActSlot& s : acts_) {
     if (layers.embedding) s.tokens = alloc_act(N, DType::i32);
     s.kept.resize(static_cast<size_t>(L));
     for (int i = 0; i < L; i++) {
       LayerActs& a = s.kept[static_cast<size_t>(i)];
-      if (none) {
-        a.ln1 = alloc_act(NC, act);
-        a.ln1_mean = alloc_act(N, f32);
-        a.ln1_rstd = alloc_act(N, f32);
-        a.atty = alloc_act(NC, act);
-        a.lse = alloc_act(lse_n, f32);
-        a.ln2 = alloc_act(NC, act);
-        a.ln2_mean = alloc_act(N, f32);
-        a.ln2_rstd = alloc_act(N, f32);
-        a.fch_gelu = alloc_act(4 * NC, act);
-      }
-      if (none || selective) {
-        a.qkv = alloc_act(3 * NC, act);
-        a.res2 = alloc_act(NC, act);
-        a.fch = alloc_act(4 * NC, act);
-      }
+      if (none) alloc_selective_buffers(a);
+      if (none || selective) alloc_matmul_inputs(a);
       if (i + 1 < L) a.res3 = alloc_act(NC, act);
     }
   }
@@ -71,22 +76,8 @@ Gpt2Stage::Gpt2Stage(const ModelSection& model, ParamStore& store, Ops& ops, int
   LayerActs& sh = shared_;
   sh.attproj = alloc_act(NC, act);
   sh.fcproj = alloc_act(NC, act);
-  if (!none) {
-    sh.ln1 = alloc_act(NC, act);
-    sh.ln1_mean = alloc_act(N, f32);
-    sh.ln1_rstd = alloc_act(N, f32);
-    sh.atty = alloc_act(NC, act);
-    sh.lse = alloc_act(lse_n, f32);
-    sh.ln2 = alloc_act(NC, act);
-    sh.ln2_mean = alloc_act(N, f32);
-    sh.ln2_rstd = alloc_act(N, f32);
-    sh.fch_gelu = alloc_act(4 * NC, act);
-  }
-  if (recompute == Recompute::full) {
-    sh.qkv = alloc_act(3 * NC, act);
-    sh.res2 = alloc_act(NC, act);
-    sh.fch = alloc_act(4 * NC, act);
-  }
+  if (!none) alloc_selective_buffers(sh);
+  if (recompute == Recompute::full) alloc_matmul_inputs(sh);
   output_ = alloc_act(NC, act);
 
   if (layers.embedding) {
