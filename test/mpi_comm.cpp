@@ -12,17 +12,12 @@
 #include "core/dist/coordination.h"
 #include "core/dist/grid.h"
 #include "core/dist/process_groups.h"
+#include "mpi_test_support.h"
 
 using namespace pt;
+using namespace pt::test;
 
 namespace {
-
-World whole_world() {
-  World w;
-  MPI_Comm_rank(MPI_COMM_WORLD, &w.rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &w.size);
-  return w;
-}
 
 // A host f32 tensor that frees itself.
 struct Buf {
@@ -32,12 +27,6 @@ struct Buf {
   ~Buf() { ops.release(t); }
   float& operator[](size_t i) { return t.f32()[i]; }
 };
-
-std::vector<int> everyone(int n) {
-  std::vector<int> v(n);
-  std::iota(v.begin(), v.end(), 0);
-  return v;
-}
 
 }  // namespace
 

@@ -16,24 +16,12 @@
 #include "core/parallel/ulysses.h"
 #include "core/parallel/zigzag.h"
 #include "cpu_test_support.h"
+#include "mpi_test_support.h"
 
 using namespace pt;
 using namespace pt::test;
 
 namespace {
-
-World whole_world() {
-  World w;
-  MPI_Comm_rank(MPI_COMM_WORLD, &w.rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &w.size);
-  return w;
-}
-
-std::vector<int> everyone(int n) {
-  std::vector<int> v(n);
-  for (int i = 0; i < n; i++) v[i] = i;
-  return v;
-}
 
 struct Unsplit {
   std::vector<float> qkv, dout, d0, out, lse, dqkv;

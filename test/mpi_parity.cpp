@@ -20,50 +20,18 @@
 #include "core/cpu/cpu_ops.h"
 #include "core/data/shard.h"
 #include "core/train/trainer.h"
+#include "mpi_test_support.h"
 
 using namespace pt;
+using namespace pt::test;
 namespace fs = std::filesystem;
 
 namespace {
 
 constexpr int kSteps = 10, kB = 2, kT = 16, kSequencesPerStep = 16;
 
-World whole_world() {
-  World w;
-  MPI_Comm_rank(MPI_COMM_WORLD, &w.rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &w.size);
-  return w;
-}
-
-// Random-token shards in a directory every rank sees: rank 0 writes them, then tells the others
-// where (the broadcast also orders the writes before anyone reads).
-struct SharedData {
-  fs::path dir;
-  int rank = whole_world().rank;
-  SharedData() {
-    char path[512] = {};
-    if (rank == 0) {
-      const fs::path d = fs::temp_directory_path() / ("picotrain_mpi_parity_" + std::to_string(::getpid()));
-      fs::create_directories(d);
-      std::mt19937 rng(21);
-      std::vector<uint16_t> tokens(30000);
-      for (auto& t : tokens) t = rng() % 256;
-      write_shard((d / "p_train_000000.bin").string(), tokens);
-      write_shard((d / "p_val_000000.bin").string(), std::span(tokens).subspan(0, 5000));
-      std::snprintf(path, sizeof path, "%s", d.c_str());
-    }
-    MPI_Bcast(path, sizeof path, MPI_CHAR, 0, MPI_COMM_WORLD);
-    dir = path;
-  }
-  // Runs after main() (MPI is finalized by then): every rank passed main's final all-reduce,
-  // so nobody reads the files any more.
-  ~SharedData() {
-    if (rank == 0) fs::remove_all(dir);
-  }
-};
-
-const SharedData& data() {
-  static const SharedData d;
+const SharedShards& data() {
+  static const SharedShards d("mpi_parity", 21, 30000, 5000, 256);
   return d;
 }
 

@@ -23,8 +23,10 @@
 #include "core/cpu/cpu_ops.h"
 #include "core/data/shard.h"
 #include "core/train/trainer.h"
+#include "mpi_test_support.h"
 
 using namespace pt;
+using namespace pt::test;
 namespace fs = std::filesystem;
 
 namespace {
@@ -33,39 +35,8 @@ namespace {
 // per pipeline (4 with dp 2), a multiple of pp as interleaving needs.
 constexpr int kSteps = 10, kB = 2, kT = 8, kSequencesPerStep = 16, kVocab = 96;
 
-World whole_world() {
-  World w;
-  MPI_Comm_rank(MPI_COMM_WORLD, &w.rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &w.size);
-  return w;
-}
-
-// Random-token shards and a scratch directory every rank sees (rank 0 makes them).
-struct SharedData {
-  fs::path dir;
-  int rank = whole_world().rank;
-  SharedData() {
-    char path[512] = {};
-    if (rank == 0) {
-      const fs::path d = fs::temp_directory_path() / ("picotrain_mpi_pipeline_" + std::to_string(::getpid()));
-      fs::create_directories(d);
-      std::mt19937 rng(8);
-      std::vector<uint16_t> tokens(20000);
-      for (auto& t : tokens) t = rng() % kVocab;
-      write_shard((d / "p_train_000000.bin").string(), tokens);
-      write_shard((d / "p_val_000000.bin").string(), std::span(tokens).subspan(0, 3000));
-      std::snprintf(path, sizeof path, "%s", d.c_str());
-    }
-    MPI_Bcast(path, sizeof path, MPI_CHAR, 0, MPI_COMM_WORLD);
-    dir = path;
-  }
-  ~SharedData() {
-    if (rank == 0) fs::remove_all(dir);
-  }
-};
-
-const SharedData& data() {
-  static const SharedData d;
+const SharedShards& data() {
+  static const SharedShards d("mpi_pipeline", 8, 20000, 3000, kVocab);
   return d;
 }
 

@@ -18,24 +18,12 @@
 #include "core/parallel/tensor_parallel.h"
 #include "core/parallel/vocab_parallel_ce.h"
 #include "cpu_test_support.h"
+#include "mpi_test_support.h"
 
 using namespace pt;
 using namespace pt::test;
 
 namespace {
-
-World whole_world() {
-  World w;
-  MPI_Comm_rank(MPI_COMM_WORLD, &w.rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &w.size);
-  return w;
-}
-
-std::vector<int> everyone(int n) {
-  std::vector<int> v(n);
-  for (int i = 0; i < n; i++) v[i] = i;
-  return v;
-}
 
 // Rows [r0, r0 + n) of a row-major matrix with `cols` columns.
 std::vector<float> rows_of(const std::vector<float>& m, int cols, int r0, int n) {
