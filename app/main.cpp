@@ -13,6 +13,7 @@
 #include "core/config/run_config.h"
 #include "core/data/prepare.h"
 #include "core/model/sample_run.h"
+#include "core/plan/plan.h"
 #include "core/tokenizer/tokenizer.h"
 #include "core/dist/world.h"
 #include "core/ops/ops.h"
@@ -165,6 +166,55 @@ int run_sample(SampleArgs a) {
   return 0;
 }
 
+struct PlanArgs {
+  std::string config;
+  std::vector<std::string> overrides;
+  int gpus = 0;
+  pt::Hardware hw;
+};
+
+void add_plan_command(CLI::App& app, PlanArgs& a) {
+  CLI::App* cmd = app.add_subcommand(
+      "plan", "List the layouts (dp, tp, pp, cp) a config can run on N GPUs, with memory per GPU and a predicted step "
+              "time, best first; runs nothing. The defaults describe H100 SXM nodes");
+  cmd->add_option("--config,-c", a.config, "Run config (JSON), as for train")->required()->check(CLI::ExistingFile);
+  cmd->add_option("--set,-s", a.overrides,
+                  "Override one config key, as for train (e.g. --set parallel.zero_stage=3 --set "
+                  "recompute.mode=selective); parallel.dp/tp/pp/cp are set by the plan for each layout");
+  cmd->add_option("--gpus,-n", a.gpus, "GPUs (ranks) in all: every dp*tp*pp*cp = N is considered")
+      ->required()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--gpus-per-node", a.hw.gpus_per_node,
+                  "GPUs per node: a group whose ranks span nodes runs at --network-gbps (ranks fill nodes in order, "
+                  "placed on the grid by parallel.order); layouts with tp inside a node are listed first")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--gpu-memory-gib", a.hw.gpu_memory_gib,
+                  "Memory of one GPU in GiB; a layout whose largest stage needs more does not fit (H100: 80)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--nvlink-gbps", a.hw.nvlink_gbps,
+                  "Bandwidth inside a node, GB/s (gigabytes) per GPU, one way (H100 NVLink 4: 450)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--network-gbps", a.hw.network_gbps,
+                  "Bandwidth between nodes, GB/s per GPU, one way (one 400 Gb/s InfiniBand NIC per GPU: 50)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--peak-tflops", a.hw.peak_tflops, "Dense bf16 peak of one GPU in TFLOP/s (H100 SXM: 989.4)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--mfu", a.hw.mfu, "Share of the peak the compute reaches, in (0, 1]; scales every compute time")
+      ->check(CLI::Range(1e-6, 1.0))
+      ->capture_default_str();
+}
+
+int run_plan(const PlanArgs& a) {
+  const pt::Plan plan = pt::make_plan(a.config, a.overrides, a.gpus, a.hw);
+  std::fputs(pt::format_plan(plan, a.hw, a.config).c_str(), stdout);
+  return 0;
+}
+
 int run_train(const TrainArgs& a, const pt::World& world) {
   const pt::RunConfig cfg = pt::load_config(a.config, a.overrides, world.size);
   const pt::Device device = a.device == "cuda" ? pt::Device::cuda : pt::Device::cpu;
@@ -213,6 +263,8 @@ int main(int argc, char** argv) {
   add_convert_command(app, convert_args);
   SampleArgs sample_args;
   add_sample_command(app, sample_args);
+  PlanArgs plan_args;
+  add_plan_command(app, plan_args);
 
   try {
     app.parse(argc, argv);
@@ -234,6 +286,7 @@ int main(int argc, char** argv) {
     else if (app.got_subcommand("prepare")) rc = run_prepare(prepare_args);
     else if (app.got_subcommand("convert")) rc = run_convert(convert_args);
     else if (app.got_subcommand("sample")) rc = run_sample(sample_args);
+    else if (app.got_subcommand("plan")) rc = run_plan(plan_args);
     pt::finalize_world();
     return rc;
   } catch (const pt::ConfigError& e) {

@@ -123,7 +123,7 @@ TEST_CASE("bad layouts fail on every rank with the numbers, without hanging", "[
       {3, "--set parallel.dp_replicate=2", "parallel.dp_replicate=2 must divide parallel.dp=3"},
       {3, "--set parallel.tp=2", "the world size 3 is not divisible by parallel.tp*pp*cp = 2*1*1 = 2"},
       {2, "--set parallel.dp=4", "parallel.dp*tp*pp*cp = 4*1*1*1 = 4 must equal the world size 2"},
-      {2, "--set parallel.tp=2", "tp and cp must be 1"},
+      {2, "--set parallel.cp=2 --set batch.seq_len=18", "batch.seq_len=18 must be divisible by 2*parallel.cp=4"},
   };
   for (const auto& c : cases) {
     const Launch l = mpirun(c.ranks, run.train(c.sets));
@@ -177,6 +177,27 @@ TEST_CASE("a pipeline run warns about its bubble and logs the measured bubble an
     CHECK(std::isfinite(j["loss"].get<double>()));
   }
   CHECK(lines == 3);
+}
+
+TEST_CASE("tp2 x cp2 with sequence parallel runs from the command line and samples from the gathered model",
+          "[mpi][tp][cp]") {
+  const TempRun run;
+  const Launch l = mpirun(4, run.train("--set parallel.tp=2 --set parallel.cp=2 --set parallel.sequence_parallel=true "
+                                       "--set checkpoint.every_steps=2 --set logging.sample_every=3 "
+                                       "--set logging.sample_tokens=8"));
+  INFO(l.output);
+  REQUIRE(l.exit_code == 0);
+  CHECK_THAT(l.output, Contains("world 4 = dp 1 x tp 2 x pp 1 x cp 2"));
+  CHECK(count(l.output, "/3 | loss") == 3);
+  CHECK(count(l.output, "step 3, ") == 1);  // the sample, from the weights gathered over tp
+  // The checkpoint holds whole tensors, those of a one-rank run of the same steps.
+  const std::vector<float> master = checkpoint_state(run.dir / "run" / "checkpoints" / "step_00000003", "master");
+  const Launch one = mpirun(1, run.train("--set checkpoint.every_steps=2 --set run.out_dir=" +
+                                         (run.dir / "one").string()));
+  REQUIRE(one.exit_code == 0);
+  const std::vector<float> want = checkpoint_state(run.dir / "one" / "checkpoints" / "step_00000003", "master");
+  REQUIRE(master.size() == want.size());
+  CHECK(rel_diff(master, want) < 1e-5);
 }
 
 TEST_CASE("a checkpoint saved under dp=4/ZeRO-1 resumes under dp=2/ZeRO-3 and dp=1 on the same trajectory",

@@ -10,6 +10,7 @@
 #include <cstdio>
 
 #include "ckpt_test_support.h"
+#include "run_test_support.h"
 #include "core/ckpt/stop_signal.h"
 
 using namespace pt;
@@ -54,55 +55,6 @@ TEST_CASE("a second SIGINT exits at once with status 130", "[ckpt]") {
 
 namespace {
 
-struct Child {
-  pid_t pid = -1;
-  FILE* out = nullptr;  // its stdout
-};
-
-// Starts `picotrain train --config cfg` with stdout on a pipe (stderr to `err_path`).
-Child start_train(const std::string& cfg, const std::vector<std::string>& sets, const std::string& err_path) {
-  int fds[2];
-  REQUIRE(pipe(fds) == 0);
-  std::vector<std::string> args = {PICOTRAIN_BIN, "train", "--config", cfg};
-  for (const auto& s : sets) {
-    args.push_back("--set");
-    args.push_back(s);
-  }
-  const pid_t pid = fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    // One thread: the three runs must agree bit for bit (they would with any fixed count), and
-    // a single thread is not slowed down by a busy machine the way spinning OpenMP teams are.
-    setenv("OMP_NUM_THREADS", "1", 1);
-    dup2(fds[1], STDOUT_FILENO);
-    FILE* err = std::fopen(err_path.c_str(), "w");
-    if (err) dup2(fileno(err), STDERR_FILENO);
-    close(fds[0]);
-    close(fds[1]);
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    execv(PICOTRAIN_BIN, argv.data());
-    _exit(127);
-  }
-  close(fds[1]);
-  return {pid, fdopen(fds[0], "r")};
-}
-
-int wait_exit_code(pid_t pid) {
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
-std::string drain(FILE* f) {
-  std::string text;
-  char buf[4096];
-  while (size_t n = std::fread(buf, 1, sizeof buf, f)) text.append(buf, n);
-  std::fclose(f);
-  return text;
-}
-
 // The "loss" of every record in a metrics.jsonl file, by step.
 std::map<int, double> losses(const std::string& path) {
   std::map<int, double> out;
@@ -135,13 +87,8 @@ TEST_CASE("SIGTERM mid-run: exit 0 with a checkpoint at that step; the resumed r
 
   // Stopped by SIGTERM once the third step is logged.
   Child run = start_train(cfg, {}, err);
-  std::string log;
   int steps_seen = 0;
-  char line[1024];
-  while (steps_seen < 3 && std::fgets(line, sizeof line, run.out)) {
-    log += line;
-    if (std::string(line).rfind("step ", 0) == 0) steps_seen++;
-  }
+  std::string log = read_until_step_lines(run, 3, &steps_seen);
   REQUIRE(steps_seen == 3);
   kill(run.pid, SIGTERM);
   log += drain(run.out);

@@ -118,6 +118,11 @@ TEST_CASE("every rule names its key and the offending value", "[config]") {
       {{"parallel.tp=2", "model.vocab_size=255", "model.pad_vocab_multiple=1"}, 2, {"parallel.tp=2", "model.padded_vocab=255"}},
       {{"parallel.tp=4", "parallel.sequence_parallel=true", "batch.seq_len=66", "batch.global_batch_tokens=0"}, 4,
        {"parallel.tp=4", "batch.seq_len=66", "sequence_parallel"}},
+      // 1 sequence of 16 tokens over cp 4: 4 tokens per rank, not divisible by tp 8 (nor are 4 heads)
+      {{"parallel.tp=8", "parallel.cp=4", "parallel.sequence_parallel=true", "model.n_heads=8",
+        "batch.micro_batch_size=1", "batch.seq_len=16", "batch.global_batch_tokens=0"},
+       32,
+       {"parallel.tp=8 must divide the 4 tokens a context-parallel rank holds", "sequence_parallel"}},
       // context parallel
       {{"parallel.cp=2", "batch.seq_len=66", "batch.global_batch_tokens=0"}, 2, {"batch.seq_len=66", "2*parallel.cp=4"}},
       {{"parallel.cp=4", "parallel.tp=2", "parallel.cp_impl=ulysses"}, 8, {"tp*cp = 2*4 = 8", "model.n_heads=4", "ulysses"}},

@@ -81,28 +81,57 @@ void CheckpointReader::read_chunk(const TensorEntry& t, const Chunk& c, void* ds
 void CheckpointReader::read(const std::string& name, uint64_t begin, uint64_t end, float* out) {
   const TensorEntry& t = tensor(name);
   check(begin <= end && end <= t.numel(), "checkpoint read of " + name + " out of range");
-  // The chunks overlapping the request, by start. Where chunks overlap (a replicated tensor
-  // written by several ranks) each element is read once, from the first chunk that has it.
-  std::vector<const Chunk*> hits;
-  for (const auto& c : t.chunks)
-    if (c.begin < end && c.end > begin) hits.push_back(&c);
-  std::sort(hits.begin(), hits.end(), [](const Chunk* a, const Chunk* b) { return a->begin < b->begin; });
 
-  uint64_t covered = begin;  // elements [begin, covered) are filled
-  std::vector<float> buf;
-  for (const Chunk* c : hits) {
-    if (covered >= end) break;
-    if (c->end <= covered) continue;
-    if (c->begin > covered) break;  // a gap: reported below
-    if (c->begin >= begin && c->end <= end) {
-      read_chunk(t, *c, out + (c->begin - begin));  // wholly inside the request: no copy
-    } else {
-      buf.resize(c->end - c->begin);
-      read_chunk(t, *c, buf.data());
-      const uint64_t lo = std::max(covered, c->begin), hi = std::min(end, c->end);
-      std::memcpy(out + (lo - begin), buf.data() + (lo - c->begin), (hi - lo) * sizeof(float));
+  // The request as covered by the chunks' runs: every run that overlaps [begin, end), clipped
+  // to it. (Chunks of several tensor-parallel ranks interleave, so coverage is a matter of runs,
+  // not of chunk extents.)
+  struct Segment {
+    uint64_t begin, end;  // global elements, inside the request
+    size_t chunk;         // index into t.chunks
+    uint64_t at;          // where `begin` lies in the chunk's data, in elements
+  };
+  std::vector<Segment> segs;
+  for (size_t k = 0; k < t.chunks.size(); k++) {
+    const Chunk& c = t.chunks[k];
+    if (c.begin >= end || c.end <= begin) continue;
+    const uint64_t run = c.run_length(), stride = c.run_stride();
+    // The runs j whose [c.begin + j*stride, + run) overlaps the request.
+    const uint64_t first = begin < c.begin + run ? 0 : (begin - c.begin - run) / stride + 1;
+    const uint64_t last = std::min(c.runs() - 1, (end - 1 - c.begin) / stride);
+    for (uint64_t j = first; j <= last; j++) {
+      const uint64_t lo = c.begin + j * stride, hi = lo + run;
+      if (hi <= begin || lo >= end) continue;  // the request falls between two runs
+      segs.push_back({std::max(lo, begin), std::min(hi, end), k, j * run + (std::max(lo, begin) - lo)});
     }
-    covered = std::min(end, c->end);
+  }
+  // By start, manifest order breaking ties. Where chunks overlap (a replicated tensor written
+  // by several ranks) each element is taken once, from the first segment that has it.
+  std::stable_sort(segs.begin(), segs.end(), [](const Segment& a, const Segment& b) { return a.begin < b.begin; });
+
+  // A chunk is read (and verified) once, when a segment first needs it: a contiguous chunk
+  // wholly inside the request straight into `out`, any other into a buffer kept for its later
+  // runs.
+  std::vector<std::vector<float>> buffers(t.chunks.size());
+  std::vector<char> in_place(t.chunks.size(), 0);
+  uint64_t covered = begin;  // elements [begin, covered) are filled
+  for (const Segment& s : segs) {
+    if (covered >= end) break;
+    if (s.end <= covered) continue;
+    if (s.begin > covered) break;  // a gap: reported below
+    const Chunk& c = t.chunks[s.chunk];
+    std::vector<float>& buf = buffers[s.chunk];
+    if (!in_place[s.chunk] && buf.empty()) {
+      if (!c.strided() && c.begin >= begin && c.end <= end) {
+        read_chunk(t, c, out + (c.begin - begin));
+        in_place[s.chunk] = 1;
+      } else {
+        buf.resize(c.numel());
+        read_chunk(t, c, buf.data());
+      }
+    }
+    if (!in_place[s.chunk])
+      std::memcpy(out + (covered - begin), buf.data() + s.at + (covered - s.begin), (s.end - covered) * sizeof(float));
+    covered = s.end;
   }
   if (covered < end)
     throw CorruptCheckpoint(dir_ + "/" + kManifestFile + ": elements " + std::to_string(covered) +

@@ -56,6 +56,17 @@ void CheckpointWriter::merge_part(const Manifest& part) {
 
 void CheckpointWriter::add_chunk(const std::string& name, const std::vector<int64_t>& shape, const std::string& file,
                                  uint64_t begin, const float* data, size_t n) {
+  add_strided_chunk(name, shape, file, begin, 0, 0, data, n);
+}
+
+void CheckpointWriter::add_strided_chunk(const std::string& name, const std::vector<int64_t>& shape,
+                                         const std::string& file, uint64_t begin, uint64_t run, uint64_t stride,
+                                         const float* data, size_t n) {
+  check(n > 0, "checkpoint chunk of " + name + " is empty");
+  if (run == n) run = 0;  // one run: written as the plain range it is
+  check(run == 0 || (n % run == 0 && stride >= run),
+        "checkpoint chunk of " + name + ": " + std::to_string(n) + " elements are not runs of " +
+            std::to_string(run) + " every " + std::to_string(stride));
   auto& f = files_[file];
   if (!f) f = std::make_unique<FileWriter>((fs::path(tmp_) / file).string());
   TensorEntry* t = nullptr;
@@ -71,7 +82,9 @@ void CheckpointWriter::add_chunk(const std::string& name, const std::vector<int6
   c.offset = f->offset();
   c.bytes = n * sizeof(float);
   c.begin = begin;
-  c.end = begin + n;
+  c.end = run == 0 ? begin + n : begin + (n / run - 1) * stride + run;
+  c.run = run;
+  c.stride = run == 0 ? 0 : stride;
   c.checksum = checksum64(data, c.bytes);
   check(c.end <= t->numel(), "checkpoint chunk of " + name + " runs past the tensor's end");
   f->write(data, c.bytes);

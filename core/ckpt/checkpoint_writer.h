@@ -34,6 +34,11 @@ class CheckpointWriter {
   // shape `shape`, dtype f32) to the data file `file`, as one checksummed chunk.
   void add_chunk(const std::string& name, const std::vector<int64_t>& shape, const std::string& file,
                  uint64_t begin, const float* data, size_t n);
+  // The same for n elements (a multiple of run) that lie in runs of `run` global elements,
+  // `stride` apart, the first at `begin`: one strided chunk (manifest.h). run 0, or a single
+  // run, is a contiguous chunk.
+  void add_strided_chunk(const std::string& name, const std::vector<int64_t>& shape, const std::string& file,
+                         uint64_t begin, uint64_t run, uint64_t stride, const float* data, size_t n);
 
   // Steps 1-3 above with `meta` (its files and tensors are filled in here). Returns step_N's path.
   std::string commit(Manifest meta);

@@ -10,6 +10,7 @@
 #include "core/ckpt/checkpoint_reader.h"
 #include "core/ckpt/checkpoint_writer.h"
 #include "core/ckpt/durable_io.h"
+#include "core/ckpt/tp_chunks.h"
 #include "core/dist/coordination.h"
 #include "core/train/lr_schedule.h"
 
@@ -23,6 +24,8 @@ namespace {
 // (each a range of one parameter at some offset of the shard): one rank under ZeRO-0 holds
 // every parameter whole, a ZeRO rank a flat slice. Saving writes exactly the pieces; loading
 // reads the pieces of the CURRENT layout from whatever chunks the writer's layout produced.
+// Under tensor parallel a parameter is this rank's local piece and a ShardLayout range is a
+// range of that piece: ParamSpec::tp maps it to the global elements the checkpoint stores.
 Tensor shard_of(const std::string& state, const ParamStore& store) {
   if (state == "master") return store.master_shard();
   return state == "adam_m" ? store.adam_m_shard() : store.adam_v_shard();
@@ -48,6 +51,13 @@ void check_shape(const CheckpointReader& r, const std::string& name, const std::
 }  // namespace
 
 Checkpointer::Checkpointer(const RunConfig& cfg, const ParamTable& table) : cfg_(cfg), table_(table) {}
+
+void Checkpointer::set_not_saved(std::vector<bool> not_saved) {
+  check(not_saved.empty() || not_saved.size() == table_.specs().size(),
+        "Checkpointer::set_not_saved: " + std::to_string(not_saved.size()) + " flags for " +
+            std::to_string(table_.specs().size()) + " parameters");
+  not_saved_ = std::move(not_saved);
+}
 
 void Checkpointer::set_ranks(Comm* world, bool writes_shard) {
   world_ = world;
@@ -152,8 +162,8 @@ TrainState Checkpointer::load(const std::string& dir, ParamStore& store, Ops& op
     // Master weights whole (load_master gives the resident params and the shard their parts).
     std::vector<float> host(table_.total_numel());
     for (const auto& p : specs) {
-      check_shape(r, "master/" + p.name, p.shape);
-      r.read_all("master/" + p.name, p.numel, host.data() + p.offset);
+      check_shape(r, "master/" + p.name, p.global_shape);
+      read_local(r, "master/" + p.name, p.tp, 0, p.numel, host.data() + p.offset);
     }
     store.load_master(host.data());
   }
@@ -163,10 +173,11 @@ TrainState Checkpointer::load(const std::string& dir, ParamStore& store, Ops& op
     const Tensor shard = shard_of(state, store);
     std::vector<float> host(shard.numel, 0.0f);  // shard padding stays zero
     if (has_moments) {
-      for (const auto& p : specs) check_shape(r, std::string(state) + "/" + p.name, p.shape);
-      for (const auto& piece : store.layout().my_pieces())
-        r.read(std::string(state) + "/" + specs[piece.param].name, piece.begin, piece.end,
-               host.data() + piece.shard_offset);
+      for (const auto& p : specs) check_shape(r, std::string(state) + "/" + p.name, p.global_shape);
+      for (const auto& piece : store.layout().my_pieces()) {
+        const ParamSpec& p = specs[piece.param];
+        read_local(r, std::string(state) + "/" + p.name, p.tp, piece.begin, piece.end, host.data() + piece.shard_offset);
+      }
     }
     ops.upload(shard, host.data(), DType::f32, shard.numel);
   }
@@ -213,8 +224,10 @@ std::string Checkpointer::save(const TrainState& state, ParamStore& store, Ops& 
       for (const auto& piece : store.layout().my_pieces()) {
         if (!not_saved_.empty() && not_saved_[piece.param]) continue;
         const ParamSpec& p = table_.specs()[piece.param];
-        w.add_chunk(s + "/" + p.name, p.shape, state_file(s, rank), piece.begin, host.data() + piece.shard_offset,
-                    piece.numel());
+        const float* data = host.data() + piece.shard_offset;  // local element piece.begin
+        for (const GlobalSpan& g : global_spans(p.tp, piece.begin, piece.end))
+          w.add_strided_chunk(s + "/" + p.name, p.global_shape, state_file(s, rank), g.global_begin, g.run, g.stride,
+                              data + (g.local_begin - piece.begin), g.numel);
       }
     }
   };

@@ -5,7 +5,9 @@
 //
 // State tensors are named "<state>/<parameter>" (state: master, adam_m, adam_v) and written to
 // one file per state and rank, "<state>_r00000.bin", each parameter as the chunk(s) this rank
-// holds (its ShardLayout pieces: everything on one rank, a flat slice under ZeRO).
+// holds (its ShardLayout pieces: everything on one rank, a flat slice under ZeRO), always in
+// the parameter's GLOBAL coordinates: under tensor parallel a piece of a rank's local tensor
+// becomes the global runs it holds (tp_chunks.h), so any tp reads any other tp's checkpoint.
 //
 // Pipeline parallel: each stage's ranks hold (and save and restore) only that stage's
 // parameters, the table given to the constructor; the tensors of all stages together make one
@@ -48,8 +50,10 @@ class Checkpointer {
   void set_ranks(Comm* world, bool writes_shard);
   // Pipeline parallel: `table` (the constructor's) is this rank's stage's parameters, which it
   // saves and restores; a parameter marked here (indexed like table.specs()) is restored but
-  // left to another stage to save: the LM head's copy of the tied wte, saved by the first stage.
-  void set_not_saved(std::vector<bool> not_saved) { not_saved_ = std::move(not_saved); }
+  // left to another rank to save: the LM head's copy of the tied wte, saved by the first stage,
+  // and under tensor parallel the replicated parameters on tp ranks > 0, saved by tp rank 0.
+  // Replaces earlier marks (a rank with both kinds passes their union).
+  void set_not_saved(std::vector<bool> not_saved);
 
   // Resolves checkpoint.resume. none: nullopt (and a ConfigError when checkpoint.dir already
   // holds committed checkpoints, which a fresh run would prune). auto: the newest committed

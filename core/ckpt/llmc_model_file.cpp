@@ -191,7 +191,7 @@ std::string import_llmc(const std::string& in_file, const std::string& out_dir) 
   meta.config = config_to_json(cfg);
   return write_checkpoint(out_dir, meta, [&](CheckpointWriter& w) {
     for (const auto& p : table.specs())
-      w.add_chunk("master/" + p.name, p.shape, "master_r00000.bin", 0, weights.data() + p.offset, p.numel);
+      w.add_chunk("master/" + p.name, p.global_shape, "master_r00000.bin", 0, weights.data() + p.offset, p.numel);
   });
 }
 

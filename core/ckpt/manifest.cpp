@@ -67,13 +67,15 @@ nlohmann::ordered_json manifest_to_json(const Manifest& m) {
   oj tensors = oj::array();
   for (const auto& t : m.tensors) {
     oj chunks = oj::array();
-    for (const auto& c : t.chunks)
-      chunks.push_back({{"file", c.file},
-                        {"offset", c.offset},
-                        {"bytes", c.bytes},
-                        {"begin", c.begin},
-                        {"end", c.end},
-                        {"checksum", checksum_hex(c.checksum)}});
+    for (const auto& c : t.chunks) {
+      oj chunk = {{"file", c.file}, {"offset", c.offset}, {"bytes", c.bytes}, {"begin", c.begin}, {"end", c.end}};
+      if (c.strided()) {  // only then, so files of contiguous chunks are exactly as before strides
+        chunk["run"] = c.run;
+        chunk["stride"] = c.stride;
+      }
+      chunk["checksum"] = checksum_hex(c.checksum);
+      chunks.push_back(std::move(chunk));
+    }
     tensors.push_back({{"name", t.name}, {"shape", t.shape}, {"dtype", t.dtype}, {"chunks", chunks}});
   }
   j["tensors"] = tensors;
@@ -143,13 +145,26 @@ Manifest manifest_from_json(const std::string& text, const std::string& path) {
       k.begin = get<uint64_t>(c, "begin", path);
       k.end = get<uint64_t>(c, "end", path);
       k.checksum = parse_hex64(get<std::string>(c, "checksum", path), path);
+      if (c.contains("run") || c.contains("stride")) {
+        k.run = get<uint64_t>(c, "run", path);
+        k.stride = get<uint64_t>(c, "stride", path);
+      }
       const auto f = file_size.find(k.file);
       if (f == file_size.end()) throw CorruptCheckpoint(what + ": chunk file " + k.file + " is not in \"files\"");
+      std::string range = "[";  // (appended: GCC 12 warns falsely about "[" + std::string)
+      range += std::to_string(k.begin) + ", " + std::to_string(k.end) + ")";
+      if (c.contains("run") && (k.run == 0 || k.stride < k.run))
+        throw CorruptCheckpoint(what + ": strided chunk " + range + " has run " + std::to_string(k.run) +
+                                " and stride " + std::to_string(k.stride) + " (needs 0 < run <= stride)");
       if (k.begin >= k.end || k.end > e.numel())
-        throw CorruptCheckpoint(what + ": chunk [" + std::to_string(k.begin) + ", " + std::to_string(k.end) +
-                                ") is outside the tensor's " + std::to_string(e.numel()) + " elements");
-      if (k.bytes != (k.end - k.begin) * esize)
-        throw CorruptCheckpoint(what + ": chunk of " + std::to_string(k.end - k.begin) + " elements has " +
+        throw CorruptCheckpoint(what + ": chunk " + range + " is outside the tensor's " + std::to_string(e.numel()) +
+                                " elements");
+      // Checked from the extent (already inside the tensor), so no product below can overflow.
+      if (k.strided() && (k.end - k.begin < k.run || (k.end - k.begin - k.run) % k.stride != 0))
+        throw CorruptCheckpoint(what + ": strided chunk " + range + " is not whole runs of " + std::to_string(k.run) +
+                                " elements every " + std::to_string(k.stride));
+      if (k.bytes != k.numel() * esize)
+        throw CorruptCheckpoint(what + ": chunk of " + std::to_string(k.numel()) + " elements has " +
                                 std::to_string(k.bytes) + " bytes");
       if (k.offset + k.bytes > f->second)
         throw CorruptCheckpoint(what + ": chunk at byte " + std::to_string(k.offset) + " runs past the end of " +

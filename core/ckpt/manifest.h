@@ -1,12 +1,21 @@
 // manifest.json: what a checkpoint directory holds. It is written last, inside the temporary
 // directory, so a checkpoint with a manifest is complete (the rename that follows is the commit).
 //
-// Tensors are described by their GLOBAL shape and a list of chunks, each a flat element range
-// [begin, end) of the row-major flattened global tensor stored at (file, offset, bytes) with its
-// checksum. One rank today writes each tensor whole (one chunk); a ZeRO rank writes the slice
-// of the flat shard it owns, a tensor-parallel rank its rows. A reader assembles whatever range
-// its own layout needs from whichever chunks cover it, so a change of layout needs no change of
+// Tensors are described by their GLOBAL shape and a list of chunks, each a set of elements of
+// the row-major flattened global tensor stored at (file, offset, bytes) with its checksum: a
+// flat range [begin, end), or a STRIDED chunk of equal runs a fixed distance apart. One rank
+// writes each tensor whole (one chunk); a ZeRO rank writes the slice of the flat shard it owns;
+// a tensor-parallel rank its piece, which is rows (one range) or, for a row-parallel matrix,
+// columns: one run per row, so at most a partial first row, one strided chunk of whole rows
+// and a partial last row (core/ckpt/tp_chunks.h). A reader assembles whatever range its own
+// layout needs from whichever chunks cover it, so a change of layout needs no change of
 // format. Everything is little-endian.
+//
+// Strided chunks came with tensor parallelism and left format_version at 1: every file without
+// them reads exactly as before (and is written byte for byte as before), and a reader that
+// predates them cannot misread one. It ignores the unknown "run" and "stride" keys and then
+// rejects the chunk as corrupt, since its bytes are fewer than its extent's whenever it has
+// several runs with stride > run (and otherwise it IS its extent).
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -33,10 +42,22 @@ struct CorruptCheckpoint : RuntimeError {
 struct Chunk {
   std::string file;       // relative to the checkpoint directory
   uint64_t offset = 0;    // byte offset in the file
-  uint64_t bytes = 0;     // = (end - begin) * dtype size
-  uint64_t begin = 0;     // element range of the flattened global tensor
+  uint64_t bytes = 0;     // = numel() * dtype size
+  uint64_t begin = 0;     // the extent [begin, end) in the flattened global tensor
   uint64_t end = 0;
   uint64_t checksum = 0;  // checksum64 of the chunk's bytes
+  // Strided (run > 0): runs() runs of `run` elements, run j holding global elements
+  // [begin + j*stride, begin + j*stride + run), stored one after another; stride >= run and
+  // end = begin + (runs() - 1) * stride + run. run 0: contiguous, every element of the extent.
+  uint64_t run = 0;
+  uint64_t stride = 0;
+
+  bool strided() const { return run != 0; }
+  // A contiguous chunk is one run of its whole extent, so readers need only the strided view.
+  uint64_t run_length() const { return strided() ? run : end - begin; }
+  uint64_t run_stride() const { return strided() ? stride : end - begin; }
+  uint64_t runs() const { return strided() ? (end - begin - run) / stride + 1 : 1; }
+  uint64_t numel() const { return runs() * run_length(); }
 };
 
 struct TensorEntry {
@@ -69,8 +90,8 @@ struct Manifest {
 };
 
 nlohmann::ordered_json manifest_to_json(const Manifest& m);
-// Parses and checks the structure (chunks inside their tensor and file, sizes consistent);
-// throws CorruptCheckpoint naming `path` on anything malformed.
+// Parses and checks the structure (chunks inside their tensor and file, sizes and strides
+// consistent); throws CorruptCheckpoint naming `path` on anything malformed.
 Manifest manifest_from_json(const std::string& text, const std::string& path);
 
 // The keys that fix the model's shape and meaning: a checkpoint loads only into a config whose

@@ -85,6 +85,13 @@ void check_tensor_parallel(const RunConfig& c) {
   if (p.sequence_parallel && c.batch.seq_len % p.tp != 0)
     fail(cat("parallel.tp=", p.tp, " must divide batch.seq_len=", c.batch.seq_len,
              " when parallel.sequence_parallel=true"));
+  // Under context parallel a rank holds seq_len/cp tokens of each sequence; sequence parallel
+  // splits those micro_batch_size * seq_len/cp tokens over tp.
+  if (p.sequence_parallel && p.cp > 1 && c.batch.seq_len % p.cp == 0 &&
+      (int64_t(c.batch.micro_batch_size) * (c.batch.seq_len / p.cp)) % p.tp != 0)
+    fail(cat("parallel.tp=", p.tp, " must divide the ", int64_t(c.batch.micro_batch_size) * (c.batch.seq_len / p.cp),
+             " tokens a context-parallel rank holds per micro-batch (batch.micro_batch_size x batch.seq_len / "
+             "parallel.cp) when parallel.sequence_parallel=true"));
 }
 
 void check_context_parallel(const RunConfig& c) {

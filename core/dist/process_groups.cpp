@@ -4,6 +4,7 @@
 
 #include "core/dist/local_comm.h"
 #include "core/dist/mpi_comm.h"
+#include "core/dist/timed_comm.h"
 
 namespace pt {
 
@@ -25,12 +26,17 @@ ProcessGroups make_process_groups(const Grid& grid, const World& world, Ops& ops
   g.dp_cp = make_group_comm(grid.dp_cp_group(world.rank), world, ops);
   g.shard = make_group_comm(grid.dp_shard_group(world.rank), world, ops);
   g.replicate = make_group_comm(grid.dp_replicate_group(world.rank), world, ops);
+  g.tp = make_group_comm(grid.group(world.rank, Axis::tp), world, ops);
+  g.cp = make_group_comm(grid.group(world.rank, Axis::cp), world, ops);
   const std::vector<int> pipeline = grid.group(world.rank, Axis::pp);
   g.pp = make_group_comm(pipeline, world, ops);
   std::vector<int> embedding = {world.rank};
   if (pipeline.size() > 1 && (world.rank == pipeline.front() || world.rank == pipeline.back()))
     embedding = {pipeline.front(), pipeline.back()};
   g.embedding = make_group_comm(embedding, world, ops);
+  // Every group adds its time and bytes to one CommStats: the run report's communication time.
+  for (std::unique_ptr<Comm>* c : {&g.world, &g.dp_cp, &g.shard, &g.replicate, &g.tp, &g.cp, &g.pp, &g.embedding})
+    *c = std::make_unique<TimedComm>(std::move(*c), g.comm_stats);
   return g;
 }
 

@@ -6,6 +6,7 @@
 
 #include "core/dist/comm.h"
 #include "core/dist/grid.h"
+#include "core/dist/timed_comm.h"
 #include "core/dist/world.h"
 #include "core/ops/ops.h"
 
@@ -17,9 +18,13 @@ struct ProcessGroups {
   std::unique_ptr<Comm> shard;      // ZeRO shards: dp_shard x cp (= dp_cp without HSDP)
   std::unique_ptr<Comm> replicate;  // HSDP replicas of one shard (one rank without HSDP)
   std::unique_ptr<Comm> pp;         // this pipeline's stages, in stage order (Grid::group(rank, pp))
+  std::unique_ptr<Comm> tp;         // tensor parallel: the ranks that split one layer's matrices
+  std::unique_ptr<Comm> cp;         // context parallel: the ranks that split one sequence
   // The tied embedding's two copies: the first and the last stage of this pipeline when pp > 1
   // (rank 0 = first stage); every other rank (and every rank when pp == 1) is a group of one.
   std::unique_ptr<Comm> embedding;
+  // Time, calls and bytes of every call on the groups above (each is a TimedComm over it).
+  std::shared_ptr<CommStats> comm_stats = std::make_shared<CommStats>();
 };
 
 // Collective over the whole world: every rank calls it once, in the same order relative to

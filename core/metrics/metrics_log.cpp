@@ -74,7 +74,9 @@ void MetricsLog::log(const StepMetrics& m) {
                       {"tflops_per_gpu", m.tflops_per_gpu},
                       {"mfu", m.mfu},
                       {"tokens", m.tokens},
-                      {"eta_s", m.eta_s}};
+                      {"eta_s", m.eta_s},
+                      {"data_ms", m.data_ms},
+                      {"comm_ms", m.comm_ms}};
   if (m.val_loss) j["val_loss"] = *m.val_loss;
   if (m.pp_bubble) j["pp_bubble"] = *m.pp_bubble;
   if (m.pp_wait_ms) j["pp_wait_ms"] = *m.pp_wait_ms;

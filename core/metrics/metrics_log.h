@@ -20,6 +20,8 @@ struct StepMetrics {
   double mfu = 0;             // tflops_per_gpu / peak, as a fraction
   uint64_t tokens = 0;        // tokens trained on so far
   double eta_s = 0;           // estimated seconds to the end of the run
+  double data_ms = 0;          // of dt_ms: reading the step's micro-batches (rank 0)
+  double comm_ms = 0;          // of dt_ms: in collectives (rank 0; core/dist/timed_comm.h)
   std::optional<double> val_loss;
   // Pipeline parallel only (pp > 1): the measured bubble, idle over total time of the step's
   // schedule averaged over the pipeline's ranks, and the mean time a rank spent in send/recv.

@@ -1,6 +1,12 @@
 #include "core/model/gpt2_stage.h"
 
-#include <numeric>
+#include <algorithm>
+
+#include "core/dist/local_comm.h"
+#include "core/parallel/cp_attention.h"
+#include "core/parallel/tensor_parallel.h"
+#include "core/parallel/vocab_parallel_ce.h"
+#include "core/parallel/zigzag.h"
 
 namespace pt {
 
@@ -24,14 +30,21 @@ Gpt2Stage::Gpt2Stage(const ModelSection& model, ParamStore& store, Ops& ops, int
     : Gpt2Stage(model, store, ops, B, T, whole_model_layers(model), StageSlots{}, Recompute::none) {}
 
 Gpt2Stage::Gpt2Stage(const ModelSection& model, ParamStore& store, Ops& ops, int B, int T, const StageLayers& layers,
-                     StageSlots slots, Recompute recompute)
-    : m_(model), store_(store), ops_(ops), B_(B), T_(T), layers_(layers), recompute_(recompute) {
+                     StageSlots slots, Recompute recompute, const ModelParallel& mp)
+    : m_(model),
+      d_(StageDims::make(model, B, T, mp.tp_size(), mp.sequence_parallel, mp.cp_size())),
+      store_(store),
+      ops_(ops),
+      layers_(layers),
+      recompute_(recompute),
+      mp_(mp) {
   check(layers.first_layer >= 0 && layers.first_layer < layers.end_layer && layers.end_layer <= model.n_layers,
         "Gpt2Stage: the blocks [" + std::to_string(layers.first_layer) + ", " + std::to_string(layers.end_layer) +
             ") are not a non-empty range of the model's " + std::to_string(model.n_layers));
   check(slots.io >= 1 && slots.activations >= 1, "Gpt2Stage: at least one slot of each kind");
-  const size_t N = static_cast<size_t>(B) * T, C = m_.d_model, NH = m_.n_heads, Vp = m_.padded_vocab;
-  const size_t NC = N * C, lse_n = static_cast<size_t>(B) * NH * T;
+  const StageDims& d = d_;
+  const size_t N = d.N, rows = d.rows, RC = d.rows_c();
+  const size_t AC = size_t(d.N) * d.Cl, FC = size_t(d.N) * d.Fl;  // attention channels, MLP hidden
   const DType act = ops.compute_dtype(), f32 = DType::f32;
   const int L = layers.layers();
 
@@ -39,27 +52,27 @@ Gpt2Stage::Gpt2Stage(const ModelSection& model, ParamStore& store, Ops& ops, int
   const bool none = recompute == Recompute::none, selective = recompute == Recompute::selective;
   io_.resize(static_cast<size_t>(slots.io));
   for (IoSlot& s : io_) {
-    s.input = alloc_act(NC, act);
-    s.dres = alloc_act(NC, act);
+    s.input = alloc_act(RC, act);
+    s.dres = alloc_act(RC, act);
   }
   // The buffers selective recompute rebuilds (LayerNorm outputs and stats, attention output and
   // lse, GELU output), and the matmul inputs only full recompute rebuilds. A slot keeps what its
   // mode does not rebuild; the shared set holds the rest, written again in backward.
   auto alloc_selective_buffers = [&](LayerActs& a) {
-    a.ln1 = alloc_act(NC, act);
-    a.ln1_mean = alloc_act(N, f32);
-    a.ln1_rstd = alloc_act(N, f32);
-    a.atty = alloc_act(NC, act);
-    a.lse = alloc_act(lse_n, f32);
-    a.ln2 = alloc_act(NC, act);
-    a.ln2_mean = alloc_act(N, f32);
-    a.ln2_rstd = alloc_act(N, f32);
-    a.fch_gelu = alloc_act(4 * NC, act);
+    a.ln1 = alloc_act(RC, act);
+    a.ln1_mean = alloc_act(rows, f32);
+    a.ln1_rstd = alloc_act(rows, f32);
+    a.atty = alloc_act(AC, act);
+    a.lse = alloc_act(d.lse(), f32);
+    a.ln2 = alloc_act(RC, act);
+    a.ln2_mean = alloc_act(rows, f32);
+    a.ln2_rstd = alloc_act(rows, f32);
+    a.fch_gelu = alloc_act(FC, act);
   };
   auto alloc_matmul_inputs = [&](LayerActs& a) {
-    a.qkv = alloc_act(3 * NC, act);
-    a.res2 = alloc_act(NC, act);
-    a.fch = alloc_act(4 * NC, act);
+    a.qkv = alloc_act(3 * AC, act);
+    a.res2 = alloc_act(RC, act);
+    a.fch = alloc_act(FC, act);
   };
   acts_.resize(static_cast<size_t>(slots.activations));
   for (ActSlot& s : acts_) {
@@ -69,35 +82,56 @@ Gpt2Stage::Gpt2Stage(const ModelSection& model, ParamStore& store, Ops& ops, int
       LayerActs& a = s.kept[static_cast<size_t>(i)];
       if (none) alloc_selective_buffers(a);
       if (none || selective) alloc_matmul_inputs(a);
-      if (i + 1 < L) a.res3 = alloc_act(NC, act);
+      if (i + 1 < L) a.res3 = alloc_act(RC, act);
     }
   }
   // The shared set: what no slot keeps, and the two projections (read only by their residual add).
   LayerActs& sh = shared_;
-  sh.attproj = alloc_act(NC, act);
-  sh.fcproj = alloc_act(NC, act);
+  sh.attproj = alloc_act(RC, act);
+  sh.fcproj = alloc_act(RC, act);
   if (!none) alloc_selective_buffers(sh);
   if (recompute == Recompute::full) alloc_matmul_inputs(sh);
-  output_ = alloc_act(NC, act);
+  output_ = alloc_act(RC, act);
 
   if (layers.embedding) {
-    pos_ = alloc_act(T, DType::i32);
-    std::vector<int32_t> pos(T);
-    std::iota(pos.begin(), pos.end(), 0);
-    ops.upload(pos_, pos.data(), DType::i32, T);
+    // The global position of each of this rank's tokens (context parallel: its chunks'), for the
+    // B sequences' T tokens (backward) and for each residual row (forward; sequence parallel:
+    // this tp rank's rows only).
+    const CpSplit split(cp_split_kind(mp.cp_impl), T, d.cp);
+    const std::vector<int32_t> pos = split.positions(mp.cp_rank());
+    std::vector<int32_t> row_pos(rows);
+    const size_t first_row = d.sp ? size_t(mp.tp_rank()) * rows : 0;
+    for (size_t r = 0; r < rows; r++) row_pos[r] = pos[(first_row + r) % d.T];
+    pos_ = alloc_act(d.T, DType::i32);
+    ops.upload(pos_, pos.data(), DType::i32, d.T);
+    pos_rows_ = alloc_act(rows, DType::i32);
+    ops.upload(pos_rows_, row_pos.data(), DType::i32, rows);
+    if (d.sp) emb_full_ = alloc_act(N * d.C, act);
   }
   if (layers.head) {
     targets_ = alloc_act(N, DType::i32);
-    lnf_ = alloc_act(NC, act);
-    lnf_mean_ = alloc_act(N, f32);
-    lnf_rstd_ = alloc_act(N, f32);
-    logits_ = alloc_act(N * Vp, act);
+    lnf_ = alloc_act(RC, act);
+    lnf_mean_ = alloc_act(rows, f32);
+    lnf_rstd_ = alloc_act(rows, f32);
+    logits_ = alloc_act(N * d.Vl, act);
     losses_ = alloc_act(N, f32);
   }
-  dbtc_ = alloc_act(NC, act);
-  dqkv_ = alloc_act(3 * NC, act);
-  dfch_ = alloc_act(4 * NC, act);
-  dfch_gelu_ = alloc_act(4 * NC, act);
+  dbtc_ = alloc_act(std::max(RC, AC), act);  // a residual-row gradient, or the attention output's
+  dqkv_ = alloc_act(3 * AC, act);
+  dfch_ = alloc_act(FC, act);
+  dfch_gelu_ = alloc_act(FC, act);
+  if (d.sp) ln_grads_ = alloc_act(2 * size_t(d.C), f32);
+
+  if (mp.tp) {
+    tp_comm_ = mp.tp;
+  } else {
+    own_tp_ = std::make_unique<LocalComm>(0, ops);
+    tp_comm_ = own_tp_.get();
+  }
+  tp_ = std::make_unique<TensorParallel>(ops, *tp_comm_, d.sp);
+  if (d.tp > 1 && layers.head) vocab_ce_ = std::make_unique<VocabParallelCrossEntropy>(ops, *tp_comm_);
+  attention_ = std::make_unique<CpAttention>(ops, mp.cp, mp.cp_impl, d.B, d.T, d.Cl, d.NHl, act);
+  activation_bytes_ += CpAttention::scratch_bytes(mp.cp_impl, d.cp, d.B, d.T, d.Cl, d.NHl, act);
 }
 
 Gpt2Stage::~Gpt2Stage() {
@@ -169,35 +203,75 @@ Tensor Gpt2Stage::block_input(const IoSlot& io, const ActSlot& s, int l) const {
 }
 
 void Gpt2Stage::block_forward(const LayerActs& a, const LayerParams& p, Tensor x, bool to_gelu) {
-  const int B = B_, T = T_, C = m_.d_model, NH = m_.n_heads, N = B * T;
-  const size_t NC = static_cast<size_t>(N) * C;
-  ops_.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1w, p.ln1b, N, C);
-  ops_.matmul_forward(a.qkv, a.ln1, p.qkvw, p.qkvb, N, C, 3 * C);
-  ops_.attention_forward(a.atty, a.lse, a.qkv, B, T, C, NH);
-  ops_.matmul_forward(a.attproj, a.atty, p.projw, p.projb, N, C, C);
-  ops_.add(a.res2, x, a.attproj, NC);
-  ops_.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2w, p.ln2b, N, C);
-  ops_.matmul_forward(a.fch, a.ln2, p.fcw, p.fcb, N, C, 4 * C);
-  ops_.gelu_forward(a.fch_gelu, a.fch, NC * 4);
+  const StageDims& d = d_;
+  const int N = d.N, C = d.C;
+  ops_.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1w, p.ln1b, d.rows, C);
+  tp_->column_forward(a.qkv, a.ln1, p.qkvw, p.qkvb, N, C, 3 * d.Cl);
+  attention_->forward(a.atty, a.lse, a.qkv);
+  tp_->row_forward(a.attproj, a.atty, p.projw, p.projb, N, d.Cl, C);
+  ops_.add(a.res2, x, a.attproj, d.rows_c());
+  ops_.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2w, p.ln2b, d.rows, C);
+  tp_->column_forward(a.fch, a.ln2, p.fcw, p.fcb, N, C, d.Fl);
+  ops_.gelu_forward(a.fch_gelu, a.fch, size_t(N) * d.Fl);
   if (to_gelu) return;  // backward needs nothing after the GELU
-  ops_.matmul_forward(a.fcproj, a.fch_gelu, p.fcprojw, p.fcprojb, N, 4 * C, C);
-  ops_.add(a.res3, a.res2, a.fcproj, NC);
+  tp_->row_forward(a.fcproj, a.fch_gelu, p.fcprojw, p.fcprojb, N, d.Fl, C);
+  ops_.add(a.res3, a.res2, a.fcproj, d.rows_c());
 }
 
 void Gpt2Stage::recompute_block(const LayerActs& a, const LayerParams& p, Tensor x) {
-  const int B = B_, T = T_, C = m_.d_model, NH = m_.n_heads, N = B * T;
+  const StageDims& d = d_;
   switch (recompute_) {
     case Recompute::none: return;
     case Recompute::full: return block_forward(a, p, x, true);
     case Recompute::selective:
       // From the kept qkv, res2 and fch: the LayerNorm outputs, the attention output and its
       // log-sum-exps, the GELU output. Same kernels, same inputs: the same bits as forward's.
-      ops_.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1w, p.ln1b, N, C);
-      ops_.attention_forward(a.atty, a.lse, a.qkv, B, T, C, NH);
-      ops_.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2w, p.ln2b, N, C);
-      ops_.gelu_forward(a.fch_gelu, a.fch, static_cast<size_t>(N) * 4 * C);
+      ops_.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1w, p.ln1b, d.rows, d.C);
+      attention_->forward(a.atty, a.lse, a.qkv);
+      ops_.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2w, p.ln2b, d.rows, d.C);
+      ops_.gelu_forward(a.fch_gelu, a.fch, size_t(d.N) * d.Fl);
       return;
   }
+}
+
+void Gpt2Stage::embed(Tensor out, Tensor tokens) {
+  const StageDims& d = d_;
+  // Each tp rank looks the tokens up in its vocabulary rows (zero for the others); the sum over
+  // tp is the embedding. Under sequence parallel the sum is reduce-scattered to this rank's rows.
+  const Tensor full = d.sp ? emb_full_ : out;
+  ops_.embedding_forward(full, tokens, store_.param("wte"), d.N, d.C, mp_.tp_rank() * d.Vl, d.Vl);
+  if (d.sp)
+    tp_->reduce_scatter_tokens(out, full, d.N, d.C);
+  else if (d.tp > 1)
+    tp_comm_->all_reduce(out);
+  ops_.position_forward(out, store_.param("wpe"), pos_rows_, 1, d.rows, d.C);
+}
+
+void Gpt2Stage::embed_backward(Tensor dres, Tensor tokens) {
+  const StageDims& d = d_;
+  // Every token's gradient (sequence parallel: all-gathered), so that each tp rank gets its
+  // vocabulary rows' gradient and the whole position-embedding gradient without a reduction.
+  Tensor dfull = dres;
+  if (d.sp) {
+    tp_->gather_tokens(emb_full_, dres, d.N, d.C);
+    dfull = emb_full_;
+  }
+  ops_.embedding_backward(store_.grad("wte"), dfull, tokens, d.N, d.C, mp_.tp_rank() * d.Vl, d.Vl);
+  ops_.position_backward(store_.grad("wpe"), dfull, pos_, d.B, d.T, d.C);
+}
+
+void Gpt2Stage::layernorm_backward(Tensor dinp, Tensor dw, Tensor db, Tensor dout, Tensor inp, Tensor w, Tensor mean,
+                                   Tensor rstd) {
+  const StageDims& d = d_;
+  if (!d.sp) return ops_.layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, d.rows, d.C);
+  // This rank's tokens give part of the weight gradients: sum this micro-batch's parts over tp
+  // before adding them (the gradient buffers may hold earlier micro-batches, summed already).
+  const Tensor gw = ln_grads_.slice(0, d.C), gb = ln_grads_.slice(d.C, d.C);
+  ops_.zero(ln_grads_);
+  ops_.layernorm_backward(dinp, gw, gb, dout, inp, w, mean, rstd, d.rows, d.C);
+  tp_comm_->all_reduce(ln_grads_);
+  ops_.add(dw, dw, gw, d.C);
+  ops_.add(db, db, gb, d.C);
 }
 
 double Gpt2Stage::forward(MicroSlot at, const int32_t* tokens, const int32_t* targets, float dloss) {
@@ -206,15 +280,14 @@ double Gpt2Stage::forward(MicroSlot at, const int32_t* tokens, const int32_t* ta
   const IoSlot& in = io_[static_cast<size_t>(at.io)];
   check(!s.backward_due, "Gpt2Stage: activation slot " + std::to_string(at.activations) +
                              " still holds a micro-batch whose backward has not run");
-  const int B = B_, T = T_, C = m_.d_model, N = B * T;
-  const int V = m_.vocab_size, Vp = m_.padded_vocab;
+  const StageDims& d = d_;
+  const int N = d.N, C = d.C;
   const int embeddings = -1, final_norm = m_.n_layers;  // ParamSpec::layer of the non-block layers
 
   if (layers_.embedding) {
     ops_.upload(s.tokens, tokens, DType::i32, N);
     hooks_->acquire_params(embeddings);
-    ops_.embedding_forward(in.input, s.tokens, store_.param("wte"), N, C, 0, Vp);
-    ops_.position_forward(in.input, store_.param("wpe"), pos_, B, T, C);
+    embed(in.input, s.tokens);
     hooks_->release_params(embeddings);
   }
 
@@ -231,21 +304,25 @@ double Gpt2Stage::forward(MicroSlot at, const int32_t* tokens, const int32_t* ta
 
   ops_.upload(targets_, targets, DType::i32, N);
   hooks_->acquire_params(final_norm);
-  ops_.layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, x, store_.param("ln_f.weight"), store_.param("ln_f.bias"), N, C);
-  // LM head tied to the token embedding: logits = lnf @ wte^T over the padded vocabulary.
+  ops_.layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, x, store_.param("ln_f.weight"), store_.param("ln_f.bias"), d.rows,
+                         C);
+  // LM head tied to the token embedding: logits = lnf @ wte^T over this rank's vocabulary rows.
   hooks_->acquire_params(embeddings);
-  ops_.matmul_forward(logits_, lnf_, store_.param("wte"), Tensor{}, N, C, Vp);
-  ops_.softmax_cross_entropy(losses_, logits_, targets_, N, V, Vp, dloss);
+  tp_->column_forward(logits_, lnf_, store_.param("wte"), Tensor{}, N, C, d.Vl);
+  if (vocab_ce_)
+    vocab_ce_->forward_backward(losses_, logits_, targets_, N, m_.vocab_size, d.Vl, dloss);
+  else
+    ops_.softmax_cross_entropy(losses_, logits_, targets_, N, m_.vocab_size, d.Vl, dloss);
   if (s.backward_due) {
     // The head's backward now, while the logits (now their gradient) are at hand: only the
     // gradient of the last block's output is kept for backward(slot).
     hooks_->acquire_grads(embeddings);
     hooks_->acquire_grads(final_norm);
     ops_.zero(dbtc_);
-    ops_.matmul_backward(dbtc_, store_.grad("wte"), Tensor{}, logits_, lnf_, store_.param("wte"), N, C, Vp);
+    tp_->column_backward(dbtc_, store_.grad("wte"), Tensor{}, logits_, lnf_, store_.param("wte"), N, C, d.Vl);
     ops_.zero(in.dres);
-    ops_.layernorm_backward(in.dres, store_.grad("ln_f.weight"), store_.grad("ln_f.bias"), dbtc_, x,
-                            store_.param("ln_f.weight"), lnf_mean_, lnf_rstd_, N, C);
+    layernorm_backward(in.dres, store_.grad("ln_f.weight"), store_.grad("ln_f.bias"), dbtc_, x,
+                       store_.param("ln_f.weight"), lnf_mean_, lnf_rstd_);
   }
   hooks_->release_params(embeddings);
   hooks_->release_params(final_norm);
@@ -263,9 +340,11 @@ void Gpt2Stage::backward(MicroSlot at) {
   const IoSlot& in = io_[static_cast<size_t>(at.io)];
   check(s.backward_due, "Gpt2Stage::backward of activation slot " + std::to_string(at.activations) +
                             " without a training forward pass");
-  const int B = B_, T = T_, C = m_.d_model, NH = m_.n_heads, N = B * T, Vp = m_.padded_vocab;
-  const size_t NC = static_cast<size_t>(N) * C;
+  const StageDims& d = d_;
+  const int N = d.N, C = d.C;
   const int embeddings = -1;
+  const Tensor dln = dbtc_.slice(0, d.rows_c());               // a LayerNorm output's gradient
+  const Tensor datty = dbtc_.slice(0, size_t(N) * d.Cl);       // the attention output's
 
   // in.dres holds d(loss)/d(residual stream) and flows down through every block: each residual
   // add passes it through unchanged, and the branch backward passes accumulate into it.
@@ -280,20 +359,20 @@ void Gpt2Stage::backward(MicroSlot at) {
     recompute_block(a, p, x);
     // MLP branch: res3 = res2 + fcproj(gelu(fc(ln2(res2))))
     ops_.zero(dfch_gelu_);
-    ops_.matmul_backward(dfch_gelu_, g.fcprojw, g.fcprojb, dres, a.fch_gelu, p.fcprojw, N, 4 * C, C);
+    tp_->row_backward(dfch_gelu_, g.fcprojw, g.fcprojb, dres, a.fch_gelu, p.fcprojw, N, d.Fl, C);
     ops_.zero(dfch_);
-    ops_.gelu_backward(dfch_, a.fch, dfch_gelu_, NC * 4);
-    ops_.zero(dbtc_);
-    ops_.matmul_backward(dbtc_, g.fcw, g.fcb, dfch_, a.ln2, p.fcw, N, C, 4 * C);
-    ops_.layernorm_backward(dres, g.ln2w, g.ln2b, dbtc_, a.res2, p.ln2w, a.ln2_mean, a.ln2_rstd, N, C);
+    ops_.gelu_backward(dfch_, a.fch, dfch_gelu_, size_t(N) * d.Fl);
+    ops_.zero(dln);
+    tp_->column_backward(dln, g.fcw, g.fcb, dfch_, a.ln2, p.fcw, N, C, d.Fl);
+    layernorm_backward(dres, g.ln2w, g.ln2b, dln, a.res2, p.ln2w, a.ln2_mean, a.ln2_rstd);
     // Attention branch: res2 = x + proj(attention(qkv(ln1(x))))
-    ops_.zero(dbtc_);
-    ops_.matmul_backward(dbtc_, g.projw, g.projb, dres, a.atty, p.projw, N, C, C);
+    ops_.zero(datty);
+    tp_->row_backward(datty, g.projw, g.projb, dres, a.atty, p.projw, N, d.Cl, C);
     ops_.zero(dqkv_);
-    ops_.attention_backward(dqkv_, dbtc_, a.qkv, a.atty, a.lse, B, T, C, NH);
-    ops_.zero(dbtc_);
-    ops_.matmul_backward(dbtc_, g.qkvw, g.qkvb, dqkv_, a.ln1, p.qkvw, N, C, 3 * C);
-    ops_.layernorm_backward(dres, g.ln1w, g.ln1b, dbtc_, x, p.ln1w, a.ln1_mean, a.ln1_rstd, N, C);
+    attention_->backward(dqkv_, datty, a.qkv, a.atty, a.lse);
+    ops_.zero(dln);
+    tp_->column_backward(dln, g.qkvw, g.qkvb, dqkv_, a.ln1, p.qkvw, N, C, 3 * d.Cl);
+    layernorm_backward(dres, g.ln1w, g.ln1b, dln, x, p.ln1w, a.ln1_mean, a.ln1_rstd);
     hooks_->release_params(l);
     hooks_->grads_ready(l);
   }
@@ -301,8 +380,7 @@ void Gpt2Stage::backward(MicroSlot at) {
   if (layers_.embedding) {
     // The embedding backward reads no parameter values, only the gradient.
     hooks_->acquire_grads(embeddings);
-    ops_.embedding_backward(store_.grad("wte"), dres, s.tokens, N, C, 0, Vp);
-    ops_.position_backward(store_.grad("wpe"), dres, pos_, B, T, C);
+    embed_backward(dres, s.tokens);
     hooks_->grads_ready(embeddings);
   }
   s.backward_due = false;

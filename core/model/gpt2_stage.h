@@ -43,18 +43,43 @@
 //
 // Around each block it calls the LayerHooks (core/model/layer_hooks.h), through which ZeRO
 // gathers parameters and reduces gradients layer by layer.
+//
+// Tensor and context parallelism (ModelParallel, core/model/model_parallel.h) live inside the
+// stage, so one code path runs under every layout; the shapes are StageDims'.
+//  - Tensor parallel (Megatron): the QKV and MLP up-projections are column-parallel, the
+//    attention and MLP output projections row-parallel (core/parallel/tensor_parallel.h); each
+//    rank runs attention on its n_heads/tp heads. The token embedding is vocab-parallel: each
+//    rank looks up the tokens in its rows of wte (zero elsewhere) and the partial embeddings are
+//    summed over tp; the tied LM head is a column-parallel layer over those rows, and the loss
+//    the vocab-parallel cross-entropy (vocab_parallel_ce.h), so no rank holds the full logits.
+//  - Sequence parallel: the residual stream, the LayerNorms and the residual adds hold rows/tp
+//    tokens per rank; the column-parallel layers all-gather their input, the row-parallel ones
+//    reduce-scatter their output (and the reverse in backward). The LayerNorm weights then get a
+//    partial gradient on each rank, summed over tp before it joins the parameter's gradient;
+//    the position embedding's gradient is taken from the all-gathered stream gradient, whole.
+//  - Context parallel: the stage sees T/cp tokens of each sequence (the caller passes this
+//    rank's tokens and targets, core/parallel/zigzag.h) at their global positions, and its
+//    attention runs across the cp group (core/parallel/cp_attention.h). Gradients of every
+//    parameter are partial over cp and summed by the data-parallel reduction over dp x cp.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string_view>
 #include <vector>
 
 #include "core/config/run_config.h"
 #include "core/model/layer_hooks.h"
+#include "core/model/model_parallel.h"
 #include "core/model/param_store.h"
 #include "core/model/pipeline_stages.h"
 #include "core/ops/ops.h"
 
 namespace pt {
+
+class CpAttention;
+class Comm;
+class TensorParallel;
+class VocabParallelCrossEntropy;
 
 enum class Recompute { none, selective, full };
 // "none" | "selective" | "full" (recompute.mode); ConfigError otherwise.
@@ -76,19 +101,24 @@ struct MicroSlot {
 
 class Gpt2Stage {
  public:
-  // The whole model, one micro-batch in flight, no recompute. B x T is the micro-batch shape
-  // every forward/backward uses.
+  // The whole model, one micro-batch in flight, no recompute, one rank. B x T is the
+  // micro-batch shape every forward/backward uses.
   Gpt2Stage(const ModelSection& model, ParamStore& store, Ops& ops, int B, int T);
-  // The chunk `layers` with `slots` micro-batches in flight at most.
+  // The chunk `layers` with `slots` micro-batches in flight at most, over the tensor- and
+  // context-parallel groups `mp` (not owned). T is the whole sequence length; the stage holds
+  // T / cp tokens of each sequence. `store` holds this rank's tensor-parallel pieces
+  // (tensor_parallel_table).
   Gpt2Stage(const ModelSection& model, ParamStore& store, Ops& ops, int B, int T, const StageLayers& layers,
-            StageSlots slots, Recompute recompute);
+            StageSlots slots, Recompute recompute, const ModelParallel& mp = {});
   ~Gpt2Stage();
   Gpt2Stage(const Gpt2Stage&) = delete;
   Gpt2Stage& operator=(const Gpt2Stage&) = delete;
 
-  // Forward of one micro-batch into the slots `at`. tokens (B*T host ids) are read with the
-  // embedding, else input(at.io) must hold the received activation; targets (host, < 0:
-  // ignored) with the head, which returns the SUM of the per-token losses (0 without a head).
+  // Forward of one micro-batch into the slots `at`. tokens (B*T host ids; under context
+  // parallel this rank's B x T/cp) are read with the embedding, else input(at.io) must hold the
+  // received activation; targets (host, the same shape; < 0: ignored) with the head, which
+  // returns the SUM of the per-token losses (0 without a head; under tensor parallel every tp
+  // rank returns the same sum).
   // dloss != 0: training; the loss gradient per token is dloss and backward(at) must follow.
   // dloss == 0: evaluation; nothing is kept and backward(at) must not be called.
   double forward(MicroSlot at, const int32_t* tokens, const int32_t* targets, float dloss);
@@ -112,9 +142,13 @@ class Gpt2Stage {
   // The data-parallel runtime's hooks (not owned; nullptr: everything is resident).
   void set_hooks(LayerHooks* hooks) { hooks_ = hooks ? hooks : &no_hooks_; }
 
-  // Logits of the last forward, [B*T, padded_vocab] (the head; valid when it ran with dloss == 0).
+  // Logits of the last forward, [B*T, padded_vocab / tp] (this rank's vocabulary rows; the
+  // head; valid when it ran with dloss == 0).
   Tensor logits() const { return logits_; }
-  // Bytes of activation memory allocated (every slot, the shared buffers, backward scratch).
+  const StageDims& dims() const { return d_; }
+  // Bytes of activation memory allocated (every slot, the shared buffers, backward scratch, the
+  // context-parallel attention's scratch). The tensor-parallel layers' communication buffers
+  // (at most 3 [B*T, C] activations, grown on first use) are not counted.
   size_t activation_bytes() const { return activation_bytes_; }
   const StageLayers& layers() const { return layers_; }
   StageSlots slots() const { return {static_cast<int>(io_.size()), static_cast<int>(acts_.size())}; }
@@ -145,17 +179,24 @@ class Gpt2Stage {
   Tensor block_input(const IoSlot& io, const ActSlot& s, int l) const;
   // Runs block l's forward from x into a; `to_gelu`: stop after the GELU (full recompute).
   void block_forward(const LayerActs& a, const LayerParams& p, Tensor x, bool to_gelu);
+  // Token + position embedding of this rank's tokens into the residual stream `out`.
+  void embed(Tensor out, Tensor tokens);
+  void embed_backward(Tensor dres, Tensor tokens);
+  // LayerNorm backward over the residual rows; under sequence parallel its weight gradients are
+  // summed over tp first (see the file comment).
+  void layernorm_backward(Tensor dinp, Tensor dw, Tensor db, Tensor dout, Tensor inp, Tensor w, Tensor mean,
+                          Tensor rstd);
   void recompute_block(const LayerActs& a, const LayerParams& p, Tensor x);
   void check_slots(MicroSlot at) const;
   const IoSlot& io(int io_slot) const;
   Tensor alloc_act(size_t n, DType dtype);
 
   ModelSection m_;
+  StageDims d_;
   ParamStore& store_;
   LayerHooks no_hooks_;
   LayerHooks* hooks_ = &no_hooks_;
   Ops& ops_;
-  int B_, T_;
   StageLayers layers_;
   Recompute recompute_;
   size_t activation_bytes_ = 0;
@@ -165,9 +206,19 @@ class Gpt2Stage {
   std::vector<ActSlot> acts_;
   LayerActs shared_;  // everything no slot keeps (and the projections before their residual add)
   Tensor output_;     // the last block's output
-  Tensor pos_, targets_, lnf_, lnf_mean_, lnf_rstd_, logits_, losses_;
+  Tensor pos_, pos_rows_, targets_, lnf_, lnf_mean_, lnf_rstd_, logits_, losses_;
   // backward scratch
   Tensor dbtc_, dqkv_, dfch_, dfch_gelu_;
+  // sequence parallel: every token's embedding (and, in backward, its gradient) before the
+  // reduce-scatter / after the all-gather; a LayerNorm's partial weight gradients
+  Tensor emb_full_, ln_grads_;
+
+  ModelParallel mp_;
+  std::unique_ptr<Comm> own_tp_;  // a group of one when mp.tp is null
+  Comm* tp_comm_ = nullptr;
+  std::unique_ptr<TensorParallel> tp_;
+  std::unique_ptr<CpAttention> attention_;
+  std::unique_ptr<VocabParallelCrossEntropy> vocab_ce_;  // tp > 1
 };
 
 }  // namespace pt

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/config/run_config.h"
+#include "core/model/tp_slice.h"
 
 namespace pt {
 
@@ -27,13 +28,16 @@ enum class Init { normal, zeros, ones };
 
 struct ParamSpec {
   std::string name;
-  std::vector<int64_t> shape;  // global shape
+  std::vector<int64_t> shape;  // the shape this rank holds: the global one unless tensor-parallel
+  std::vector<int64_t> global_shape;  // the whole parameter's (set from shape when left empty)
   Split split = Split::replicated;
+  int split_groups = 1;  // column split: dim 0 is this many blocks split each (3: q | k | v)
+  TpSlice tp;            // where this rank's piece lies in the whole parameter (tp_slice.h)
   int layer = -1;  // -1: embeddings; 0..n_layers-1: a block; n_layers: final LayerNorm
   Init init = Init::zeros;
   double init_std = 0.0;
   bool weight_decay = false;  // matrices (2-D) only
-  int64_t live_rows = -1;     // rows >= live_rows are padding kept at zero (padded vocab); -1: all
+  int64_t live_rows = -1;     // global rows >= live_rows are padding kept at zero (padded vocab); -1: all
   size_t numel = 0;
   size_t offset = 0;  // in the flat parameter arena
 };
@@ -56,8 +60,15 @@ class ParamTable {
 // LayerNorm weights 1, padded vocabulary rows 0.
 ParamTable build_gpt2_param_table(const ModelSection& model);
 
+// Tensor parallel: the same parameters as `full`, each cut to what rank `tp_rank` of `tp`
+// holds (its Split: column, row, vocab, or whole when replicated), with ParamSpec::tp saying
+// where that piece lies in the global parameter. Throws ConfigError naming a parameter whose
+// split dimension tp does not divide. tp == 1 returns `full` unchanged.
+ParamTable tensor_parallel_table(const ParamTable& full, int tp, int tp_rank);
+
 // Fills `arena` (total_numel floats) with the initial values: element i of parameter p is
-// a function of (seed, p.name, i) only.
+// a function of (seed, p.name, global index of i) only, so every layout (pipeline stages,
+// tensor-parallel pieces) starts from the same model.
 void init_params(const ParamTable& table, uint64_t seed, float* arena);
 
 }  // namespace pt

@@ -1,5 +1,6 @@
 #include "core/model/sample_run.h"
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -140,23 +141,33 @@ void print_training_sample(const RunConfig& cfg, int step, bool run_finished, co
                            bool lead, const std::function<std::vector<float>()>& gather_master) {
   const auto& lg = cfg.logging;
   if (lg.sample_every <= 0 || step <= 0 || (!run_finished && step % lg.sample_every != 0)) return;
-  // ZeRO-3 holds no full parameters anywhere: every rank takes part in the gather.
+  // ZeRO-3 holds no full parameters anywhere, tensor parallel only pieces of them: every rank
+  // takes part in the gather.
+  const auto& specs = store.table().specs();
+  const bool pieces = std::any_of(specs.begin(), specs.end(), [](const ParamSpec& p) { return !p.tp.whole(); });
   std::vector<float> gathered;
-  if (!store.layout().params_resident()) gathered = gather_master();
+  if (!store.layout().params_resident() || pieces) gathered = gather_master();
   if (!lead) return;
   const std::shared_ptr<const Tokenizer> tok = training_tokenizer(cfg.model.vocab_size);
   if (!tok) return;
 
-  SampleOptions o;
-  o.max_new_tokens = lg.sample_tokens;
-  o.seed = cfg.run.seed;
-  o.stop_token = end_of_text(*tok);
   const std::unique_ptr<Gpt2Decoder> decoder =
       gathered.empty() ? std::make_unique<Gpt2Decoder>(cfg.model, store, ops)
                        : std::make_unique<Gpt2Decoder>(cfg.model, gathered.data(), ops);
-  const std::vector<int32_t> ids = generate(*decoder, prompt_context(*tok, lg.sample_prompt), o, tok->vocab_size());
-  print_block("step " + std::to_string(step) + ", " + std::to_string(ids.size()) + " tokens (" + describe(o) + "):",
-              lg.sample_prompt + tok->decode(ids));
+  const TrainingSample sample = sample_training_text(cfg, *decoder, *tok);
+  print_block("step " + std::to_string(step) + ", " + std::to_string(sample.tokens) + " tokens (" + sample.settings +
+                  "):",
+              sample.text);
+}
+
+TrainingSample sample_training_text(const RunConfig& cfg, Gpt2Decoder& decoder, const Tokenizer& tok) {
+  const auto& lg = cfg.logging;
+  SampleOptions o;
+  o.max_new_tokens = lg.sample_tokens;
+  o.seed = cfg.run.seed;
+  o.stop_token = end_of_text(tok);
+  const std::vector<int32_t> ids = generate(decoder, prompt_context(tok, lg.sample_prompt), o, tok.vocab_size());
+  return {lg.sample_prompt + tok.decode(ids), ids.size(), describe(o)};
 }
 
 }  // namespace pt

@@ -49,6 +49,18 @@ CheckpointWeights read_checkpoint_weights(const std::string& path);
 // The tokens a prompt is sampled after: the document start (see the file comment) + the prompt.
 std::vector<int32_t> prompt_context(const Tokenizer& tok, std::string_view prompt);
 
+class Gpt2Decoder;
+
+// The training sample (the log's, and the run report's): logging.sample_tokens tokens after
+// logging.sample_prompt from `decoder`'s model, seed run.seed, temperature 0.8, top-k 200,
+// stopping at the tokenizer's end of text.
+struct TrainingSample {
+  std::string text;      // the prompt and its continuation, decoded
+  size_t tokens = 0;     // tokens sampled after the prompt
+  std::string settings;  // "temperature 0.8, top-k 200, seed 1337"
+};
+TrainingSample sample_training_text(const RunConfig& cfg, Gpt2Decoder& decoder, const Tokenizer& tok);
+
 // The trainer's hook, called on every rank after each step (run_finished: after the last one).
 // When logging.sample_every > 0 and `step` is a multiple of it, or the run has finished, the
 // lead rank prints logging.sample_tokens tokens sampled after logging.sample_prompt (seed

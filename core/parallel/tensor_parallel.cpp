@@ -5,7 +5,7 @@
 namespace pt {
 
 TensorParallel::TensorParallel(Ops& ops, Comm& tp, bool sequence_parallel)
-    : ops_(ops), tp_(tp), sp_(sequence_parallel) {}
+    : ops_(ops), tp_(tp), sp_(sequence_parallel && tp.size() > 1) {}
 
 TensorParallel::~TensorParallel() {
   for (Tensor& t : scratch_)
@@ -49,6 +49,8 @@ void TensorParallel::column_forward(Tensor out, Tensor inp, Tensor w, Tensor bia
 
 void TensorParallel::column_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, int N,
                                      int IC, int OC_local) {
+  if (tp_.size() == 1)  // one rank: the plain layer (dinp += as matmul_backward does)
+    return ops_.matmul_backward(dinp, dw, dbias, dout, inp, w, N, IC, OC_local);
   Tensor x = inp;
   if (sp_ && dw) {  // the weight gradient needs every token's input again (not kept from forward)
     x = scratch(kGathered, size_t(N) * IC, inp.dtype);

@@ -4,8 +4,10 @@
 
 namespace pt {
 
-CpSplit::CpSplit(CpSplitKind kind, int T, int cp) : kind_(kind), T_(T), cp_(cp) {
+CpSplit::CpSplit(CpSplitKind kind, int T, int cp)
+    : kind_(cp == 1 ? CpSplitKind::contiguous : kind), T_(T), cp_(cp) {
   check(cp >= 1, "context parallel: cp=" + std::to_string(cp) + " must be at least 1");
+  kind = kind_;
   const int pieces = (kind == CpSplitKind::zigzag ? 2 : 1) * cp;
   check(T > 0 && T % pieces == 0,
         "context parallel: the sequence length " + std::to_string(T) + " must be a positive multiple of " +

@@ -25,6 +25,7 @@ enum class CpSplitKind { zigzag, contiguous };
 class CpSplit {
  public:
   // Throws when T is not a multiple of the chunk count (2*cp for zigzag, cp for contiguous).
+  // With cp == 1 there is nothing to split: the split is contiguous whatever `kind` says.
   CpSplit(CpSplitKind kind, int T, int cp);
 
   CpSplitKind kind() const { return kind_; }

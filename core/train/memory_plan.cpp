@@ -85,38 +85,49 @@ std::string MemoryPlan::describe() const {
   return s;
 }
 
-size_t gpt2_activation_bytes(const ModelSection& m, int B, int T, DType compute, const StageLayers& layers,
+size_t gpt2_activation_bytes(const StageDims& d, CpImpl cp_impl, DType compute, const StageLayers& layers,
                              StageSlots slots, Recompute recompute) {
-  const size_t N = static_cast<size_t>(B) * T, NC = N * m.d_model, Vp = m.padded_vocab;
-  const size_t lse = static_cast<size_t>(B) * m.n_heads * T, L = static_cast<size_t>(layers.layers());
-  // f32 per LayerNorm: mean and rstd (N each); the attention keeps its log-sum-exps.
-  const size_t stats_f32 = 4 * N + lse;
-  // Per block and slot, what the mode keeps (in units of N*C of the compute dtype): none: ln1,
-  // atty, ln2 (1 each), qkv (3), res2 (1), fch and fch_gelu (4 each) = 15, and the LayerNorm
-  // statistics and log-sum-exps in f32; selective: qkv, res2, fch = 8; full: nothing. Every
-  // block but the chunk's last also keeps its output (the next block's input): 1.
-  size_t kept_nc = 0, kept_f32 = 0;
-  if (recompute == Recompute::none) kept_nc = 15, kept_f32 = stats_f32;
-  if (recompute == Recompute::selective) kept_nc = 8;
-  // An activation set also holds the token ids (embedding); an I/O set the input and dres.
-  const size_t per_set_act = L * kept_nc * NC + (L - 1) * NC, per_io_act = 2 * NC;
+  // Element counts of one tensor of each shape: the residual stream (rows x C, 1/tp of the
+  // tokens under sequence parallel), the attention channels (N x C/tp), the MLP hidden (N x 4C/tp).
+  const size_t N = d.N, rows = d.rows, RC = d.rows_c();
+  const size_t AC = N * d.Cl, FC = N * d.Fl, L = static_cast<size_t>(layers.layers());
+  // What selective recompute rebuilds: ln1, ln2 (RC each), atty (AC), the GELU output (FC), and
+  // in f32 the LayerNorms' mean and rstd (rows each) and the attention's log-sum-exps. What
+  // only full recompute rebuilds, the matmul inputs: qkv (3 AC), res2 (RC), fch (FC).
+  const size_t rebuilt = 2 * RC + AC + FC, rebuilt_f32 = 4 * rows + d.lse();
+  const size_t matmul_in = 3 * AC + RC + FC;
+  // Per block and activation set, what the mode keeps; every block but the chunk's last also
+  // keeps its output (the next block's input, RC). An I/O set holds the input and dres.
+  size_t kept = 0, kept_f32 = 0;
+  if (recompute == Recompute::none) kept = rebuilt + matmul_in, kept_f32 = rebuilt_f32;
+  if (recompute == Recompute::selective) kept = matmul_in;
+  const size_t per_set_act = L * kept + (L - 1) * RC, per_io_act = 2 * RC;
   const size_t per_set_f32 = L * kept_f32, per_set_i32 = layers.embedding ? N : 0;
-  // The shared set: the two projections, and what the slots do not keep (selective: ln1, atty,
-  // ln2, fch_gelu = 7 + statistics; full: everything = 15 + statistics), the stage's output,
-  // and the backward scratch (dbtc 1, dqkv 3, dfch and its GELU input 4 each = 12).
-  size_t shared_nc = 2 + 1 + 12, shared_f32 = 0;
-  if (recompute == Recompute::selective) shared_nc += 7, shared_f32 += stats_f32;
-  if (recompute == Recompute::full) shared_nc += 15, shared_f32 += stats_f32;
-  size_t shared_act = shared_nc * NC, shared_i32 = 0;
-  if (layers.embedding) shared_i32 += T;  // positions
+  // The shared set: the two projections and the stage's output (RC each), the backward scratch
+  // (a LayerNorm's or the attention output's gradient, dqkv, dfch and its GELU input), and
+  // what the slots do not keep.
+  size_t shared_act = 3 * RC + std::max(RC, AC) + 3 * AC + 2 * FC, shared_f32 = 0, shared_i32 = 0;
+  if (recompute == Recompute::selective) shared_act += rebuilt, shared_f32 += rebuilt_f32;
+  if (recompute == Recompute::full) shared_act += rebuilt + matmul_in, shared_f32 += rebuilt_f32;
+  if (d.sp) shared_f32 += 2 * static_cast<size_t>(d.C);  // a LayerNorm's partial weight gradients
+  if (layers.embedding) {
+    shared_i32 += d.T + rows;                  // positions: of the T tokens, of each residual row
+    if (d.sp) shared_act += N * d.C;           // every token's embedding before the reduce-scatter
+  }
   if (layers.head) {  // targets; final LayerNorm and its statistics; logits; per-token losses
     shared_i32 += N;
-    shared_act += NC + N * Vp;
-    shared_f32 += 3 * N;
+    shared_act += RC + N * d.Vl;
+    shared_f32 += 2 * rows + N;
   }
   const size_t S = static_cast<size_t>(slots.activations), IO = static_cast<size_t>(slots.io);
   return dtype_size(compute) * (S * per_set_act + IO * per_io_act + shared_act) +
-         sizeof(float) * (S * per_set_f32 + shared_f32) + dtype_size(DType::i32) * (S * per_set_i32 + shared_i32);
+         sizeof(float) * (S * per_set_f32 + shared_f32) + dtype_size(DType::i32) * (S * per_set_i32 + shared_i32) +
+         CpAttention::scratch_bytes(cp_impl, d.cp, d.B, d.T, d.Cl, d.NHl, compute);
+}
+
+size_t gpt2_activation_bytes(const ModelSection& m, int B, int T, DType compute, const StageLayers& layers,
+                             StageSlots slots, Recompute recompute) {
+  return gpt2_activation_bytes(StageDims::make(m, B, T, 1, false, 1), CpImpl::ring, compute, layers, slots, recompute);
 }
 
 size_t gpt2_activation_bytes(const ModelSection& m, int B, int T, DType compute) {

@@ -19,6 +19,7 @@
 
 #include "core/config/run_config.h"
 #include "core/model/gpt2_stage.h"
+#include "core/model/model_parallel.h"
 #include "core/model/pipeline_stages.h"
 #include "core/model/shard_layout.h"
 #include "core/tensor/tensor.h"
@@ -43,8 +44,13 @@ struct MemoryPlan {
 MemoryPlan plan_memory(const ShardLayout& layout, DType compute_dtype, size_t activation_bytes);
 
 // Bytes of the activations (and backward scratch) of a GPT-2 stage running the blocks and ends
-// of `layers` with `slots` B x T micro-batches in flight under `recompute`, from the shapes:
-// the buffers Gpt2Stage allocates (see its header for what each mode keeps).
+// of `layers` with `slots` micro-batches in flight under `recompute`, each of the per-rank shape
+// `dims` (tensor, sequence and context parallel: model_parallel.h), from the shapes: the
+// buffers Gpt2Stage allocates (see its header for what each mode keeps), and the context-
+// parallel attention's scratch (cp_impl).
+size_t gpt2_activation_bytes(const StageDims& dims, CpImpl cp_impl, DType compute_dtype, const StageLayers& layers,
+                             StageSlots slots, Recompute recompute);
+// B x T micro-batches on one rank (no tensor or context parallel).
 size_t gpt2_activation_bytes(const ModelSection& model, int B, int T, DType compute_dtype, const StageLayers& layers,
                              StageSlots slots, Recompute recompute);
 // The whole model, one micro-batch, no recompute.

@@ -23,6 +23,7 @@ OptimizerStats adamw_step(Ops& ops, ParamStore& store, const OptimSection& o, do
   }
   if (shard_group && !store.holds_whole_shard()) shard_group->all_reduce(&sum_sq, 1);
   if (scope.pipeline) scope.pipeline->all_reduce(&sum_sq, 1);
+  if (scope.tensor) scope.tensor->all_reduce(&sum_sq, 1);
   s.grad_norm = std::sqrt(sum_sq);
   if (o.grad_clip > 0 && s.grad_norm > o.grad_clip) s.clip_scale = o.grad_clip / s.grad_norm;
   for (const ShardPiece& piece : store.layout().my_pieces()) {

@@ -20,8 +20,12 @@ struct OptimizerStats {
 // stages (their squared norms are summed over `pipeline`), and parameters held twice whose
 // second copy must not count again (`not_counted`, by index into the store's table: the LM
 // head's copy of the tied wte on the last stage; empty: every parameter counts).
+// The tensor-parallel group (`tensor`) holds the other pieces of split parameters (their squares
+// are summed over it); its replicated parameters are counted on tp rank 0 only (not_counted on
+// the others).
 struct NormScope {
   Comm* pipeline = nullptr;
+  Comm* tensor = nullptr;
   std::vector<bool> not_counted;
 };
 

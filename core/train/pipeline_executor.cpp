@@ -130,14 +130,15 @@ class PipelineExecutor::TiedEmbeddingHooks final : public LayerHooks {
   }
 };
 
-PipelineExecutor::PipelineExecutor(const RunConfig& cfg, int pp_rank, ParamStore& store, Ops& ops)
+PipelineExecutor::PipelineExecutor(const RunConfig& cfg, int pp_rank, ParamStore& store, Ops& ops,
+                                   const ModelParallel& mp)
     : kind_(parse_pipe_schedule(cfg.parallel.pp_schedule)),
       pp_(cfg.parallel.pp),
       v_(cfg.parallel.pp_virtual_stages),
       m_(cfg.batch.grad_accum_steps),
       rank_(pp_rank),
       B_(cfg.batch.micro_batch_size),
-      T_(cfg.batch.seq_len),
+      T_(cfg.batch.seq_len / mp.cp_size()),
       store_(store),
       tied_hooks_(std::make_unique<TiedEmbeddingHooks>()) {
   chunk_layers_ = pipeline_chunks(cfg.model, cfg.parallel, pp_rank);
@@ -145,8 +146,9 @@ PipelineExecutor::PipelineExecutor(const RunConfig& cfg, int pp_rank, ParamStore
   slots_ = pipeline_slots(actions_, v_);
   const Recompute recompute = parse_recompute(cfg.recompute.mode);
   for (int c = 0; c < v_; c++)
-    chunks_.push_back(std::make_unique<Gpt2Stage>(cfg.model, store, ops, B_, T_, chunk_layers_[static_cast<size_t>(c)],
-                                                  slots_[static_cast<size_t>(c)], recompute));
+    chunks_.push_back(std::make_unique<Gpt2Stage>(cfg.model, store, ops, B_, cfg.batch.seq_len,
+                                                  chunk_layers_[static_cast<size_t>(c)], slots_[static_cast<size_t>(c)],
+                                                  recompute, mp));
   // Where GradSync's last micro-step begins: from here on only the last micro-batch computes.
   last_micro_start_ = actions_.size();
   for (size_t i = actions_.size(); i-- > 0;) {

@@ -65,8 +65,10 @@ std::vector<StageSlots> pipeline_slots(const std::vector<PipeAction>& actions, i
 class PipelineExecutor {
  public:
   // Builds (allocates) this rank's chunks of the model on `store`: the schedule, micro-batches
-  // and shapes come from `cfg` (parallel.*, batch.*, recompute.mode). Talks to no other rank.
-  PipelineExecutor(const RunConfig& cfg, int pp_rank, ParamStore& store, Ops& ops);
+  // and shapes come from `cfg` (parallel.*, batch.*, recompute.mode); the chunks run over the
+  // tensor- and context-parallel groups `mp` (the micro-batches are then this rank's
+  // B x seq_len/cp tokens). Talks to no other rank.
+  PipelineExecutor(const RunConfig& cfg, int pp_rank, ParamStore& store, Ops& ops, const ModelParallel& mp = {});
   ~PipelineExecutor();
   PipelineExecutor(const PipelineExecutor&) = delete;
   PipelineExecutor& operator=(const PipelineExecutor&) = delete;
@@ -79,7 +81,8 @@ class PipelineExecutor {
   void set_grad_runtime(LayerHooks* hooks, GradSync* sync);
 
   // One step's schedule. inputs and targets: the step's micro-batches, m * B * T host ids each
-  // (read only by the embedding and head chunks; may be null on other ranks). dloss: the loss
+  // (T = seq_len / cp: this rank's tokens; read only by the embedding and head chunks; may be
+  // null on other ranks). dloss: the loss
   // gradient per token. The gradients are complete (up to GradSync::finish_step) on return.
   PipelineStepStats train_step(const int32_t* inputs, const int32_t* targets, float dloss);
   // Evaluation of one micro-batch through the pipeline (each chunk in turn, no schedule):

@@ -29,4 +29,48 @@ std::vector<float> gather_shards(const ParamStore& store, Tensor shard, Comm& sh
   return out;
 }
 
+std::vector<float> gather_tensor_parallel(const ParamTable& local_table, const std::vector<float>& local, Comm& tp,
+                                          Ops& ops) {
+  const size_t n = local_table.total_numel();
+  check(local.size() == n, "gather_tensor_parallel: " + std::to_string(local.size()) + " values for a table of " +
+                               std::to_string(n));
+  if (tp.size() == 1) return local;
+  // Every tp rank's pieces have the same shapes, so the ranks' arenas are equal blocks.
+  std::vector<float> all(n * tp.size());
+  {
+    Tensor send = ops.alloc(n, DType::f32), recv = ops.alloc(all.size(), DType::f32);
+    ops.upload(send, local.data(), DType::f32, n);
+    tp.all_gather(send, recv);
+    ops.download(all.data(), DType::f32, recv, all.size());
+    ops.release(send);
+    ops.release(recv);
+  }
+  const auto global_numel = [](const ParamSpec& p) {
+    size_t numel = 1;
+    for (int64_t d : p.global_shape) numel *= static_cast<size_t>(d);
+    return numel;
+  };
+  size_t total = 0;
+  for (const ParamSpec& p : local_table.specs()) total += global_numel(p);
+  std::vector<float> out(total);
+  size_t at = 0;  // where the current parameter starts in `out`
+  for (const ParamSpec& p : local_table.specs()) {
+    check(p.tp.whole() || p.tp.parts == tp.size(),
+          "gather_tensor_parallel: " + p.name + " is split " + std::to_string(p.tp.parts) +
+              " ways but the tp group has " + std::to_string(tp.size()) + " ranks");
+    // Replicated: rank 0's copy, the whole parameter (whole() maps local to global unchanged).
+    const int holders = p.tp.whole() ? 1 : tp.size();
+    for (int r = 0; r < holders; r++) {
+      TpSlice slice = p.tp;
+      slice.rank = r;
+      const float* piece = all.data() + r * n + p.offset;
+      slice.for_each_run(0, p.numel, [&](size_t local_i, size_t global_i, size_t count) {
+        std::copy_n(piece + local_i, count, out.data() + at + global_i);
+      });
+    }
+    at += global_numel(p);
+  }
+  return out;
+}
+
 }  // namespace pt

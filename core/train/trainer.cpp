@@ -10,6 +10,7 @@
 #include "core/metrics/flops.h"
 #include "core/metrics/peak_probe.h"
 #include "core/model/sample_run.h"
+#include "core/plan/stage_memory.h"
 #include "core/train/lr_schedule.h"
 #include "core/train/memory_plan.h"
 #include "core/train/optimizer.h"
@@ -39,9 +40,8 @@ Trainer::Trainer(const RunConfig& cfg, const World& world, Ops& ops)
   gather_ = std::make_unique<ParamGather>(*store_, ops, *groups_.shard);
   grad_sync_ = std::make_unique<GradSync>(*store_, ops, *groups_.dp_cp, *groups_.shard, *groups_.replicate);
   hooks_ = std::make_unique<ZeroHooks>(*gather_, *grad_sync_);
-  executor_->connect(*groups_.pp, groups_.embedding.get());
-  executor_->set_grad_runtime(hooks_.get(), grad_sync_.get());
   if (cfg.parallel.pp > 1) norm_scope_.pipeline = groups_.pp.get();
+  if (cfg.parallel.tp > 1) norm_scope_.tensor = groups_.tp.get();
 
   // checkpoint.resume: overwrites the initial weights, step and cursor when it names a
   // checkpoint. Each rank reads the pieces of its own layout, whatever layout wrote them; the
@@ -51,6 +51,15 @@ Trainer::Trainer(const RunConfig& cfg, const World& world, Ops& ops)
       cfg.parallel.zero_stage == 0 ? grid_->dp_cp_group(world.rank) : grid_->dp_replicate_group(world.rank);
   ckpt_->set_ranks(groups_.world.get(), holders.front() == world.rank);
   try {
+    // The model's chunks run over the tensor- and context-parallel groups: built now that they exist.
+    ModelParallel mp;
+    mp.tp = groups_.tp.get();
+    mp.sequence_parallel = cfg.parallel.sequence_parallel;
+    mp.cp = groups_.cp.get();
+    mp.cp_impl = parse_cp_impl(cfg.parallel.cp_impl);
+    executor_ = std::make_unique<PipelineExecutor>(cfg, coord_.pp, *store_, ops, mp);
+    executor_->connect(*groups_.pp, groups_.embedding.get());
+    executor_->set_grad_runtime(hooks_.get(), grad_sync_.get());
     if (const auto st = ckpt_->restore(*store_, ops, train_data_->total_tokens())) {
       step_ = st->step;
       cursor_ = st->cursor;
@@ -73,13 +82,7 @@ void Trainer::setup_local() {
   if (want != "auto" && want != have)
     throw ConfigError("precision.compute_dtype=" + want + " but the " + device_name(ops.device()) +
                       " backend computes in " + have);
-  // Data and pipeline parallel run here (dp with ZeRO and HSDP, pp with every schedule); tensor
-  // and context parallel need the TP/CP stage: refuse them rather than train a wrong model.
   const auto& par = cfg.parallel;
-  if (par.tp > 1 || par.cp > 1)
-    throw ConfigError("parallel.tp=" + std::to_string(par.tp) + ", cp=" + std::to_string(par.cp) +
-                      ": tensor and context parallel do not run in this build yet (tp and cp must be 1; they land "
-                      "with the TP/CP issue; dp and pp run)");
   // The MPI communicators move host memory; device buffers need the NCCL backend.
   if (world_.size > 1 && ops.device() != Device::cpu)
     throw ConfigError(std::string("--device ") + device_name(ops.device()) + " with " + std::to_string(world_.size) +
@@ -94,9 +97,11 @@ void Trainer::setup_local() {
   const std::vector<int> shard_group = grid_->dp_shard_group(world_.rank);
   const int shard_rank = static_cast<int>(std::find(shard_group.begin(), shard_group.end(), world_.rank) - shard_group.begin());
   // Pipeline parallel: this rank holds only its stage's parameters (the whole table when pp == 1),
-  // sharded by ZeRO over the stage's own dp x cp group.
+  // tensor parallel only its tp rank's pieces of them, sharded by ZeRO over the stage's own
+  // dp x cp group.
   const std::vector<StageLayers> chunks = pipeline_chunks(cfg.model, par, coord_.pp);
-  stage_table_ = std::make_unique<ParamTable>(stage_param_table(table_, chunks, cfg.model.n_layers));
+  stage_table_ = std::make_unique<ParamTable>(
+      tensor_parallel_table(stage_param_table(table_, chunks, cfg.model.n_layers), par.tp, coord_.tp));
   const ParamTable& stage_table = *stage_table_;
   const ShardLayout layout(stage_table, par.zero_stage, static_cast<int>(shard_group.size()), shard_rank,
                            bucket_cap_elements(par.grad_bucket_mb));
@@ -106,22 +111,44 @@ void Trainer::setup_local() {
   store_->load_master(host.data());
 
   const int B = cfg.batch.micro_batch_size, T = cfg.batch.seq_len;
-  executor_ = std::make_unique<PipelineExecutor>(cfg, coord_.pp, *store_, ops);
   train_data_ = std::make_unique<DataLoader>(cfg.data.train, cfg.model.vocab_size, B, T);
   if (!cfg.data.val.empty()) val_data_ = std::make_unique<DataLoader>(cfg.data.val, cfg.model.vocab_size, B, T);
-  const size_t step_tokens = static_cast<size_t>(cfg.batch.grad_accum_steps) * B * T;
+  // Context parallel: each rank keeps its part of every sequence it reads (T / cp tokens).
+  cp_split_ = std::make_unique<CpSplit>(cp_split_kind(parse_cp_impl(par.cp_impl)), T, par.cp);
+  const size_t step_tokens = static_cast<size_t>(cfg.batch.grad_accum_steps) * B * (T / par.cp);
   inputs_.resize(step_tokens);
   targets_.resize(step_tokens);
 
-  // The LM head's copy of the tied wte (the last stage, pp > 1) is neither counted in the
-  // gradient norm nor saved: the first stage's copy is, and both copies are equal.
-  std::vector<bool> tied_copy;
-  for (const ParamSpec& p : stage_table.specs()) tied_copy.push_back(is_tied_copy(p, chunks));
+  // Counted in the gradient norm and saved once: the LM head's copy of the tied wte (the last
+  // stage, pp > 1) is not (the first stage's copy is, and both are equal), nor are replicated
+  // parameters on tp ranks other than 0 (every tp rank holds the same values).
+  std::vector<bool> held_elsewhere;
+  for (const ParamSpec& p : stage_table.specs())
+    held_elsewhere.push_back(is_tied_copy(p, chunks) || (coord_.tp > 0 && p.tp.whole()));
   ckpt_ = std::make_unique<ckpt::Checkpointer>(cfg, stage_table);
-  if (std::find(tied_copy.begin(), tied_copy.end(), true) != tied_copy.end()) {
-    norm_scope_.not_counted = tied_copy;
-    ckpt_->set_not_saved(tied_copy);
+  if (std::find(held_elsewhere.begin(), held_elsewhere.end(), true) != held_elsewhere.end()) {
+    norm_scope_.not_counted = held_elsewhere;
+    ckpt_->set_not_saved(held_elsewhere);
   }
+}
+
+void Trainer::read_batch(DataLoader& data, uint64_t cursor, int64_t first_sequence, int micro, int32_t* inputs,
+                         int32_t* targets) {
+  const int B = cfg_.batch.micro_batch_size, T = cfg_.batch.seq_len;
+  const size_t n = static_cast<size_t>(B) * T;
+  if (cfg_.parallel.cp == 1) {
+    data.load(cursor, first_sequence, inputs, targets);
+    if (batch_observer_ && micro >= 0) batch_observer_(micro, inputs, targets, n);
+    return;
+  }
+  global_inputs_.resize(n);
+  global_targets_.resize(n);
+  data.load(cursor, first_sequence, global_inputs_.data(), global_targets_.data());
+  if (batch_observer_ && micro >= 0) batch_observer_(micro, global_inputs_.data(), global_targets_.data(), n);
+  const std::vector<int32_t> in = cp_split_->take(global_inputs_, B, coord_.cp);
+  const std::vector<int32_t> tg = cp_split_->take(global_targets_, B, coord_.cp);
+  std::copy(in.begin(), in.end(), inputs);
+  std::copy(tg.begin(), tg.end(), targets);
 }
 
 Trainer::~Trainer() = default;
@@ -138,15 +165,16 @@ StepResult Trainer::step() {
   const double batch_tokens = static_cast<double>(sequences_per_step()) * T;
   const float dloss = static_cast<float>(1.0 / batch_tokens);
 
-  // The step's micro-batches, read by the stages that need them (the first and the last).
-  const size_t n = static_cast<size_t>(B) * T;
+  // The step's micro-batches, read by the stages that need them (the first and the last): this
+  // rank's T / cp tokens of each sequence.
+  const size_t n = static_cast<size_t>(B) * (T / cfg_.parallel.cp);
+  const auto data_start = Clock::now();  // the report's data wait
   if (executor_->has_embedding() || executor_->has_head())
     for (int micro = 0; micro < accum; micro++) {
       const int64_t first_sequence = (static_cast<int64_t>(micro) * dp + coord_.dp) * B;
-      int32_t *in = inputs_.data() + micro * n, *tg = targets_.data() + micro * n;
-      train_data_->load(cursor_, first_sequence, in, tg);
-      if (batch_observer_) batch_observer_(micro, in, tg, n);
+      read_batch(*train_data_, cursor_, first_sequence, micro, inputs_.data() + micro * n, targets_.data() + micro * n);
     }
+  step_data_s_ = seconds_since(data_start);
   grad_sync_->start_step();
   const PipelineStepStats ps = executor_->train_step(inputs_.data(), targets_.data(), dloss);
   grad_sync_->finish_step();
@@ -175,7 +203,8 @@ StepResult Trainer::step() {
 }
 
 std::vector<float> Trainer::gather_master() {
-  return gather_shards(*store_, store_->master_shard(), *groups_.shard, ops_);
+  const std::vector<float> local = gather_shards(*store_, store_->master_shard(), *groups_.shard, ops_);
+  return gather_tensor_parallel(*stage_table_, local, *groups_.tp, ops_);
 }
 
 double Trainer::evaluate() {
@@ -194,11 +223,11 @@ double Trainer::evaluate() {
   for (int64_t round = 0; round < rounds; round++) {
     const int64_t i = round * dp + coord_.dp;
     const bool counted = i < batches;
-    if (reads) val_data_->load(0, (counted ? i : 0) * B, inputs_.data(), targets_.data());
+    if (reads) read_batch(*val_data_, 0, (counted ? i : 0) * B, -1, inputs_.data(), targets_.data());
     const double loss = executor_->forward_only(inputs_.data(), targets_.data());
     if (!counted || !executor_->has_head()) continue;
     sums[0] += loss;
-    sums[1] += static_cast<double>(batch_tokens);
+    sums[1] += static_cast<double>(batch_tokens) / cfg_.parallel.cp;  // each cp rank holds its part
   }
   groups_.dp_cp->all_reduce(sums, 2);
   if (cfg_.parallel.pp > 1) groups_.pp->all_reduce(sums, 2);
@@ -237,30 +266,12 @@ void Trainer::print_startup() const {
                 100.0 * pipeline_bubble_fraction(kind, par.pp, par.pp_virtual_stages, b.grad_accum_steps));
   }
   // Every rank of a pipeline stage holds the same bytes (shards are padded to equal sizes); the
-  // stages differ, so each gets a line, computed here from the shapes alone.
-  const int shards = store_->layout().shard_count();
-  const size_t bucket_cap = bucket_cap_elements(par.grad_bucket_mb);
-  for (int r = 0; r < par.pp; r++) {
-    const std::vector<StageLayers> chunks = pipeline_chunks(m, par, r);
-    const ParamTable stage = stage_param_table(table_, chunks, m.n_layers);
-    const std::vector<StageSlots> slots =
-        pipeline_slots(pipeline_schedule(parse_pipe_schedule(par.pp_schedule), par.pp, par.pp_virtual_stages,
-                                         b.grad_accum_steps, r),
-                       par.pp_virtual_stages);
-    size_t activations = 0;
-    std::string what;
-    for (size_t c = 0; c < chunks.size(); c++) {
-      activations += gpt2_activation_bytes(m, b.micro_batch_size, b.seq_len, ops_.compute_dtype(), chunks[c],
-                                           slots[c], recompute);
-      what += (c ? "; " : "") + chunks[c].describe() + ", " + std::to_string(slots[c].activations) +
-              " micro-batch(es) in flight";
-    }
-    const MemoryPlan plan =
-        plan_memory(ShardLayout(stage, par.zero_stage, shards, 0, bucket_cap), ops_.compute_dtype(), activations);
-    if (par.pp > 1) std::printf("stage %-4d| %s\n", r, what.c_str());
+  // stages differ, so each gets a line, from the shapes alone (what `picotrain plan` prints).
+  for (const StageMemory& st : plan_stage_memory(cfg_, table_, ops_.compute_dtype())) {
+    if (par.pp > 1) std::printf("stage %-4d| %s\n", st.pp_rank, st.chunks.c_str());
     std::printf("memory    | %s%s, recompute %s\n",
                 world_.size > 1 ? (par.pp > 1 ? "per rank of this stage, " : "per rank (all ranks equal), ") : "",
-                plan.describe().c_str(), to_string(recompute));
+                st.plan.describe().c_str(), to_string(recompute));
   }
   std::printf("data      | train %zu file(s), %llu tokens", train_data_->files().size(),
               static_cast<unsigned long long>(train_data_->total_tokens()));
@@ -281,7 +292,10 @@ void Trainer::print_startup() const {
 std::string Trainer::save_checkpoint() {
   const auto t0 = Clock::now();
   const std::string path = ckpt_->save({step_, cursor_}, *store_, ops_, train_data_->total_tokens());
-  if (world_.rank == 0) std::printf("checkpoint| step %d saved to %s (%.2f s)\n", step_, path.c_str(), seconds_since(t0));
+  const double seconds = seconds_since(t0);
+  time_.checkpoint += seconds;
+  time_.checkpoints++;
+  if (world_.rank == 0) std::printf("checkpoint| step %d saved to %s (%.2f s)\n", step_, path.c_str(), seconds);
   std::fflush(stdout);
   return path;
 }
@@ -306,6 +320,7 @@ bool Trainer::checkpoint_if_due(bool run_finished) {
 }
 
 void Trainer::run() {
+  const auto session_start = Clock::now();  // the report's wall time
   // From here on SIGTERM/SIGINT/SIGUSR1 stop the run after the current step, with a checkpoint
   // (on every rank together: see checkpoint_if_due).
   const ckpt::StopSignals stop_signals;
@@ -356,20 +371,45 @@ void Trainer::run() {
   double timed_seconds = 0;  // steps after the first (which pays for warm-up)
   int timed_steps = 0;
   const auto run_start = Clock::now();
+  // The run report's record of the sessions (a fresh run starts a new one) and its MFU fields.
+  std::optional<SessionLog> sessions;
+  if (lead) {
+    sessions.emplace((std::filesystem::path(cfg_.run.out_dir) / "sessions.jsonl").string(),
+                     cfg_.checkpoint.resume == "none");
+    sessions->start(step_, ckpt_->resumed_from());
+  }
+  RunSummary summary;
+  summary.flops_per_token = flops_tok;
+  summary.flops_formula = flops_formula_description(table_, cfg_.model, lg.flops_formula);
+  summary.peak_tflops = peak;
+  summary.peak_source = peak_source;
+  std::vector<Stall> step_ms;  // this session's step times: the report's stalls
 
   // logging.sample_every: a text sample in the log (core/model/sample_run.h; collective under ZeRO-3).
   auto print_sample = [&](bool finished) {
     // The sampler needs the whole model on one rank; a pipeline stage holds only its layers.
     if (par.pp > 1) return;
+    const auto t0 = Clock::now();
     print_training_sample(cfg_, step_, finished, *store_, ops_, lead, [this] { return gather_master(); });
+    time_.sample += seconds_since(t0);
   };
+  bool stopped = false;
   while (step_ < total) {
-    if (checkpoint_if_due(false)) return;  // for the step just done
+    if ((stopped = checkpoint_if_due(false))) break;  // for the step just done
     if (step_ > first_step) print_sample(false);
+    const double comm_before = groups_.comm_stats->collective_seconds();
     const auto t0 = Clock::now();
     const StepResult r = step();
     ops_.synchronize();
     const double dt = seconds_since(t0);
+    // Where the step's time went (the report): collectives, pipeline waits, data.
+    const double comm = groups_.comm_stats->collective_seconds() - comm_before;
+    time_.steps += dt;
+    time_.comm += comm;
+    time_.bubble += r.pp_wait_ms / 1e3;
+    time_.data += step_data_s_;
+    time_.step_count++;
+    step_ms.push_back({step_, dt * 1e3});
     if (step_ > first_step + 1) {
       timed_seconds += dt;
       timed_steps++;
@@ -392,16 +432,23 @@ void Trainer::run() {
     m.mfu = m.tflops_per_gpu / peak;
     m.tokens = static_cast<uint64_t>(tokens_per_step) * step_;
     m.eta_s = avg_dt * (total - step_);
-    if (do_val) m.val_loss = evaluate();
+    m.data_ms = step_data_s_ * 1e3;
+    m.comm_ms = comm * 1e3;
+    if (do_val) {
+      const auto te = Clock::now();
+      m.val_loss = evaluate();
+      time_.eval += seconds_since(te);
+    }
     if (par.pp > 1) {
       m.pp_bubble = r.pp_bubble;
       m.pp_wait_ms = r.pp_wait_ms;
     }
     if (log) log->log(m);
   }
-  if (checkpoint_if_due(true)) return;
-  print_sample(true);
-  if (lead)
+  if (!stopped && !(stopped = checkpoint_if_due(true))) print_sample(true);
+  time_.wall = seconds_since(session_start);
+  write_session_report(std::move(summary), step_ms, sessions ? &*sessions : nullptr, metrics_path);
+  if (lead && !stopped)
     std::printf("done      | %d steps in %s, metrics in %s\n", step_, format_duration(seconds_since(run_start)).c_str(),
               metrics_path.c_str());
 }

@@ -32,6 +32,9 @@
 #include "core/model/gpt2_stage.h"
 #include "core/model/param_store.h"
 #include "core/model/param_table.h"
+#include "core/parallel/zigzag.h"
+#include "core/report/run_summary.h"
+#include "core/report/session_log.h"
 #include "core/ops/ops.h"
 #include "core/train/grad_sync.h"
 #include "core/train/optimizer.h"
@@ -70,13 +73,15 @@ class Trainer {
   int steps_done() const { return step_; }
   uint64_t cursor() const { return cursor_; }
   ParamStore& params() { return *store_; }
-  // The parameters this rank's pipeline stage holds (the whole model when pp == 1).
+  // The parameters this rank's pipeline stage holds (the whole model when pp == 1), each cut to
+  // this rank's tensor-parallel piece (ParamSpec::shape; global_shape is the whole one).
   const ParamTable& stage_table() const { return *stage_table_; }
   PipelineExecutor& pipeline() { return *executor_; }
   const Grid& grid() const { return *grid_; }
   const ProcessGroups& groups() const { return groups_; }
-  // The fp32 master weights of this rank's stage in stage_table() order (total_numel), gathered
-  // from the ZeRO shards. Collective over the shard group: every rank of it must call it.
+  // The fp32 master weights of this rank's stage in stage_table() order, whole parameters
+  // (global shapes): gathered from the ZeRO shards and the tensor-parallel pieces. Collective
+  // over the shard and tp groups: every rank of them must call it.
   std::vector<float> gather_master();
   // Called with every micro-batch this rank reads (B*T inputs and targets), for tests that
   // check which tokens each DP rank saw.
@@ -92,6 +97,10 @@ class Trainer {
   // stop signal). Returns true when a signal asked the run to stop.
   bool checkpoint_if_due(bool run_finished);
   int64_t sequences_per_step() const;
+  // Reads the B sequences from first_sequence at the cursor and keeps this rank's context-
+  // parallel part of each (B x T/cp); `micro` >= 0: a training micro-batch (for the observer).
+  void read_batch(DataLoader& data, uint64_t cursor, int64_t first_sequence, int micro, int32_t* inputs,
+                  int32_t* targets);
 
   RunConfig cfg_;
   World world_;
@@ -110,9 +119,21 @@ class Trainer {
   std::unique_ptr<ZeroHooks> hooks_;
   NormScope norm_scope_;  // the gradient norm over the pipeline's stages
   BatchObserver batch_observer_;
-  std::vector<int32_t> inputs_, targets_;  // host staging for one step's micro-batches
+  std::vector<int32_t> inputs_, targets_;  // host staging for one step's micro-batches (this rank's tokens)
+  std::vector<int32_t> global_inputs_, global_targets_;  // one whole micro-batch (context parallel)
+  std::unique_ptr<CpSplit> cp_split_;
   int step_ = 0;         // optimizer steps done
   uint64_t cursor_ = 0;  // global token position of the next step's first token
+
+  // The run report (core/report/): this session's time, kept by run(), step()'s data loop and
+  // save_checkpoint(), and the report written when the session ends (trainer_report.cpp).
+  TimeBreakdown time_;
+  double step_data_s_ = 0;  // reading the current step's micro-batches
+  // Collective over the world: averages this session's time over the ranks, counts the nodes,
+  // samples the report's text (pp == 1), then rank 0 ends the session's record in `sessions`
+  // and writes report.json and report.md. `summary` arrives with the MFU fields filled in.
+  void write_session_report(RunSummary summary, const std::vector<Stall>& step_ms, SessionLog* sessions,
+                            const std::string& metrics_path);
 };
 
 }  // namespace pt

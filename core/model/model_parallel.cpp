@@ -1,0 +1,35 @@
+#include "core/model/model_parallel.h"
+
+#include <string>
+
+namespace pt {
+
+StageDims StageDims::make(const ModelSection& m, int B, int seq_len, int tp, bool sp, int cp) {
+  auto need = [](bool ok, const std::string& what) {
+    if (!ok) throw ConfigError(what);
+  };
+  need(tp >= 1 && cp >= 1, "tensor and context parallel degrees must be at least 1");
+  need(seq_len % cp == 0, "parallel.cp=" + std::to_string(cp) + " must divide batch.seq_len=" + std::to_string(seq_len));
+  need(m.n_heads % tp == 0, "parallel.tp=" + std::to_string(tp) + " must divide model.n_heads=" + std::to_string(m.n_heads));
+  need(m.padded_vocab % tp == 0,
+       "parallel.tp=" + std::to_string(tp) + " must divide model.padded_vocab=" + std::to_string(m.padded_vocab));
+  StageDims d;
+  d.B = B;
+  d.T = seq_len / cp;
+  d.N = B * d.T;
+  d.sp = sp && tp > 1;
+  need(!d.sp || d.N % tp == 0, "parallel.sequence_parallel: the " + std::to_string(d.N) +
+                                   " tokens of a micro-batch on one rank (micro_batch_size x seq_len / cp) must "
+                                   "divide by parallel.tp=" + std::to_string(tp));
+  d.rows = d.sp ? d.N / tp : d.N;
+  d.C = m.d_model;
+  d.Cl = m.d_model / tp;
+  d.NHl = m.n_heads / tp;
+  d.Fl = 4 * m.d_model / tp;
+  d.Vl = m.padded_vocab / tp;
+  d.tp = tp;
+  d.cp = cp;
+  return d;
+}
+
+}  // namespace pt

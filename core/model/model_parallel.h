@@ -1,0 +1,55 @@
+// ModelParallel: the tensor- and context-parallel groups a Stage (core/model/gpt2_stage.h) runs
+// over, and StageDims: the per-rank activation shapes they give a stage, shared by the stage's
+// allocation and the memory accounting (core/train/memory_plan.h) so the two cannot disagree.
+//
+// Tensor parallel (tp ranks): heads and the MLP width are split, so the attention channels
+// (q, k, v, the attention output) and the MLP hidden activations are 1/tp per rank; the token
+// embedding and the LM head's logits are split over the (padded) vocabulary. The residual
+// stream between the parallel pairs is replicated, [B*T, C] on every rank — unless sequence
+// parallel is on, which shards it by token ([B*T/tp, C]).
+// Context parallel (cp ranks): every activation is 1/cp per rank along the sequence (T/cp tokens
+// of each of the B sequences; core/parallel/zigzag.h says which).
+#pragma once
+#include <cstddef>
+
+#include "core/config/run_config.h"
+#include "core/dist/comm.h"
+#include "core/parallel/cp_attention.h"
+
+namespace pt {
+
+struct ModelParallel {
+  Comm* tp = nullptr;  // nullptr: no tensor parallel (a group of one)
+  bool sequence_parallel = false;
+  Comm* cp = nullptr;  // nullptr: no context parallel
+  CpImpl cp_impl = CpImpl::ring;
+
+  int tp_size() const { return tp ? tp->size() : 1; }
+  int tp_rank() const { return tp ? tp->rank() : 0; }
+  int cp_size() const { return cp ? cp->size() : 1; }
+  int cp_rank() const { return cp ? cp->rank() : 0; }
+  // Sequence parallel changes nothing with one tp rank.
+  bool sp() const { return sequence_parallel && tp_size() > 1; }
+};
+
+struct StageDims {
+  int B = 0;      // sequences per micro-batch
+  int T = 0;      // tokens of each sequence on this rank: seq_len / cp
+  int N = 0;      // B * T: the tokens every matmul sees
+  int rows = 0;   // tokens of the residual stream on this rank: N / tp under sequence parallel, else N
+  int C = 0;      // d_model
+  int Cl = 0;     // attention channels on this rank: C / tp
+  int NHl = 0;    // heads on this rank: n_heads / tp
+  int Fl = 0;     // MLP hidden width on this rank: 4 C / tp
+  int Vl = 0;     // vocabulary rows on this rank: padded_vocab / tp
+  int tp = 1, cp = 1;
+  bool sp = false;
+
+  size_t lse() const { return static_cast<size_t>(B) * NHl * T; }  // attention log-sum-exps
+  size_t rows_c() const { return static_cast<size_t>(rows) * C; }  // one residual-stream tensor
+  // B sequences of seq_len tokens (the global micro-batch shape) under tp, sp and cp; throws
+  // ConfigError when a dimension does not divide.
+  static StageDims make(const ModelSection& model, int B, int seq_len, int tp, bool sp, int cp);
+};
+
+}  // namespace pt

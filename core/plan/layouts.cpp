@@ -1,0 +1,60 @@
+#include "core/plan/layouts.h"
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/common/error.h"
+
+namespace pt {
+
+std::string LayoutCandidate::name() const {
+  return "dp" + std::to_string(dp) + " tp" + std::to_string(tp) + " pp" + std::to_string(pp) + " cp" +
+         std::to_string(cp);
+}
+
+std::vector<LayoutCandidate> enumerate_layouts(const std::string& config_path, const std::vector<std::string>& overrides,
+                                               int gpus) {
+  if (gpus < 1) throw ConfigError("plan --gpus " + std::to_string(gpus) + " must be >= 1");
+  std::ifstream in(config_path);
+  if (!in) throw ConfigError("cannot read config file " + config_path + ": " + std::strerror(errno));
+  std::stringstream text;
+  text << in.rdbuf();
+  const nlohmann::json j = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) throw ConfigError("config file " + config_path + " is not valid JSON");
+  std::vector<LayoutCandidate> out;
+  for (int tp = 1; tp <= gpus; tp++) {
+    if (gpus % tp) continue;
+    for (int pp = 1; pp <= gpus / tp; pp++) {
+      if ((gpus / tp) % pp) continue;
+      for (int cp = 1; cp <= gpus / tp / pp; cp++) {
+        if ((gpus / tp / pp) % cp) continue;
+        LayoutCandidate c;
+        c.dp = gpus / tp / pp / cp;
+        c.tp = tp;
+        c.pp = pp;
+        c.cp = cp;
+        std::vector<std::string> sets = overrides;
+        for (const auto& [key, value] : {std::pair{"dp", c.dp}, {"tp", tp}, {"pp", pp}, {"cp", cp}})
+          sets.push_back(std::string("parallel.") + key + "=" + std::to_string(value));
+        try {
+          c.cfg = config_from_json(j, sets, gpus);
+        } catch (const ConfigError& e) {
+          c.invalid = e.what();
+        }
+        out.push_back(std::move(c));
+      }
+    }
+  }
+  // When every layout breaks the same rule, the rule is the config's, not the layout's (an
+  // unknown key, a bad value): report it as the error it is.
+  bool same = true;
+  for (const auto& c : out) same = same && !c.valid() && c.invalid == out.front().invalid;
+  if (same) throw ConfigError(out.front().invalid);
+  return out;
+}
+
+}  // namespace pt

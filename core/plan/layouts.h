@@ -1,0 +1,30 @@
+// The layouts a config can run on N GPUs: every (dp, tp, pp, cp) with dp*tp*pp*cp = N, each
+// checked against the config's rules (core/config/config_rules.cpp: tp | n_heads and
+// padded_vocab, pp*virtual stages | n_layers, 2*cp | seq_len, the global batch a multiple of
+// micro_batch_size*seq_len*dp, ...) by resolving the config with those four keys set, exactly as
+// `picotrain train` would on N ranks. Nothing else is assumed about which layouts are good.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "core/config/run_config.h"
+
+namespace pt {
+
+struct LayoutCandidate {
+  int dp = 1, tp = 1, pp = 1, cp = 1;
+  std::string invalid;  // the rule it breaks (the config error), "" when valid
+  RunConfig cfg;        // the resolved config when valid
+  bool valid() const { return invalid.empty(); }
+  std::string name() const;  // "dp4 tp2 pp1 cp1"
+};
+
+// Every divisor combination of `gpus`, ordered by (tp, pp, cp) ascending. config_path and
+// overrides: as for `picotrain train --config FILE --set ...` (the parallel.dp/tp/pp/cp keys are
+// set per layout, after the overrides). A config that is wrong whatever the layout (a missing
+// file, invalid JSON, an unknown key: every layout fails with the same error) throws that
+// ConfigError rather than marking every layout invalid.
+std::vector<LayoutCandidate> enumerate_layouts(const std::string& config_path, const std::vector<std::string>& overrides,
+                                               int gpus);
+
+}  // namespace pt

@@ -1,0 +1,123 @@
+#include "core/plan/plan.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "core/common/error.h"
+#include "core/common/format.h"
+#include "core/metrics/flops.h"
+
+namespace pt {
+
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+// What is too big, largest first, and what would shrink it.
+std::string why_it_does_not_fit(const MemoryPlan& p, int stage, double limit_gib) {
+  struct Part {
+    double bytes;
+    const char* what;
+    const char* remedy;
+  };
+  std::vector<Part> parts = {
+      {double(p.activations), "activations", "recompute.mode=selective or full, or a smaller batch.micro_batch_size"},
+      {double(p.master + p.optimizer), "master weights and Adam moments", "a higher parallel.zero_stage (1 shards them)"},
+      {double(p.grads + p.grads_working), "gradients", "parallel.zero_stage=2 or 3"},
+      {double(p.params + p.params_working), "parameters", "parallel.zero_stage=3, or more tp or pp"},
+  };
+  std::sort(parts.begin(), parts.end(), [](const Part& a, const Part& b) { return a.bytes > b.bytes; });
+  return format("needs %.3g GiB on stage %d > %g GiB; the most is %s (%.3g GiB): try %s", p.total() / kGiB, stage,
+             limit_gib, parts[0].what, parts[0].bytes / kGiB, parts[0].remedy);
+}
+
+}  // namespace
+
+Plan make_plan(const std::string& config_path, const std::vector<std::string>& overrides, int gpus, const Hardware& hw) {
+  if (hw.gpus_per_node < 1) throw ConfigError("plan --gpus-per-node " + std::to_string(hw.gpus_per_node) + " must be >= 1");
+  if (!(hw.gpu_memory_gib > 0 && hw.nvlink_gbps > 0 && hw.network_gbps > 0 && hw.peak_tflops > 0))
+    throw ConfigError("plan: --gpu-memory-gib, --nvlink-gbps, --network-gbps and --peak-tflops must be > 0");
+  if (!(hw.mfu > 0 && hw.mfu <= 1)) throw ConfigError("plan --mfu " + std::to_string(hw.mfu) + " must be in (0, 1]");
+  Plan plan;
+  plan.gpus = gpus;
+  for (LayoutCandidate& c : enumerate_layouts(config_path, overrides, gpus)) {
+    if (!c.valid()) {
+      plan.invalid.push_back(std::move(c));
+      continue;
+    }
+    LayoutPlan lp;
+    const ParamTable model = build_gpt2_param_table(c.cfg.model);
+    lp.memory = plan_stage_memory(c.cfg, model, planned_dtype(c.cfg));
+    for (size_t s = 0; s < lp.memory.size(); s++)
+      if (lp.memory[s].plan.total() > lp.peak().total()) lp.peak_stage = static_cast<int>(s);
+    lp.fits = lp.peak().total() <= hw.gpu_memory_gib * kGiB;
+    if (!lp.fits) lp.why_not = why_it_does_not_fit(lp.peak(), lp.peak_stage, hw.gpu_memory_gib);
+    lp.time = estimate_step_time(c.cfg, model, hw);
+    lp.layout = std::move(c);
+    plan.layouts.push_back(std::move(lp));
+  }
+  std::stable_sort(plan.layouts.begin(), plan.layouts.end(), [](const LayoutPlan& a, const LayoutPlan& b) {
+    if (a.fits != b.fits) return a.fits;
+    if (a.time.tp_crosses_nodes != b.time.tp_crosses_nodes) return !a.time.tp_crosses_nodes;
+    return a.time.step_s < b.time.step_s;
+  });
+  if (!plan.layouts.empty()) plan.example = plan.layouts.front().layout.cfg;
+  return plan;
+}
+
+std::string format_plan(const Plan& plan, const Hardware& hw, const std::string& config_path) {
+  std::string out;
+  const int nodes = (plan.gpus + hw.gpus_per_node - 1) / hw.gpus_per_node;
+  const size_t combos = plan.layouts.size() + plan.invalid.size();
+  if (plan.layouts.empty()) {
+    out += format("plan      | %s on %d GPUs: none of the %zu layouts passes the config rules:\n", config_path.c_str(),
+               plan.gpus, combos);
+  } else {
+    const RunConfig& cfg = plan.example;
+    const ParamTable model = build_gpt2_param_table(cfg.model);
+    const double per_token = flops_per_token(model, cfg.model, cfg.batch.seq_len, cfg.logging.flops_formula);
+    out += format("plan      | %s on %d GPUs, %d per node (%d node%s): %.2fM parameters, %lld tokens per step of %d-token "
+               "sequences, ZeRO-%d, recompute %s, %s\n",
+               config_path.c_str(), plan.gpus, std::min(plan.gpus, hw.gpus_per_node), nodes, nodes == 1 ? "" : "s",
+               model.total_numel() / 1e6, static_cast<long long>(cfg.batch.global_batch_tokens), cfg.batch.seq_len,
+               cfg.parallel.zero_stage, cfg.recompute.mode.c_str(), planned_dtype(cfg) == DType::f32 ? "fp32" : "bf16");
+    out += format("compute   | %s = %.3g FLOPs per token, at %.1f TFLOP/s x MFU %.2f per GPU\n",
+               flops_formula_description(model, cfg.model, cfg.logging.flops_formula).c_str(), per_token,
+               hw.peak_tflops, hw.mfu);
+    out += format("links     | NVLink %.0f GB/s inside a node, network %.0f GB/s between nodes (per GPU, one way); "
+               "communication not overlapped with compute\n",
+               hw.nvlink_gbps, hw.network_gbps);
+    out += format("memory    | %g GiB per GPU, of which picotrain's own buffers (below) must leave room for the CUDA "
+               "context and library workspaces (about 1-2 GiB)\n\n",
+               hw.gpu_memory_gib);
+    const int fitting = static_cast<int>(std::count_if(plan.layouts.begin(), plan.layouts.end(),
+                                                       [](const LayoutPlan& l) { return l.fits; }));
+    out += format("%zu valid layouts of %zu (dp*tp*pp*cp = %d), %d fit; best first. Memory per GPU in GiB on the largest "
+               "stage (opt: master weights + Adam moments; acts: activations); predicted milliseconds per step:\n",
+               plan.layouts.size(), combos, plan.gpus, fitting);
+    out += format("%3s  %-16s %5s | %6s %6s %6s %6s %6s | %8s %6s %6s %8s | %9s %6s | %s\n", "#", "layout", "accum", "params",
+               "grads", "opt", "acts", "total", "compute", "comm", "bubble", "step", "tokens/s", "MFU", "fits; links");
+    int n = 0;
+    for (const LayoutPlan& l : plan.layouts) {
+      const MemoryPlan& p = l.peak();
+      const StepTime& t = l.time;
+      out += format("%3d  %-16s %5d | %6.2f %6.2f %6.2f %6.2f %6.2f | %8.1f %6.1f %6.1f %8.1f | %9.0f %5.1f%% | %s%s%s\n",
+                 ++n, l.layout.name().c_str(), l.layout.cfg.batch.grad_accum_steps, (p.params + p.params_working) / kGiB,
+                 (p.grads + p.grads_working) / kGiB, (p.master + p.optimizer) / kGiB, p.activations / kGiB,
+                 p.total() / kGiB, t.compute_s * 1e3, t.comm_s() * 1e3, t.bubble_s * 1e3, t.step_s * 1e3,
+                 t.tokens_per_s, 100 * t.mfu, l.fits ? "yes" : "NO", t.links.empty() ? "" : "; ", t.links.c_str());
+    }
+    bool header = false;
+    for (const LayoutPlan& l : plan.layouts) {
+      if (l.fits) continue;
+      if (!header) out += "\ndo not fit:\n";
+      header = true;
+      out += "  " + l.layout.name() + ": " + l.why_not + "\n";
+    }
+  }
+  if (!plan.invalid.empty()) out += plan.layouts.empty() ? "" : "\nnot valid (the config rule each breaks):\n";
+  for (const LayoutCandidate& c : plan.invalid) out += "  " + c.name() + ": " + c.invalid + "\n";
+  return out;
+}
+
+}  // namespace pt

@@ -1,0 +1,39 @@
+// `picotrain plan`: without running anything, the layouts a config can use on N GPUs, each with
+// its memory per GPU (core/plan/stage_memory.h, the trainer's own accounting) and a predicted
+// step time (core/plan/step_time.h), best first, and why the others do not fit or are not valid.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "core/plan/layouts.h"
+#include "core/plan/stage_memory.h"
+#include "core/plan/step_time.h"
+
+namespace pt {
+
+struct LayoutPlan {
+  LayoutCandidate layout;
+  std::vector<StageMemory> memory;  // one per pipeline stage
+  int peak_stage = 0;               // the stage that needs the most
+  bool fits = true;                 // the peak stage fits in Hardware::gpu_memory_gib
+  std::string why_not;              // when it does not: what is too big and what would shrink it
+  StepTime time;
+  const MemoryPlan& peak() const { return memory[static_cast<size_t>(peak_stage)].plan; }
+};
+
+struct Plan {
+  int gpus = 0;
+  // The valid layouts, best first: those that fit, then tensor parallel inside a node, then by
+  // predicted step time.
+  std::vector<LayoutPlan> layouts;
+  std::vector<LayoutCandidate> invalid;  // divisor combinations that break a config rule
+  RunConfig example;                      // the first valid layout's config (for the header)
+};
+
+// Throws ConfigError for a bad config or options (see enumerate_layouts).
+Plan make_plan(const std::string& config_path, const std::vector<std::string>& overrides, int gpus, const Hardware& hw);
+
+// The text `picotrain plan` prints.
+std::string format_plan(const Plan& plan, const Hardware& hw, const std::string& config_path);
+
+}  // namespace pt

@@ -1,0 +1,43 @@
+#include "core/plan/stage_memory.h"
+
+#include "core/model/model_parallel.h"
+#include "core/model/pipeline_stages.h"
+#include "core/model/shard_layout.h"
+#include "core/train/pipeline_executor.h"
+#include "core/train/pp_schedule.h"
+
+namespace pt {
+
+std::vector<StageMemory> plan_stage_memory(const RunConfig& cfg, const ParamTable& model, DType compute) {
+  const auto& m = cfg.model;
+  const auto& par = cfg.parallel;
+  const auto& b = cfg.batch;
+  const Recompute recompute = parse_recompute(cfg.recompute.mode);
+  const PipeSchedule kind = parse_pipe_schedule(par.pp_schedule);
+  // ZeRO shards over the dp_shard x cp ranks of one HSDP replica (ShardLayout takes 1 under ZeRO-0).
+  const int shards = par.dp / par.dp_replicate * par.cp;
+  const size_t bucket_cap = bucket_cap_elements(par.grad_bucket_mb);
+  const StageDims dims = StageDims::make(m, b.micro_batch_size, b.seq_len, par.tp, par.sequence_parallel, par.cp);
+  std::vector<StageMemory> out;
+  for (int r = 0; r < par.pp; r++) {
+    const std::vector<StageLayers> chunks = pipeline_chunks(m, par, r);
+    const ParamTable stage = tensor_parallel_table(stage_param_table(model, chunks, m.n_layers), par.tp, 0);
+    const std::vector<StageSlots> slots =
+        pipeline_slots(pipeline_schedule(kind, par.pp, par.pp_virtual_stages, b.grad_accum_steps, r),
+                       par.pp_virtual_stages);
+    StageMemory s;
+    s.pp_rank = r;
+    size_t activations = 0;
+    for (size_t c = 0; c < chunks.size(); c++) {
+      activations +=
+          gpt2_activation_bytes(dims, parse_cp_impl(par.cp_impl), compute, chunks[c], slots[c], recompute);
+      s.chunks += (c ? "; " : "") + chunks[c].describe() + ", " + std::to_string(slots[c].activations) +
+                  " micro-batch(es) in flight";
+    }
+    s.plan = plan_memory(ShardLayout(stage, par.zero_stage, shards, 0, bucket_cap), compute, activations);
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+}  // namespace pt

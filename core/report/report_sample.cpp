@@ -1,0 +1,39 @@
+#include "core/report/report_sample.h"
+
+#include <memory>
+
+#include <nlohmann/json.hpp>
+
+#include "core/model/gpt2_decoder.h"
+#include "core/model/sample_run.h"
+
+namespace pt {
+
+ReportSample sample_for_report(const RunConfig& cfg, const float* weights, Ops& ops) {
+  ReportSample r;
+  const std::string name = tokenizer_for_vocab(cfg.model.vocab_size);
+  if (name.empty()) {
+    r.note = "no sample: model.vocab_size=" + std::to_string(cfg.model.vocab_size) +
+             " is neither the byte tokenizer's (256) nor GPT-2's (50257)";
+    return r;
+  }
+  std::unique_ptr<Tokenizer> tok;
+  try {
+    tok = make_tokenizer(name);
+  } catch (const std::exception& e) {
+    r.note = std::string("no sample: ") + e.what();
+    return r;
+  }
+  Gpt2Decoder decoder(cfg.model, weights, ops);
+  const TrainingSample sample = sample_training_text(cfg, decoder, *tok);
+  // An undertrained model (the byte tokenizer above all) writes bytes that are not UTF-8; the
+  // report is text, so they become U+FFFD (nlohmann's replacing dump does exactly that).
+  r.text = nlohmann::json::parse(
+               nlohmann::json(sample.text).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace))
+               .get<std::string>();
+  r.note = std::to_string(sample.tokens) + " tokens after the prompt \"" + cfg.logging.sample_prompt + "\" (" + name +
+           " tokenizer, " + sample.settings + ")";
+  return r;
+}
+
+}  // namespace pt

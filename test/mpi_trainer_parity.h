@@ -1,0 +1,199 @@
+// The harness of the layout-parity tests (mpi_pipeline.cpp, mpi_model_parallel.cpp): a tiny
+// GPT-2 trained for a few steps under some layout (dp, tp with or without sequence parallel,
+// pp with a schedule, cp ring or Ulysses, ZeRO, recompute) must follow the one-rank run: the loss
+// and gradient norm of every step, the validation loss and the final weights agree within 1e-5
+// relative.
+//
+// The model: 8 blocks (pp4 x 2 virtual stages), d_model 16, 4 heads (tp 4, or tp 2 x cp 2 under
+// Ulysses), vocabulary 96 padded to 128 (under tp 4 the last rank's rows are all padding);
+// 16 sequences of 8 tokens per step (cp 4 ring: 8 chunks of one token).
+#pragma once
+#include <mpi.h>
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/config/run_config.h"
+#include "core/cpu/cpu_ops.h"
+#include "core/train/trainer.h"
+#include "mpi_test_support.h"
+
+namespace pt::test {
+
+constexpr int kSteps = 10, kB = 2, kT = 8, kSequencesPerStep = 16, kVocab = 96;
+
+struct Layout {
+  int pp = 1, dp = 1, tp = 1, cp = 1, v = 1, zero = 0;
+  bool sp = false;
+  std::string cp_impl = "ring";
+  std::string schedule = "1f1b";
+  std::vector<int> pp_layers;
+  std::string recompute = "none";
+  std::string checkpoints;  // checkpoint.dir ("" : unused)
+  std::string resume = "none";
+  int ranks() const { return pp * dp * tp * cp; }
+};
+
+inline RunConfig parity_config(const Layout& l, const std::filesystem::path& dir) {
+  nlohmann::json j = {
+      {"run", {{"name", "parity"}, {"out_dir", (dir / "run").string()}, {"seed", 11}}},
+      {"model", {{"n_layers", 8}, {"d_model", 16}, {"n_heads", 4}, {"vocab_size", kVocab}, {"pad_vocab_multiple", 64},
+                 {"max_seq_len", 16}}},
+      {"parallel", {{"pp", l.pp}, {"dp", l.dp}, {"tp", l.tp}, {"cp", l.cp}, {"sequence_parallel", l.sp},
+                    {"cp_impl", l.cp_impl}, {"pp_schedule", l.schedule}, {"pp_virtual_stages", l.v},
+                    {"pp_layers", l.pp_layers}, {"zero_stage", l.zero}, {"grad_bucket_mb", 0.002}}},
+      {"recompute", {{"mode", l.recompute}}},
+      {"batch", {{"micro_batch_size", kB}, {"seq_len", kT}, {"global_batch_tokens", kSequencesPerStep * kT}}},
+      {"optim", {{"lr", 1e-2}, {"grad_clip", 0.5}}},  // clipping is active on these steps
+      {"schedule", {{"total_steps", kSteps}, {"warmup_steps", 2}}},
+      {"data", {{"train", (dir / "p_train_*.bin").string()}, {"val", (dir / "p_val_*.bin").string()},
+                {"val_tokens", 3 * kB * kT}}},
+      {"checkpoint", {{"dir", l.checkpoints.empty() ? (dir / "unused").string() : l.checkpoints},
+                      {"resume", l.resume}}},
+  };
+  return config_from_json(j, {}, l.ranks());
+}
+
+struct RunResult {
+  std::vector<StepResult> steps;
+  std::map<std::string, std::vector<float>> weights;  // this rank's stage's fp32 master weights, whole
+  double val_loss = 0;
+  int first_step = 0;  // > 0 when resumed
+};
+
+inline RunResult collect(Trainer& t, int steps, bool evaluate = true) {
+  RunResult r;
+  r.first_step = t.steps_done();
+  for (int s = 0; s < steps; s++) r.steps.push_back(t.step());
+  // gather_master: whole parameters (global shapes) in stage_table() order.
+  const std::vector<float> w = t.gather_master();
+  size_t at = 0;
+  for (const auto& p : t.stage_table().specs()) {
+    size_t n = 1;
+    for (int64_t d : p.global_shape) n *= static_cast<size_t>(d);
+    REQUIRE(at + n <= w.size());
+    r.weights[p.name].assign(w.begin() + at, w.begin() + at + n);
+    at += n;
+  }
+  CHECK(at == w.size());
+  if (evaluate) r.val_loss = t.evaluate();
+  return r;
+}
+
+inline RunResult train(const Layout& l, const World& world, const std::filesystem::path& dir, int steps = kSteps) {
+  CpuOps ops;
+  Trainer t(parity_config(l, dir), world, ops);
+  return collect(t, steps);
+}
+
+// Losses and norms of the steps `got` ran; once it has reached the reference's last step, also
+// the final weights and (when it evaluated) the validation loss.
+inline void check_parity(const RunResult& got, const RunResult& want, bool check_val = true) {
+  for (size_t s = 0; s < got.steps.size(); s++) {
+    const size_t ref = got.first_step + s;
+    INFO("step " << ref + 1);
+    REQUIRE(ref < want.steps.size());
+    CHECK(got.steps[s].loss == Approx(want.steps[ref].loss).epsilon(1e-5));
+    CHECK(got.steps[s].grad_norm == Approx(want.steps[ref].grad_norm).epsilon(1e-5));
+    CHECK(got.steps[s].lr == want.steps[ref].lr);
+  }
+  if (got.first_step + got.steps.size() != want.steps.size()) return;
+  double num = 0, den = 0;
+  for (const auto& [name, w] : got.weights) {
+    const std::vector<float>& ref = want.weights.at(name);
+    REQUIRE(ref.size() == w.size());
+    for (size_t i = 0; i < w.size(); i++) {
+      num += (double(w[i]) - ref[i]) * (double(w[i]) - ref[i]);
+      den += double(ref[i]) * ref[i];
+    }
+  }
+  CHECK(!got.weights.empty());
+  CHECK(std::sqrt(num / den) < 1e-5);
+  if (check_val) CHECK(got.val_loss == Approx(want.val_loss).epsilon(1e-5));
+}
+
+// The tied embedding's two copies, on the first and the last stage of each pipeline, are equal
+// bit for bit (their gradients are summed between the two ranks every step).
+inline void check_tied_copies(const RunResult& r, const Layout& l, const World& world) {
+  const int per_stage = l.tp * l.cp * l.dp;  // order tp-cp-dp-pp: pp varies slowest
+  const int pp_coord = world.rank / per_stage;
+  const bool first = pp_coord == 0, last = pp_coord == l.pp - 1;
+  if (l.pp == 1 || (!first && !last)) return;
+  const int peer = first ? world.rank + (l.pp - 1) * per_stage : world.rank - (l.pp - 1) * per_stage;
+  std::vector<float> mine = r.weights.at("wte"), theirs(mine.size());
+  MPI_Sendrecv(mine.data(), static_cast<int>(mine.size()), MPI_FLOAT, peer, 7, theirs.data(),
+               static_cast<int>(theirs.size()), MPI_FLOAT, peer, 7, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+  CHECK(mine == theirs);
+}
+
+// Activation recompute (selective, full) changes no bit of `l`'s run of `steps` steps.
+inline void check_recompute_is_bitwise(Layout l, const World& world, const std::filesystem::path& dir, int steps) {
+  l.recompute = "none";
+  const RunResult none = train(l, world, dir, steps);
+  for (const char* mode : {"selective", "full"}) {
+    INFO("recompute " << mode);
+    l.recompute = mode;
+    const RunResult r = train(l, world, dir, steps);
+    for (size_t s = 0; s < r.steps.size(); s++) {
+      CHECK(r.steps[s].loss == none.steps[s].loss);
+      CHECK(r.steps[s].grad_norm == none.steps[s].grad_norm);
+    }
+    CHECK(r.weights == none.weights);
+  }
+}
+
+// Checkpoints reshard both ways between `l` (the whole world) and one rank, on the reference
+// trajectory: `l` saves at step 5 and rank 0 alone resumes it to the end; rank 0 alone saves at
+// step 5 and `l` resumes it. Checkpoint directories are made under `dir`, named after `name`.
+inline void check_reshard_with_one_rank(const Layout& l, const World& world, const std::filesystem::path& dir,
+                                        const std::string& name, const RunResult& reference) {
+  {
+    Layout saver = l;
+    saver.checkpoints = (dir / (name + "_to_1")).string();
+    std::string saved;
+    {
+      CpuOps ops;
+      Trainer t(parity_config(saver, dir), world, ops);
+      check_parity(collect(t, 5, false), reference, false);
+      saved = t.save_checkpoint();
+    }
+    if (world.rank == 0) {
+      Layout one;
+      one.checkpoints = (dir / (name + "_to_1_resumed")).string();
+      one.resume = saved;
+      CpuOps ops;
+      Trainer t(parity_config(one, dir), World{}, ops);
+      REQUIRE(t.steps_done() == 5);
+      check_parity(collect(t, kSteps - 5), reference);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+  char path[512] = {};
+  if (world.rank == 0) {
+    Layout one;
+    one.checkpoints = (dir / ("1_to_" + name)).string();
+    CpuOps ops;
+    Trainer t(parity_config(one, dir), World{}, ops);
+    for (int s = 0; s < 5; s++) t.step();
+    std::snprintf(path, sizeof path, "%s", t.save_checkpoint().c_str());
+  }
+  MPI_Bcast(path, sizeof path, MPI_CHAR, 0, MPI_COMM_WORLD);
+  Layout resumer = l;
+  resumer.checkpoints = (dir / ("1_to_" + name + "_resumed")).string();
+  resumer.resume = path;
+  CpuOps ops;
+  Trainer t(parity_config(resumer, dir), world, ops);
+  REQUIRE(t.steps_done() == 5);
+  const RunResult r = collect(t, kSteps - 5);
+  check_parity(r, reference);
+  check_tied_copies(r, resumer, world);
+}
+
+}  // namespace pt::test

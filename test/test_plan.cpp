@@ -1,0 +1,238 @@
+// picotrain plan: its layouts are exactly the divisor combinations the config rules accept
+// (against a brute-force enumeration), its memory figures are the ones the trainer prints for
+// the same layout (one rank, dp2 ZeRO-1 and pp2 under mpirun), its step time follows its model,
+// and the command line says what it does.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/common/error.h"
+#include "core/data/shard.h"
+#include "core/metrics/flops.h"
+#include "core/plan/plan.h"
+#include "core/train/pp_bubble.h"
+#include "run_test_support.h"
+
+using namespace pt;
+using namespace pt::test;
+using Catch::Matchers::Contains;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A config file in a temporary directory: 4 layers, 4 heads, a 256-token vocabulary padded to
+// 384 (divisible by 1, 2, 3, 4, 6 and 8 ranks), sequences of 48 tokens, 96 sequences per step.
+struct TempConfig {
+  fs::path dir;
+  std::string path;
+  explicit TempConfig(const std::string& tag) {
+    dir = fs::temp_directory_path() / ("picotrain_plan_" + tag + "_" + std::to_string(::getpid()));
+    fs::create_directories(dir);
+    std::vector<uint16_t> tokens(20000);
+    for (size_t i = 0; i < tokens.size(); i++) tokens[i] = static_cast<uint16_t>((i * 31) % 256);
+    write_shard((dir / "p_train_000000.bin").string(), tokens);
+    nlohmann::json j = {
+        {"run", {{"name", "plan"}, {"out_dir", (dir / "run").string()}}},
+        {"model", {{"n_layers", 4}, {"d_model", 48}, {"n_heads", 4}, {"vocab_size", 256}, {"pad_vocab_multiple", 384},
+                   {"max_seq_len", 48}}},
+        {"batch", {{"micro_batch_size", 2}, {"seq_len", 48}, {"global_batch_tokens", 96 * 48}}},
+        {"schedule", {{"total_steps", 1}}},
+        {"precision", {{"compute_dtype", "fp32"}}},
+        {"data", {{"train", (dir / "p_train_*.bin").string()}}},
+        {"logging", {{"peak_tflops", 1.0}}},
+    };
+    path = (dir / "cfg.json").string();
+    std::ofstream(path) << j.dump();
+  }
+  ~TempConfig() { fs::remove_all(dir); }
+};
+
+std::string name(int dp, int tp, int pp, int cp) {
+  return "dp" + std::to_string(dp) + " tp" + std::to_string(tp) + " pp" + std::to_string(pp) + " cp" +
+         std::to_string(cp);
+}
+
+const LayoutPlan& find_layout(const Plan& plan, const std::string& layout) {
+  for (const auto& l : plan.layouts)
+    if (l.layout.name() == layout) return l;
+  FAIL("no layout " << layout);
+  throw;
+}
+
+// The trainer's `memory    |` lines, in stage order.
+std::vector<std::string> memory_lines(const std::string& log) {
+  std::vector<std::string> out;
+  std::istringstream in(log);
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("memory    |", 0) == 0) out.push_back(line);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("plan lists exactly the divisor combinations that pass the config rules", "[plan]") {
+  const TempConfig cfg("enum");
+  std::ifstream in(cfg.path);
+  const nlohmann::json j = nlohmann::json::parse(in);
+  for (const std::vector<std::string>& sets :
+       {std::vector<std::string>{}, {"parallel.sequence_parallel=true", "parallel.cp_impl=ulysses"},
+        {"parallel.pp_schedule=interleaved", "parallel.pp_virtual_stages=2"}}) {
+    for (int gpus : {1, 2, 4, 6, 8, 12, 16}) {
+      // Brute force: every (dp, tp, pp, cp) in [1, gpus]^4 whose product is gpus, resolved as
+      // `picotrain train` would on that many ranks.
+      std::set<std::string> valid, invalid;
+      for (int dp = 1; dp <= gpus; dp++)
+        for (int tp = 1; tp <= gpus; tp++)
+          for (int pp = 1; pp <= gpus; pp++)
+            for (int cp = 1; cp <= gpus; cp++) {
+              if (dp * tp * pp * cp != gpus) continue;
+              std::vector<std::string> s = sets;
+              for (const auto& [k, v] : {std::pair{"dp", dp}, {"tp", tp}, {"pp", pp}, {"cp", cp}})
+                s.push_back(std::string("parallel.") + k + "=" + std::to_string(v));
+              try {
+                config_from_json(j, s, gpus);
+                valid.insert(name(dp, tp, pp, cp));
+              } catch (const ConfigError&) {
+                invalid.insert(name(dp, tp, pp, cp));
+              }
+            }
+      INFO(gpus << " GPUs, " << sets.size() << " overrides");
+      if (valid.empty()) {
+        CHECK_THROWS_AS(make_plan(cfg.path, sets, gpus, Hardware{}), ConfigError);
+        continue;
+      }
+      const Plan plan = make_plan(cfg.path, sets, gpus, Hardware{});
+      std::set<std::string> listed, refused;
+      for (const auto& l : plan.layouts) CHECK(listed.insert(l.layout.name()).second);
+      for (const auto& c : plan.invalid) CHECK(refused.insert(c.name()).second);
+      CHECK(listed == valid);
+      CHECK(refused == invalid);
+    }
+  }
+}
+
+TEST_CASE("plan's memory per GPU is the trainer's start-up account (one rank)", "[plan]") {
+  const TempConfig cfg("mem1");
+  const std::vector<std::string> sets = {"parallel.zero_stage=0", "recompute.mode=selective"};
+  const Plan plan = make_plan(cfg.path, sets, 1, Hardware{});
+  const Launch l = run_command(std::string(PICOTRAIN_BIN) + " train --config " + cfg.path +
+                               " --set parallel.zero_stage=0 --set recompute.mode=selective");
+  INFO(l.output);
+  REQUIRE(l.exit_code == 0);
+  const std::vector<std::string> lines = memory_lines(l.output);
+  REQUIRE(lines.size() == 1);
+  CHECK_THAT(lines[0], Contains(find_layout(plan, "dp1 tp1 pp1 cp1").memory[0].plan.describe()));
+}
+
+#ifdef PICOTRAIN_MPIEXEC
+TEST_CASE("plan's memory per GPU is the trainer's for dp2 ZeRO-1 and pp2 (mpirun -np 2)", "[plan]") {
+  const TempConfig cfg("mem2");
+  struct Case {
+    std::vector<std::string> sets;
+    std::string layout;
+  };
+  for (const Case& c : {Case{{"parallel.zero_stage=1"}, "dp2 tp1 pp1 cp1"},
+                        Case{{"parallel.pp=2", "parallel.zero_stage=0"}, "dp1 tp1 pp2 cp1"},
+                        Case{{"parallel.zero_stage=3", "recompute.mode=full"}, "dp2 tp1 pp1 cp1"}}) {
+    std::vector<std::string> plan_sets;  // the plan sets the layout itself
+    std::string train_sets;
+    for (const auto& s : c.sets) {
+      if (s.rfind("parallel.pp=", 0) != 0) plan_sets.push_back(s);
+      train_sets += " --set " + s;
+    }
+    const Plan plan = make_plan(cfg.path, plan_sets, 2, Hardware{});
+    const LayoutPlan& l = find_layout(plan, c.layout);
+    const Launch run = run_command(std::string(PICOTRAIN_MPIEXEC) + " -np 2 " + PICOTRAIN_MPIEXEC_FLAGS + " " +
+                                   PICOTRAIN_BIN + " train --config " + cfg.path + train_sets);
+    INFO(c.layout << ":\n" << run.output);
+    REQUIRE(run.exit_code == 0);
+    const std::vector<std::string> lines = memory_lines(run.output);
+    REQUIRE(lines.size() == l.memory.size());
+    for (size_t s = 0; s < lines.size(); s++) CHECK_THAT(lines[s], Contains(l.memory[s].plan.describe()));
+  }
+}
+#endif
+
+TEST_CASE("plan's step time: compute from FLOPs, the bubble formula, links by node", "[plan]") {
+  const TempConfig cfg("time");
+  Hardware hw;
+  hw.gpus_per_node = 4;
+  const Plan plan = make_plan(cfg.path, {}, 8, hw);
+
+  const LayoutPlan& dp8 = find_layout(plan, "dp8 tp1 pp1 cp1");
+  const RunConfig& c = dp8.layout.cfg;
+  const ParamTable model = build_gpt2_param_table(c.model);
+  const double flops = flops_per_token(model, c.model, c.batch.seq_len, c.logging.flops_formula);
+  CHECK(dp8.time.compute_s == Approx(c.batch.global_batch_tokens * flops / (8 * hw.peak_tflops * 1e12 * hw.mfu)));
+  CHECK(dp8.time.bubble_s == 0);
+  CHECK(dp8.time.tp_s + dp8.time.cp_s + dp8.time.pp_s == 0);
+  CHECK(dp8.time.dp_s > 0);
+  CHECK_THAT(dp8.time.links, Contains("dp network"));  // 8 ranks on two nodes of 4
+
+  const LayoutPlan& pp2 = find_layout(plan, "dp4 tp1 pp2 cp1");
+  const double busy = pp2.time.compute_s + pp2.time.tp_s + pp2.time.cp_s + pp2.time.pp_s;
+  CHECK(pp2.time.bubble_s == Approx(busy * pipeline_bubble_ratio(PipeSchedule::one_f_one_b, 2, 1,
+                                                                 pp2.layout.cfg.batch.grad_accum_steps)));
+  CHECK(pp2.time.step_s == Approx(busy + pp2.time.bubble_s + pp2.time.dp_s));
+
+  // tp inside a node runs over NVLink and comes before tp across nodes.
+  const LayoutPlan& tp4 = find_layout(plan, "dp2 tp4 pp1 cp1");
+  CHECK_THAT(tp4.time.links, Contains("tp NVLink"));
+  CHECK_FALSE(tp4.time.tp_crosses_nodes);
+  Hardware small = hw;
+  small.gpus_per_node = 2;
+  const Plan across = make_plan(cfg.path, {}, 8, small);
+  const LayoutPlan& tp4x = find_layout(across, "dp2 tp4 pp1 cp1");
+  CHECK(tp4x.time.tp_crosses_nodes);
+  CHECK(tp4x.time.tp_s > tp4.time.tp_s);
+  bool crossing_seen = false;
+  for (const auto& l : across.layouts) {
+    if (!l.fits) break;
+    if (l.time.tp_crosses_nodes) crossing_seen = true;
+    else CHECK_FALSE(crossing_seen);  // every fitting layout with tp inside a node comes first
+  }
+  // Best first among equals: step times ascend within the in-node group.
+  for (size_t i = 1; i < plan.layouts.size(); i++) {
+    const auto &a = plan.layouts[i - 1], &b = plan.layouts[i];
+    if (a.fits == b.fits && a.time.tp_crosses_nodes == b.time.tp_crosses_nodes) CHECK(a.time.step_s <= b.time.step_s);
+  }
+}
+
+TEST_CASE("plan says which layouts do not fit and why", "[plan]") {
+  const TempConfig cfg("fit");
+  Hardware hw;
+  hw.gpu_memory_gib = 1.0 / 1024;  // 1 MiB: the one-rank layout's parameters alone are more
+  const Plan plan = make_plan(cfg.path, {}, 1, hw);
+  REQUIRE(plan.layouts.size() == 1);
+  CHECK_FALSE(plan.layouts[0].fits);
+  CHECK_THAT(plan.layouts[0].why_not, Contains("GiB on stage 0"));
+  CHECK_THAT(format_plan(plan, hw, cfg.path), Contains("do not fit:"));
+}
+
+TEST_CASE("picotrain plan: help names every option and default; bad input exits 2", "[plan]") {
+  const TempConfig cfg("cli");
+  const Launch help = run_command(std::string(PICOTRAIN_BIN) + " plan --help");
+  CHECK(help.exit_code == 0);
+  for (const char* flag : {"--config", "--gpus", "--gpus-per-node", "--gpu-memory-gib", "--nvlink-gbps", "--network-gbps",
+                           "--peak-tflops", "--mfu", "--set"})
+    CHECK_THAT(help.output, Contains(flag));
+  for (const char* def : {"=8", "=80", "=450", "=50", "=989.4", "=0.5"}) CHECK_THAT(help.output, Contains(def));
+
+  const Launch ok = run_command(std::string(PICOTRAIN_BIN) + " plan --config " + cfg.path + " --gpus 3");
+  INFO(ok.output);
+  CHECK(ok.exit_code == 0);
+  CHECK_THAT(ok.output, Contains("valid layouts"));
+  CHECK_THAT(ok.output, Contains("parallel.tp=3 must divide model.n_heads=4"));  // under "not valid"
+
+  const Launch zero = run_command(std::string(PICOTRAIN_BIN) + " plan --config " + cfg.path + " --gpus 0");
+  CHECK(zero.exit_code == 2);
+  const Launch bad = run_command(std::string(PICOTRAIN_BIN) + " plan --config " + cfg.path +
+                                 " --gpus 2 --set model.nope=1");
+  CHECK(bad.exit_code == 2);
+  CHECK_THAT(bad.output, Contains("model.nope"));
+}

@@ -1,0 +1,306 @@
+// The run report: complete and consistent with metrics.jsonl for a short CPU run, for a run
+// stopped by SIGTERM and resumed, and for a run that crashed (SIGKILL) and was resumed; and its
+// pieces: communication timing, stalls, the session totals, plots without gnuplot.
+#include <catch2/catch.hpp>
+
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "ckpt_test_support.h"
+#include "core/dist/timed_comm.h"
+#include "core/report/report_plots.h"
+#include "core/report/run_report.h"
+#include "core/report/session_log.h"
+#include "run_test_support.h"
+
+using namespace pt;
+using namespace pt::test;
+using nlohmann::json;
+using Catch::Matchers::Contains;
+
+namespace {
+
+// A group of two that does nothing: what TimedComm counts, not what a collective does.
+class NullComm final : public Comm {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  const std::vector<int>& members() const override { return members_; }
+  void all_reduce(Tensor) override {}
+  void all_reduce(double*, size_t) override {}
+  void reduce_scatter(Tensor, Tensor) override {}
+  void all_gather(Tensor, Tensor) override {}
+  void all_to_all(Tensor, Tensor) override {}
+  void broadcast(Tensor, int) override {}
+  void send(Tensor, int) override {}
+  void recv(Tensor, int) override {}
+  void barrier() override {}
+
+ private:
+  std::vector<int> members_ = {0, 1};
+};
+
+}  // namespace
+
+TEST_CASE("TimedComm counts calls and bytes per kind; p2p is not a collective", "[report]") {
+  auto stats = std::make_shared<CommStats>();
+  TimedComm c(std::make_unique<NullComm>(), stats);
+  float buf[8] = {};
+  double d[3] = {};
+  c.all_reduce(Tensor{buf, 8, DType::f32});
+  c.all_reduce(d, 3);
+  c.reduce_scatter(Tensor{buf, 8, DType::f32}, Tensor{buf, 4, DType::f32});
+  c.all_gather(Tensor{buf, 4, DType::f32}, Tensor{buf, 8, DType::f32});
+  c.send(Tensor{buf, 2, DType::f32}, 1);
+  c.recv(Tensor{buf, 2, DType::f32}, 1);
+  const auto at = [](CommKind k) { return static_cast<size_t>(k); };
+  CHECK(stats->calls[at(CommKind::all_reduce)] == 2);
+  CHECK(stats->bytes[at(CommKind::all_reduce)] == 32 + 24);
+  CHECK(stats->bytes[at(CommKind::reduce_scatter)] == 32);  // the full input
+  CHECK(stats->bytes[at(CommKind::all_gather)] == 32);      // the gathered output
+  CHECK(stats->calls[at(CommKind::p2p)] == 2);
+  CHECK(stats->bytes[at(CommKind::p2p)] == 16);
+  CHECK(stats->collective_bytes() == 32 + 24 + 32 + 32);
+  CHECK(stats->collective_seconds() <= stats->seconds[at(CommKind::all_reduce)] + stats->seconds[at(CommKind::reduce_scatter)] +
+                                           stats->seconds[at(CommKind::all_gather)] + 1e-12);
+}
+
+TEST_CASE("stalls are steps slower than 3x the median; the first step never is one", "[report]") {
+  double median = 0;
+  const std::vector<Stall> steps = {{1, 900}, {2, 10}, {3, 11}, {4, 9}, {5, 45}, {6, 10}};
+  const std::vector<Stall> stalls = find_stalls(steps, 3.0, &median);
+  CHECK(median == 10);
+  REQUIRE(stalls.size() == 1);
+  CHECK(stalls[0].step == 5);
+  CHECK(find_stalls({{1, 5}, {2, 100}}, 3.0, &median).empty());  // too few to tell
+}
+
+TEST_CASE("session totals: restarts, crashed sessions, time summed over the ended sessions", "[report]") {
+  const json end1 = {{"event", "end"}, {"time", {{"steps_s", 2.0}, {"wall_s", 3.0}, {"steps", 5}, {"checkpoints", 1}}},
+                     {"comm", {{"all_reduce", {{"seconds", 0.5}, {"bytes", 100.0}, {"calls", 7}}}}},
+                     {"stalls", {{{"step", 4}, {"ms", 80.0}}}}};
+  const json end2 = {{"event", "end"}, {"time", {{"steps_s", 1.0}, {"wall_s", 1.5}, {"steps", 2}, {"checkpoints", 2}}}};
+  const json start = {{"event", "start"}};
+  const SessionTotals t = sum_sessions({start, end1, start, start, end2});  // the second session crashed
+  CHECK(t.sessions == 3);
+  CHECK(t.restarts == 2);
+  CHECK(t.crashed == 1);
+  CHECK(t.time.steps == 3.0);
+  CHECK(t.time.wall == 4.5);
+  CHECK(t.time.step_count == 7);
+  CHECK(t.time.checkpoints == 3);
+  CHECK(t.comm.calls[static_cast<size_t>(CommKind::all_reduce)] == 7);
+  REQUIRE(t.stalls.size() == 1);
+  CHECK(t.stalls[0].step == 4);
+  CHECK(sum_sessions({start}).crashed == 1);
+}
+
+TEST_CASE("without gnuplot there are no plots and a note says why", "[report]") {
+  const fs::path dir = fs::temp_directory_path() / ("picotrain_plots_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir / "loss.png") << "stale";  // an earlier session's plot must not survive
+  const std::vector<json> metrics = {{{"step", 1}, {"loss", 5.0}, {"tokens", 64}, {"tokens_per_s", 100.0}}};
+  const Plots p = write_plots(dir.string(), metrics, "/nonexistent/gnuplot");
+  CHECK(p.files.empty());
+  CHECK_THAT(p.note, Contains("not found"));
+  CHECK_FALSE(fs::exists(dir / "loss.png"));
+  fs::remove_all(dir);
+}
+
+namespace {
+
+// Every field the report promises (README "The run report").
+const std::vector<std::string> kFields = {
+    "/run/name", "/run/status", "/run/step", "/run/total_steps", "/run/tokens", "/run/params",
+    "/hardware/device", "/hardware/gpus", "/hardware/gpu_model", "/hardware/ranks", "/hardware/nodes",
+    "/hardware/interconnect/within_node", "/hardware/interconnect/between_nodes",
+    "/layout/dp", "/layout/tp", "/layout/pp", "/layout/cp", "/layout/zero_stage", "/layout/recompute",
+    "/layout/memory_per_rank", "/batch/tokens_per_step", "/batch/seq_len", "/batch/micro_batch_size",
+    "/batch/grad_accum_steps", "/precision/compute_dtype", "/checkpoint/every_steps", "/checkpoint/writes",
+    "/throughput/tokens_per_s", "/throughput/tflops_per_gpu", "/throughput/mfu", "/throughput/mfu_formula",
+    "/throughput/flops_per_token", "/throughput/peak_tflops", "/time/wall_s", "/time/steps_s", "/time/compute_s",
+    "/time/comm_s", "/time/bubble_s", "/time/data_s", "/time/checkpoint_s", "/time/eval_s", "/time/steps",
+    "/reliability/sessions", "/reliability/restarts", "/reliability/crashed_sessions", "/reliability/stalls",
+    "/loss/final_train", "/loss/final_val", "/sample/text", "/sample/note", "/plots/files", "/plots/note"};
+
+json read_json(const fs::path& p) {
+  std::ifstream in(p);
+  REQUIRE(in.good());
+  return json::parse(in);
+}
+
+double mean_after_step_1(const std::vector<json>& metrics, const char* field) {
+  double sum = 0;
+  int n = 0;
+  for (const json& r : metrics)
+    if (r["step"].get<int>() > 1) sum += r[field].get<double>(), n++;
+  return sum / n;
+}
+
+// The report of `run_dir` is complete, and its numbers are metrics.jsonl's.
+json check_report(const fs::path& run_dir) {
+  const json r = read_json(run_dir / "report.json");
+  for (const auto& f : kFields) {
+    INFO(f);
+    CHECK(r.contains(json::json_pointer(f)));
+  }
+  const std::vector<json> metrics = read_metrics((run_dir / "metrics.jsonl").string());
+  REQUIRE(metrics.size() >= 2);
+  const json& last = metrics.back();
+  CHECK(r["run"]["step"] == last["step"]);  // every step is logged in these runs
+  CHECK(r["run"]["tokens"] == last["tokens"]);
+  CHECK(r["batch"]["tokens_per_step"].get<double>() * last["step"].get<double>() == last["tokens"].get<double>());
+  CHECK(r["loss"]["final_train"] == last["loss"]);
+  CHECK(r["loss"]["final_train_step"] == last["step"]);
+  for (auto it = metrics.rbegin(); it != metrics.rend(); ++it)
+    if (it->contains("val_loss")) {
+      CHECK(r["loss"]["final_val"] == (*it)["val_loss"]);
+      CHECK(r["loss"]["final_val_step"] == (*it)["step"]);
+      break;
+    }
+  CHECK(r["throughput"]["tokens_per_s"].get<double>() == Approx(mean_after_step_1(metrics, "tokens_per_s")));
+  CHECK(r["throughput"]["tflops_per_gpu"].get<double>() == Approx(mean_after_step_1(metrics, "tflops_per_gpu")));
+  CHECK(r["throughput"]["mfu"].get<double>() == Approx(mean_after_step_1(metrics, "mfu")));
+  // The time of the steps is the sum of the steps' dt_ms (and its parts), on one rank.
+  const json& t = r["time"];
+  CHECK(r["hardware"]["ranks"] == 1);
+  CHECK(r["hardware"]["gpus"] == 0);
+  CHECK(r["hardware"]["nodes"] == 1);
+  CHECK(t["compute_s"].get<double>() + t["comm_s"].get<double>() + t["bubble_s"].get<double>() +
+            t["data_s"].get<double>() ==
+        Approx(t["steps_s"].get<double>()));
+  CHECK(t["wall_s"].get<double>() >= t["steps_s"].get<double>() + t["checkpoint_s"].get<double>());
+  const std::string md = read_text((run_dir / "report.md").string());
+  for (const char* section : {"## Hardware", "## Layout, batch, precision", "## Throughput", "## Where the time went",
+                              "## Stalls and restarts", "## Loss", "## Sample"})
+    CHECK_THAT(md, Contains(section));
+  CHECK_THAT(md, Contains("MFU = tokens/s x FLOPs per token"));
+  // Plots: drawn when gnuplot is here, else a note (never a failed run).
+  if (r["plots"]["note"].get<std::string>().empty()) {
+    CHECK(r["plots"]["files"].size() == 2);
+    for (const auto& f : r["plots"]["files"]) CHECK(fs::file_size(run_dir / f.get<std::string>()) > 0);
+  }
+  return r;
+}
+
+// Sums of dt_ms, data_ms and comm_ms over the records (every step is logged).
+struct Sums {
+  double dt = 0, data = 0, comm = 0;
+  int steps = 0;
+};
+Sums metric_sums(const fs::path& run_dir) {
+  Sums s;
+  for (const json& r : read_metrics((run_dir / "metrics.jsonl").string())) {
+    s.dt += r["dt_ms"].get<double>() / 1e3;
+    s.data += r["data_ms"].get<double>() / 1e3;
+    s.comm += r["comm_ms"].get<double>() / 1e3;
+    s.steps++;
+  }
+  return s;
+}
+
+// A tiny run on one CPU rank logging every step, with validation and periodic checkpoints.
+std::string write_config(CkptFixture& fx, int total_steps) {
+  std::vector<uint16_t> val(3000);
+  for (size_t i = 0; i < val.size(); i++) val[i] = static_cast<uint16_t>((i * 7) % 256);
+  write_shard((fx.dir / "d_val_000000.bin").string(), val);
+  json j = fx.json("run");
+  j["schedule"]["total_steps"] = total_steps;
+  j["batch"] = {{"micro_batch_size", 4}, {"seq_len", 64}, {"global_batch_tokens", 256}};
+  j["data"]["val"] = (fx.dir / "d_val_*.bin").string();
+  j["data"]["val_every_steps"] = 5;
+  j["data"]["val_tokens"] = 512;
+  j["checkpoint"] = {{"every_steps", 4}};
+  const std::string cfg = (fx.dir / "cfg.json").string();
+  std::ofstream(cfg) << j.dump();
+  return cfg;
+}
+
+}  // namespace
+
+TEST_CASE("a short CPU run writes a complete report that agrees with metrics.jsonl", "[report]") {
+  CkptFixture fx("report_run");
+  const std::string cfg = write_config(fx, 12);
+  const Launch l = run_command(std::string(PICOTRAIN_BIN) + " train --config " + cfg);
+  INFO(l.output);
+  REQUIRE(l.exit_code == 0);
+  CHECK_THAT(l.output, Contains("report    | "));
+  const json r = check_report(fx.dir / "run");
+  CHECK(r["run"]["status"] == "finished");
+  CHECK(r["reliability"]["sessions"] == 1);
+  CHECK(r["reliability"]["restarts"] == 0);
+  CHECK(r["checkpoint"]["writes"] == 3);  // steps 4, 8, 12
+  const Sums s = metric_sums(fx.dir / "run");
+  CHECK(r["time"]["steps"] == s.steps);
+  CHECK(r["time"]["steps_s"].get<double>() == Approx(s.dt));
+  CHECK(r["time"]["data_s"].get<double>() == Approx(s.data).margin(1e-9));
+  CHECK(r["time"]["comm_s"].get<double>() == Approx(s.comm).margin(1e-9));
+  CHECK(r["sample"]["text"].get<std::string>().rfind("The", 0) == 0);  // logging.sample_prompt's default
+}
+
+TEST_CASE("a run stopped by SIGTERM reports the stop; resumed, it reports the whole run", "[report]") {
+  CkptFixture fx("report_sigterm");
+  const int total = 60;  // the signal lands long before the end, however fast the machine
+  const std::string cfg = write_config(fx, total);
+  const std::string err = (fx.dir / "stderr.txt").string();
+  Child run = start_train(cfg, {}, err);
+  int seen = 0;
+  read_until_step_lines(run, 3, &seen);
+  REQUIRE(seen == 3);
+  kill(run.pid, SIGTERM);
+  const std::string log = drain(run.out);
+  REQUIRE(wait_exit_code(run.pid) == 0);
+  INFO(log);
+  const json stopped = check_report(fx.dir / "run");
+  const int stop_step = stopped["run"]["step"].get<int>();
+  REQUIRE(stop_step < total);
+  CHECK(stopped["run"]["status"] == "stopped");
+  CHECK_THAT(stopped["run"]["stop_reason"].get<std::string>(), Contains("SIGTERM after step " + std::to_string(stop_step)));
+  CHECK(stopped["checkpoint"]["writes"].get<int>() >= 1);  // the stop's checkpoint
+  CHECK(stopped["time"]["steps"] == stop_step);
+
+  const Launch resumed = run_command(std::string(PICOTRAIN_BIN) + " train --config " + cfg +
+                                     " --set checkpoint.resume=auto");
+  INFO(resumed.output);
+  REQUIRE(resumed.exit_code == 0);
+  const json r = check_report(fx.dir / "run");
+  CHECK(r["run"]["status"] == "finished");
+  CHECK(r["reliability"]["sessions"] == 2);
+  CHECK(r["reliability"]["restarts"] == 1);
+  CHECK(r["reliability"]["crashed_sessions"] == 0);
+  CHECK(r["time"]["steps"] == total);  // both sessions' steps
+  const Sums s = metric_sums(fx.dir / "run");
+  CHECK(r["time"]["steps_s"].get<double>() == Approx(s.dt));
+}
+
+TEST_CASE("a crashed run (SIGKILL) counts as a crashed session once resumed", "[report]") {
+  CkptFixture fx("report_crash");
+  const int total = 60;  // the signal lands long before the end, however fast the machine
+  const std::string cfg = write_config(fx, total);
+  const std::string err = (fx.dir / "stderr.txt").string();
+  Child run = start_train(cfg, {}, err);
+  int seen = 0;
+  read_until_step_lines(run, 9, &seen);  // past the checkpoint of step 8
+  REQUIRE(seen == 9);
+  kill(run.pid, SIGKILL);
+  drain(run.out);
+  REQUIRE(wait_exit_code(run.pid) == 128 + SIGKILL);
+  CHECK_FALSE(fs::exists(fx.dir / "run" / "report.json"));  // a crash writes no report
+
+  const Launch resumed = run_command(std::string(PICOTRAIN_BIN) + " train --config " + cfg +
+                                     " --set checkpoint.resume=auto");
+  INFO(resumed.output);
+  REQUIRE(resumed.exit_code == 0);
+  const json r = check_report(fx.dir / "run");
+  CHECK(r["reliability"]["sessions"] == 2);
+  CHECK(r["reliability"]["restarts"] == 1);
+  CHECK(r["reliability"]["crashed_sessions"] == 1);
+  // Only the resumed session's steps are counted: the crashed one left no account of its time.
+  const std::vector<json> sessions = SessionLog((fx.dir / "run" / "sessions.jsonl").string(), false).records();
+  REQUIRE(sessions.size() == 3);  // start, start, end
+  CHECK(sessions[1]["step"].get<int>() >= 8);
+  CHECK(r["time"]["steps"].get<int>() == total - sessions[1]["step"].get<int>());
+}
