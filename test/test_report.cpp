@@ -241,6 +241,28 @@ TEST_CASE("a short CPU run writes a complete report that agrees with metrics.jso
   CHECK(r["sample"]["text"].get<std::string>().rfind("The", 0) == 0);  // logging.sample_prompt's default
 }
 
+TEST_CASE("with samples in the log, the report shows the log's final sample", "[report]") {
+  CkptFixture fx("report_logged_sample");
+  const std::string cfg = write_config(fx, 12);
+  const Launch l = run_command(std::string(PICOTRAIN_BIN) + " train --config " + cfg + " --set logging.sample_every=6");
+  INFO(l.output);
+  REQUIRE(l.exit_code == 0);
+  // The log's header of the final sample: "sample    | step 12, N tokens (settings):".
+  const std::string head = "sample    | step 12, ";
+  const size_t at = l.output.find(head);
+  REQUIRE(at != std::string::npos);
+  const std::string tokens = l.output.substr(at + head.size(), l.output.find(" tokens", at) - at - head.size());
+  const json r = check_report(fx.dir / "run");
+  const std::string note = r["sample"]["note"].get<std::string>();
+  CHECK(note.rfind(tokens + " tokens after the prompt", 0) == 0);
+  const std::string settings = l.output.substr(l.output.find('(', at) + 1, l.output.find("):", at) - l.output.find('(', at) - 1);
+  CHECK_THAT(note, Contains(settings));
+  // The report's text is the log's (first line: the prompt and the start of the continuation).
+  const size_t text_at = l.output.find("          | ", at) + 12;
+  const std::string first_line = l.output.substr(text_at, l.output.find('\n', text_at) - text_at);
+  CHECK(r["sample"]["text"].get<std::string>().rfind(first_line.substr(0, 3), 0) == 0);
+}
+
 TEST_CASE("a run stopped by SIGTERM reports the stop; resumed, it reports the whole run", "[report]") {
   CkptFixture fx("report_sigterm");
   const int total = 60;  // the signal lands long before the end, however fast the machine

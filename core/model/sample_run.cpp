@@ -137,19 +137,20 @@ void print_block(const std::string& header, const std::string& text) {
 
 }  // namespace
 
-void print_training_sample(const RunConfig& cfg, int step, bool run_finished, const ParamStore& store, Ops& ops,
-                           bool lead, const std::function<std::vector<float>()>& gather_master) {
+std::optional<TrainingSample> print_training_sample(const RunConfig& cfg, int step, bool run_finished,
+                                                    const ParamStore& store, Ops& ops, bool lead,
+                                                    const std::function<std::vector<float>()>& gather_master) {
   const auto& lg = cfg.logging;
-  if (lg.sample_every <= 0 || step <= 0 || (!run_finished && step % lg.sample_every != 0)) return;
+  if (lg.sample_every <= 0 || step <= 0 || (!run_finished && step % lg.sample_every != 0)) return std::nullopt;
   // ZeRO-3 holds no full parameters anywhere, tensor parallel only pieces of them: every rank
   // takes part in the gather.
   const auto& specs = store.table().specs();
   const bool pieces = std::any_of(specs.begin(), specs.end(), [](const ParamSpec& p) { return !p.tp.whole(); });
   std::vector<float> gathered;
   if (!store.layout().params_resident() || pieces) gathered = gather_master();
-  if (!lead) return;
+  if (!lead) return std::nullopt;
   const std::shared_ptr<const Tokenizer> tok = training_tokenizer(cfg.model.vocab_size);
-  if (!tok) return;
+  if (!tok) return std::nullopt;
 
   const std::unique_ptr<Gpt2Decoder> decoder =
       gathered.empty() ? std::make_unique<Gpt2Decoder>(cfg.model, store, ops)
@@ -158,6 +159,7 @@ void print_training_sample(const RunConfig& cfg, int step, bool run_finished, co
   print_block("step " + std::to_string(step) + ", " + std::to_string(sample.tokens) + " tokens (" + sample.settings +
                   "):",
               sample.text);
+  return sample;
 }
 
 TrainingSample sample_training_text(const RunConfig& cfg, Gpt2Decoder& decoder, const Tokenizer& tok) {
@@ -167,7 +169,7 @@ TrainingSample sample_training_text(const RunConfig& cfg, Gpt2Decoder& decoder, 
   o.seed = cfg.run.seed;
   o.stop_token = end_of_text(tok);
   const std::vector<int32_t> ids = generate(decoder, prompt_context(tok, lg.sample_prompt), o, tok.vocab_size());
-  return {lg.sample_prompt + tok.decode(ids), ids.size(), describe(o)};
+  return {lg.sample_prompt + tok.decode(ids), ids.size(), describe(o), tokenizer_for_vocab(cfg.model.vocab_size)};
 }
 
 }  // namespace pt

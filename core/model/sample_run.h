@@ -9,6 +9,7 @@
 #pragma once
 #include <cstdio>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -55,9 +56,10 @@ class Gpt2Decoder;
 // logging.sample_prompt from `decoder`'s model, seed run.seed, temperature 0.8, top-k 200,
 // stopping at the tokenizer's end of text.
 struct TrainingSample {
-  std::string text;      // the prompt and its continuation, decoded
-  size_t tokens = 0;     // tokens sampled after the prompt
-  std::string settings;  // "temperature 0.8, top-k 200, seed 1337"
+  std::string text;       // the prompt and its continuation, decoded
+  size_t tokens = 0;      // tokens sampled after the prompt
+  std::string settings;   // "temperature 0.8, top-k 200, seed 1337"
+  std::string tokenizer;  // "bytes" | "gpt2"
 };
 TrainingSample sample_training_text(const RunConfig& cfg, Gpt2Decoder& decoder, const Tokenizer& tok);
 
@@ -68,7 +70,10 @@ TrainingSample sample_training_text(const RunConfig& cfg, Gpt2Decoder& decoder, 
 // gathered with `gather_master`, which is collective: every rank calls this function at the
 // same steps. The tokenizer comes from model.vocab_size (256: bytes, 50257: gpt2); when there
 // is none, or the gpt2 files are missing, samples are skipped with one warning.
-void print_training_sample(const RunConfig& cfg, int step, bool run_finished, const ParamStore& store, Ops& ops,
-                           bool lead, const std::function<std::vector<float>()>& gather_master);
+// Returns what the lead rank printed (nothing on the other ranks, or when no sample was due or
+// there is no tokenizer).
+std::optional<TrainingSample> print_training_sample(const RunConfig& cfg, int step, bool run_finished,
+                                                    const ParamStore& store, Ops& ops, bool lead,
+                                                    const std::function<std::vector<float>()>& gather_master);
 
 }  // namespace pt

@@ -25,14 +25,18 @@ ReportSample sample_for_report(const RunConfig& cfg, const float* weights, Ops& 
     return r;
   }
   Gpt2Decoder decoder(cfg.model, weights, ops);
-  const TrainingSample sample = sample_training_text(cfg, decoder, *tok);
+  return report_sample(cfg, sample_training_text(cfg, decoder, *tok));
+}
+
+ReportSample report_sample(const RunConfig& cfg, const TrainingSample& sample) {
+  ReportSample r;
   // An undertrained model (the byte tokenizer above all) writes bytes that are not UTF-8; the
   // report is text, so they become U+FFFD (nlohmann's replacing dump does exactly that).
   r.text = nlohmann::json::parse(
                nlohmann::json(sample.text).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace))
                .get<std::string>();
-  r.note = std::to_string(sample.tokens) + " tokens after the prompt \"" + cfg.logging.sample_prompt + "\" (" + name +
-           " tokenizer, " + sample.settings + ")";
+  r.note = std::to_string(sample.tokens) + " tokens after the prompt \"" + cfg.logging.sample_prompt + "\" (" +
+           sample.tokenizer + " tokenizer, " + sample.settings + ")";
   return r;
 }
 

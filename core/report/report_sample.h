@@ -5,6 +5,7 @@
 #include <string>
 
 #include "core/config/run_config.h"
+#include "core/model/sample_run.h"
 #include "core/ops/ops.h"
 
 namespace pt {
@@ -16,5 +17,7 @@ struct ReportSample {
 
 // weights: the whole model's fp32 master weights in ParamTable order.
 ReportSample sample_for_report(const RunConfig& cfg, const float* weights, Ops& ops);
+// The report's form of a sample already taken (the log's last one, from the same weights).
+ReportSample report_sample(const RunConfig& cfg, const TrainingSample& sample);
 
 }  // namespace pt

@@ -390,7 +390,8 @@ void Trainer::run() {
     // The sampler needs the whole model on one rank; a pipeline stage holds only its layers.
     if (par.pp > 1) return;
     const auto t0 = Clock::now();
-    print_training_sample(cfg_, step_, finished, *store_, ops_, lead, [this] { return gather_master(); });
+    auto sample = print_training_sample(cfg_, step_, finished, *store_, ops_, lead, [this] { return gather_master(); });
+    if (finished) final_sample_ = std::move(sample);
     time_.sample += seconds_since(t0);
   };
   bool stopped = false;

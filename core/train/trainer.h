@@ -32,6 +32,7 @@
 #include "core/model/gpt2_stage.h"
 #include "core/model/param_store.h"
 #include "core/model/param_table.h"
+#include "core/model/sample_run.h"
 #include "core/parallel/zigzag.h"
 #include "core/report/run_summary.h"
 #include "core/report/session_log.h"
@@ -129,6 +130,9 @@ class Trainer {
   // save_checkpoint(), and the report written when the session ends (trainer_report.cpp).
   TimeBreakdown time_;
   double step_data_s_ = 0;  // reading the current step's micro-batches
+  // The log's sample at the end of the run (logging.sample_every > 0; rank 0), which the report
+  // shows rather than sampling the same weights again.
+  std::optional<TrainingSample> final_sample_;
   // Collective over the world: averages this session's time over the ranks, counts the nodes,
   // samples the report's text (pp == 1), then rank 0 ends the session's record in `sessions`
   // and writes report.json and report.md. `summary` arrives with the MFU fields filled in.

@@ -38,7 +38,19 @@ void Trainer::write_session_report(RunSummary s, const std::vector<Stall>& step_
   const bool lead = world_.rank == 0;
   // The report's sample needs the whole model on one rank: every rank takes part in gathering
   // it from the ZeRO shards and tensor-parallel pieces. A pipeline stage holds only its layers.
-  if (cfg_.parallel.pp == 1) {
+  // The log sampled the final weights already (on every rank's knowledge: the run finished with
+  // logging.sample_every > 0): the report shows that sample.
+  const bool logged_final = cfg_.parallel.pp == 1 && cfg_.logging.sample_every > 0 && step_ == cfg_.schedule.total_steps;
+  if (logged_final) {
+    if (final_sample_) {
+      const ReportSample sample = report_sample(cfg_, *final_sample_);
+      s.sample_text = sample.text;
+      s.sample_note = sample.note;
+    } else {
+      s.sample_note = "no sample: the log's tokenizer for model.vocab_size=" + std::to_string(cfg_.model.vocab_size) +
+                      " is missing (see its warning)";
+    }
+  } else if (cfg_.parallel.pp == 1) {
     const auto t0 = Clock::now();
     const std::vector<float> weights = gather_master();
     if (lead) {
