@@ -24,10 +24,13 @@
 #include "cuda/cuda_memory.h"
 #include "cuda/gelu.h"
 #include "cuda/layernorm.h"
+#include "relative_error.h"
 
 namespace {
 
 using pt::DType;
+using pt::test::count_nonfinite;
+using pt::test::relative_l2;
 
 // ---- host bf16 (round to nearest even, as the kernels' __float2bfloat16_rn) ------------------
 uint16_t bf16_bits(float f) {
@@ -144,24 +147,6 @@ std::vector<float> random_rows(int N, int C, uint32_t seed) {
     for (int c = 0; c < C; ++c) v[static_cast<size_t>(r) * C + c] = mu + sigma * normal(rng);
   }
   return v;
-}
-
-size_t count_nonfinite(const std::vector<float>& v) {
-  size_t bad = 0;
-  for (float x : v) bad += !std::isfinite(x);
-  return bad;
-}
-
-// ||got - ref||_2 / ||ref||_2 in double; NaN anywhere makes it NaN, which fails every <= check.
-double relative_l2(const std::vector<float>& got, const std::vector<float>& ref) {
-  REQUIRE(got.size() == ref.size());
-  double diff = 0.0, norm = 0.0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    double d = static_cast<double>(got[i]) - ref[i];
-    diff += d * d;
-    norm += static_cast<double>(ref[i]) * ref[i];
-  }
-  return norm > 0.0 ? std::sqrt(diff / norm) : std::sqrt(diff);
 }
 
 double tolerance(DType dtype) { return dtype == DType::f32 ? 1e-5 : 1e-2; }

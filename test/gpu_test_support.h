@@ -22,8 +22,12 @@
 #include "core/cpu/cpu_ops.h"
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_memory.h"
+#include "relative_error.h"
 
 namespace pt::gputest {
+
+using pt::test::count_nonfinite;
+using pt::test::relative_l2;
 
 // ---- host bf16, round to nearest even (the kernels' __float2bfloat16_rn) --------------------
 inline uint16_t bf16_bits(float f) {
@@ -72,24 +76,6 @@ inline double rms(const std::vector<float>& v) {
 }
 
 // ---- comparison ---------------------------------------------------------------------------------
-inline size_t count_nonfinite(const std::vector<float>& v) {
-  size_t bad = 0;
-  for (float x : v) bad += !std::isfinite(x);
-  return bad;
-}
-
-// ||got - ref||_2 / ||ref||_2 in double; NaN anywhere makes it NaN, which fails every <= check.
-inline double relative_l2(const std::vector<float>& got, const std::vector<float>& ref) {
-  REQUIRE(got.size() == ref.size());
-  double diff = 0.0, norm = 0.0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    double d = static_cast<double>(got[i]) - ref[i];
-    diff += d * d;
-    norm += static_cast<double>(ref[i]) * ref[i];
-  }
-  return norm > 0.0 ? std::sqrt(diff / norm) : std::sqrt(diff);
-}
-
 // The bound for an output stored in `out_dtype` by a backend running in `mode` (see the header).
 inline double tolerance(DType mode, DType out_dtype) {
   if (mode == DType::f32) return 1e-5;

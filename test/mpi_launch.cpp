@@ -3,12 +3,10 @@
 // the numbers, and exit 2 without hanging (each launch runs under `timeout`); a good multi-rank
 // run logs and writes its run directory from rank 0 only; a checkpoint saved under one layout
 // resumes under another on the same trajectory.
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <cmath>
-#include <cstdio>
 #include <map>
 #include <filesystem>
 #include <fstream>
@@ -20,28 +18,22 @@
 
 #include "core/ckpt/checkpoint_reader.h"
 #include "core/data/shard.h"
+#include "relative_error.h"
+#include "run_test_support.h"
 
 using Catch::Matchers::Contains;
+using pt::test::Launch;
+using pt::test::relative_l2;
+using pt::test::run_command;
 namespace fs = std::filesystem;
 
 namespace {
 
-struct Launch {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr of every rank
-};
-
 // `timeout` turns a hang into exit code 124 instead of a stuck test.
 Launch mpirun(int ranks, const std::string& args) {
-  const std::string cmd = "timeout 60 " + std::string(PICOTRAIN_MPIEXEC) + " -np " + std::to_string(ranks) + " " +
-                          PICOTRAIN_MPIEXEC_FLAGS + " " + PICOTRAIN_BIN + " " + args + " 2>&1";
-  Launch l;
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, p)) l.output.append(buf, n);
-  const int status = pclose(p);
-  l.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  const std::string cmd = std::string(PICOTRAIN_MPIEXEC) + " -np " + std::to_string(ranks) + " " +
+                          PICOTRAIN_MPIEXEC_FLAGS + " " + PICOTRAIN_BIN + " " + args;
+  const Launch l = run_command(cmd, 60);
   INFO(cmd << "\n" << l.output);
   CHECK(l.exit_code != 124);  // no hang
   return l;
@@ -94,15 +86,6 @@ std::vector<float> checkpoint_state(const fs::path& step_dir, const std::string&
   std::vector<float> out;
   for (const auto& [name, v] : by_name) out.insert(out.end(), v.begin(), v.end());
   return out;
-}
-
-double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); i++) {
-    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    den += double(b[i]) * b[i];
-  }
-  return std::sqrt(num / den);
 }
 
 size_t count(const std::string& text, const std::string& what) {
@@ -197,7 +180,7 @@ TEST_CASE("tp2 x cp2 with sequence parallel runs from the command line and sampl
   REQUIRE(one.exit_code == 0);
   const std::vector<float> want = checkpoint_state(run.dir / "one" / "checkpoints" / "step_00000003", "master");
   REQUIRE(master.size() == want.size());
-  CHECK(rel_diff(master, want) < 1e-5);
+  CHECK(relative_l2(master, want) < 1e-5);
 }
 
 TEST_CASE("a checkpoint saved under dp=4/ZeRO-1 resumes under dp=2/ZeRO-3 and dp=1 on the same trajectory",
@@ -230,6 +213,6 @@ TEST_CASE("a checkpoint saved under dp=4/ZeRO-1 resumes under dp=2/ZeRO-3 and dp
     }
     const std::vector<float> master = checkpoint_state(out_dir(name) / "checkpoints" / "step_00000010", "master");
     REQUIRE(master.size() == want_master.size());
-    CHECK(rel_diff(master, want_master) < 1e-5);
+    CHECK(relative_l2(master, want_master) < 1e-5);
   }
 }

@@ -21,6 +21,7 @@
 #include "core/data/shard.h"
 #include "core/train/trainer.h"
 #include "mpi_test_support.h"
+#include "relative_error.h"
 
 using namespace pt;
 using namespace pt::test;
@@ -79,15 +80,6 @@ const RunResult& reference() {
   return r;
 }
 
-double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); i++) {
-    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    den += double(b[i]) * b[i];
-  }
-  return std::sqrt(num / den);
-}
-
 void check_parity(const RunResult& got, const RunResult& want) {
   REQUIRE(got.steps.size() == want.steps.size());
   for (size_t s = 0; s < got.steps.size(); s++) {
@@ -97,7 +89,7 @@ void check_parity(const RunResult& got, const RunResult& want) {
     CHECK(got.steps[s].lr == want.steps[s].lr);
   }
   REQUIRE(got.weights.size() == want.weights.size());
-  CHECK(rel_diff(got.weights, want.weights) < 1e-5);
+  CHECK(relative_l2(got.weights, want.weights) < 1e-5);
   CHECK(got.val_loss == Approx(want.val_loss).epsilon(1e-5));
 }
 

@@ -19,8 +19,10 @@
 #include "core/model/shard_layout.h"
 #include "core/train/memory_plan.h"
 #include "core/train/trainer.h"
+#include "relative_error.h"
 
 using namespace pt;
+using pt::test::relative_l2;
 namespace fs = std::filesystem;
 
 namespace {
@@ -196,15 +198,6 @@ struct TempData {
   }
 };
 
-double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); i++) {
-    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    den += double(b[i]) * b[i];
-  }
-  return std::sqrt(num / den);
-}
-
 }  // namespace
 
 TEST_CASE("ZeRO 1, 2 and 3 on one rank train like ZeRO-0", "[zero]") {
@@ -229,7 +222,7 @@ TEST_CASE("ZeRO 1, 2 and 3 on one rank train like ZeRO-0", "[zero]") {
         CHECK(r.loss == Approx(want[s].loss).epsilon(1e-6));
         CHECK(r.grad_norm == Approx(want[s].grad_norm).epsilon(1e-5));
       }
-      CHECK(rel_diff(t.gather_master(), want_w) < 1e-6);
+      CHECK(relative_l2(t.gather_master(), want_w) < 1e-6);
       CHECK(t.evaluate() == Approx(want_val).epsilon(1e-6));
     }
   }

@@ -346,9 +346,8 @@ void Trainer::run() {
     peak_source = "measured: fp32 matmul " + std::to_string(probe.size) + "^3 on this device";
   }
   const double flops_tok = flops_per_token(table_, cfg_.model, cfg_.batch.seq_len, lg.flops_formula);
-  if (lead)
-    std::printf("mfu       | %s; peak %.4f TFLOP/s (%s)\n",
-                flops_formula_description(table_, cfg_.model, lg.flops_formula).c_str(), peak, peak_source.c_str());
+  const std::string flops_formula = flops_formula_description(table_, cfg_.model, lg.flops_formula);
+  if (lead) std::printf("mfu       | %s; peak %.4f TFLOP/s (%s)\n", flops_formula.c_str(), peak, peak_source.c_str());
   std::fflush(stdout);
   const auto& par = cfg_.parallel;
   if (lead && par.pp > 1)
@@ -380,7 +379,7 @@ void Trainer::run() {
   }
   RunSummary summary;
   summary.flops_per_token = flops_tok;
-  summary.flops_formula = flops_formula_description(table_, cfg_.model, lg.flops_formula);
+  summary.flops_formula = flops_formula;
   summary.peak_tflops = peak;
   summary.peak_source = peak_source;
   std::vector<Stall> step_ms;  // this session's step times: the report's stalls
