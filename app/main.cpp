@@ -15,16 +15,27 @@
 #include "core/model/sample_run.h"
 #include "core/plan/plan.h"
 #include "core/tokenizer/tokenizer.h"
+#include "core/dist/gpu_comm.h"
 #include "core/dist/world.h"
 #include "core/ops/ops.h"
 #include "core/train/trainer.h"
 
 namespace {
 
+// --device of train and sample: "" picks cuda when this build has CUDA and a GPU is visible.
+constexpr const char* kDeviceHelp =
+    "Backend: cpu (fp32 reference, runs anywhere) or cuda (needs a GPU and a CUDA build). Default: cuda when this "
+    "picotrain was built with CUDA and a GPU is visible, else cpu";
+
+pt::Device resolve_device(const std::string& arg) {
+  if (arg.empty()) return pt::cuda_available() ? pt::Device::cuda : pt::Device::cpu;
+  return arg == "cuda" ? pt::Device::cuda : pt::Device::cpu;
+}
+
 struct TrainArgs {
   std::string config;
   std::vector<std::string> overrides;
-  std::string device = "cpu";
+  std::string device;  // "": cuda when this build has CUDA and a GPU is visible, else cpu
 };
 
 void add_train_command(CLI::App& app, TrainArgs& a) {
@@ -36,7 +47,7 @@ void add_train_command(CLI::App& app, TrainArgs& a) {
                   "Override one config key, e.g. --set optim.lr=3e-4 --set run.name=test; the value is parsed as "
                   "JSON when it is valid JSON, else taken as a string. Repeatable; applied after the file, in order");
   cmd->add_option("--device", a.device,
-                  "Backend: cpu (fp32 reference, runs anywhere) or cuda (needs a GPU and a CUDA build)")
+                  std::string(kDeviceHelp) + ". Each rank uses GPU (its rank on the node) modulo (the GPUs it sees)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
 }
 
@@ -121,7 +132,7 @@ CLI::Validator at_least_zero(const std::string& meaning) {
 
 struct SampleArgs {
   pt::SampleCommand cmd;
-  std::string device = "cpu";
+  std::string device;  // "": as resolve_device decides
   bool ignore_eot = false;
 };
 
@@ -156,11 +167,11 @@ void add_sample_command(CLI::App& app, SampleArgs& a) {
                   "gpt2: folder with encoder.json and vocab.bpe (default " + pt::default_tokenizer_dir() + ")");
   cmd->add_flag("--ignore-eot", a.ignore_eot,
                 "Keep sampling past <|endoftext|> (printed as that text) instead of stopping there");
-  cmd->add_option("--device", a.device, "Backend: cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
+  cmd->add_option("--device", a.device, kDeviceHelp)->check(CLI::IsMember({"cpu", "cuda"}));
 }
 
 int run_sample(SampleArgs a) {
-  a.cmd.device = a.device == "cuda" ? pt::Device::cuda : pt::Device::cpu;
+  a.cmd.device = resolve_device(a.device);
   a.cmd.stop_at_eot = !a.ignore_eot;
   pt::run_sample_command(a.cmd, stdout, stderr);
   return 0;
@@ -217,7 +228,9 @@ int run_plan(const PlanArgs& a) {
 
 int run_train(const TrainArgs& a, const pt::World& world) {
   const pt::RunConfig cfg = pt::load_config(a.config, a.overrides, world.size);
-  const pt::Device device = a.device == "cuda" ? pt::Device::cuda : pt::Device::cpu;
+  const pt::Device device = resolve_device(a.device);
+  // One GPU per rank, chosen before the backend makes its stream and buffers on the current device.
+  if (device == pt::Device::cuda) pt::use_gpu_of_local_rank(world);
   // precision.compute_dtype: auto leaves the choice to the backend (fp32 on the CPU, bf16 on CUDA).
   const std::string& dtype = cfg.precision.compute_dtype;
   auto ops = dtype == "auto" ? pt::make_ops(device) : pt::make_ops(device, dtype == "bf16" ? pt::DType::bf16 : pt::DType::f32);

@@ -48,8 +48,11 @@ __device__ __forceinline__ void add_value(MaxSum& st, float x) {
   if (x > st.m) {
     st.s = st.s * expf(st.m - x) + 1.0f;  // st.m = -inf gives 0 * 0 + 1
     st.m = x;
-  } else {
-    st.s += expf(x - st.m);  // a NaN logit makes the sum (and so the loss) NaN, as it should
+  } else if (x != -INFINITY) {
+    // A NaN logit makes the sum (and so the loss) NaN, as it should. A -inf logit adds 0, and
+    // is skipped explicitly: while st.m is still -inf, exp(-inf - (-inf)) would be NaN, where
+    // CpuOps (max first, then sum) gives exp(-inf - M) = 0.
+    st.s += expf(x - st.m);
   }
 }
 

@@ -45,7 +45,7 @@ __global__ void __launch_bounds__(kBlock)
     if (v > st.m) {
       st.s = st.s * expf(st.m - v) + 1.0f;
       st.m = v;
-    } else {
+    } else if (v != -INFINITY) {  // -inf adds 0 (and exp(-inf - (-inf)) would be NaN); NaN propagates
       st.s += expf(v - st.m);
     }
   }

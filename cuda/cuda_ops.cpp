@@ -11,6 +11,7 @@
 #include "cuda/attention.h"
 #include "cuda/cross_entropy.h"
 #include "cuda/cuda_common.h"
+#include "cuda/cuda_memory.h"
 #include "cuda/elementwise.h"
 #include "cuda/embedding.h"
 #include "cuda/gelu.h"
@@ -27,33 +28,14 @@ constexpr size_t kStagingElems = size_t(4) << 20;
 
 std::string where(const char* op) { return std::string("CudaOps::") + op; }
 
-std::string human_bytes(size_t bytes) {
-  char buf[64];
-  const double mib = static_cast<double>(bytes) / (1024.0 * 1024.0);
-  if (mib < 1024.0)
-    std::snprintf(buf, sizeof buf, "%.1f MiB", mib);
-  else
-    std::snprintf(buf, sizeof buf, "%.2f GiB", mib / 1024.0);
-  return buf;
-}
-
-// cudaMalloc that turns "out of memory" into a message a user can act on.
+// cudaMalloc that turns "out of memory" into a message a user can act on (the size, what is
+// free, and the config knobs that reduce memory: cuda_alloc_failure_message, cuda_memory.h).
 void* device_alloc(size_t bytes, const std::string& what) {
   void* p = nullptr;
   cudaError_t err = cudaMalloc(&p, bytes);
   if (err == cudaSuccess) return p;
   cudaGetLastError();  // not sticky: clear it so later calls are not blamed
-  size_t free_bytes = 0, total_bytes = 0;
-  const bool have_info = cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess;
-  cudaGetLastError();
-  std::string msg = "CUDA could not allocate " + human_bytes(bytes) + " (" + std::to_string(bytes) + " bytes) for " +
-                    what + ": " + cudaGetErrorName(err);
-  if (have_info) msg += "; the GPU has " + human_bytes(free_bytes) + " free of " + human_bytes(total_bytes);
-  if (err == cudaErrorMemoryAllocation)
-    msg += ". To use less memory: lower batch.micro_batch_size (raise gradient accumulation instead), turn on "
-           "activation recompute, raise parallel.zero_stage to shard optimizer state, gradients and parameters, "
-           "or split the model over more GPUs with parallel.tp / parallel.pp";
-  throw RuntimeError(msg);
+  throw RuntimeError(cuda_alloc_failure_message(bytes, what, cudaGetErrorName(err), err == cudaErrorMemoryAllocation));
 }
 
 // ---- argument checks: a wrong dtype or a buffer too small names the op and the argument ----

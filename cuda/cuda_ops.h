@@ -42,6 +42,9 @@ class CudaOps final : public Ops {
   Device device() const override { return Device::cuda; }
   std::string device_description() const override { return description_; }
   DType compute_dtype() const override { return compute_; }
+  // The stream every op runs on (a cudaStream_t): communication (NcclComm, the staged MpiComm)
+  // orders itself against it with events instead of waiting on the host.
+  void* stream() const { return stream_; }
 
   Tensor alloc(size_t n, DType dtype) override;
   void release(Tensor& t) override;

@@ -16,10 +16,13 @@
 // gives the "+=" for both bf16 and fp32 outputs.
 // Algorithm choice: cuBLASLt's heuristic (first result) for the problem, the dtypes and the
 // actual alignment of every pointer and leading dimension (odd shapes such as IC = 771 get an
-// algorithm that supports them), cached per problem. Split-K reductions are restricted to fp32
-// partials in the workspace (never summed in the bf16 output), which also keeps them in a fixed
-// order: cuBLASLt is then deterministic for a fixed algorithm on a fixed GPU. If
-// the heuristic offers nothing, a plain tiled CUDA-core kernel below computes the product
+// algorithm that supports them), cached per problem (a "none" answer too). Split-K reductions
+// are restricted to fp32 partials in the workspace (never summed in the bf16 output), which
+// also keeps them in a fixed order: cuBLASLt is then deterministic for a fixed algorithm on a
+// fixed GPU; only when no such algorithm exists is any reduction scheme accepted. The bias is
+// fused (BIAS epilogue) when its pointer is 16-byte aligned and an algorithm with the epilogue
+// exists; else the product runs without it and a kernel adds the bias (add_bias_rows). If the
+// heuristic offers nothing at all, a plain tiled CUDA-core kernel below computes the product
 // (correct, slow; it warns once on stderr).
 // Bias gradient: cuBLASLt's BGRADB epilogue would overwrite rather than accumulate, so it is
 // our column reduction, deterministic.
@@ -54,7 +57,11 @@ constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // Hopper's fastest kernel
 struct MatmulContext {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
-  std::map<std::string, cublasLtMatmulAlgo_t> algos;  // problem key -> the heuristic's choice
+  struct Choice {
+    bool ok = false;  // false: the heuristic offered nothing for this problem
+    cublasLtMatmulAlgo_t algo{};
+  };
+  std::map<std::string, Choice> algos;  // problem key -> the heuristic's choice
   bool warned_fallback = false;
 };
 
@@ -101,7 +108,9 @@ __global__ void __launch_bounds__(kTile* kTile)
   __shared__ float As[kTile][kTile + 1];  // As[kk][i] = op(A)(i, k0 + kk)
   __shared__ float Bs[kTile][kTile + 1];  // Bs[j][kk] = op(B)(k0 + kk, j)
   const int tx = threadIdx.x, ty = threadIdx.y;
-  const int i = blockIdx.x * kTile + tx, j = blockIdx.y * kTile + ty;
+  // n (the token count N in forward and dinp) runs along grid.x, whose limit is 2^31 - 1; m (a
+  // channel count) along grid.y (limit 65535 blocks, i.e. m < ~1M).
+  const int i = blockIdx.y * kTile + tx, j = blockIdx.x * kTile + ty;
   float acc = 0.0f;
   for (int k0 = 0; k0 < k; k0 += kTile) {
     const int ak = k0 + ty;
@@ -127,7 +136,8 @@ __global__ void __launch_bounds__(kTile* kTile)
 }
 
 void gemm_fallback(const Gemm& g, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(ceil_div(g.m, kTile)), static_cast<unsigned>(ceil_div(g.n, kTile)));
+  check(ceil_div(g.m, kTile) <= 65535, "matmul fallback: m = " + std::to_string(g.m) + " exceeds the grid's y limit");
+  const dim3 grid(static_cast<unsigned>(ceil_div(g.n, kTile)), static_cast<unsigned>(ceil_div(g.m, kTile)));
   const dim3 block(kTile, kTile);
   dispatch_act_grad("matmul", g.ab, g.cd, [&](auto ab, auto cd) {
     using TA = decltype(ab);
@@ -153,22 +163,16 @@ struct Descriptors {
   }
 };
 
-void gemm(MatmulContext* ctx, const Gemm& g, cudaStream_t stream) {
-  if (g.m <= 0 || g.n <= 0) return;
-  if (g.k <= 0) {  // an empty sum: D = beta D (+ bias); not reached by the model
-    check(g.beta == 1.0f && g.bias == nullptr, "matmul: k = 0 is only supported as a no-op accumulation");
-    return;
-  }
-  // A bias pointer that is not 16-byte aligned cannot go through the epilogue; add it afterwards.
-  const bool fuse_bias = g.bias != nullptr && is_aligned(g.bias, 16);
-
-  Descriptors desc;
+// Creates the operation and layout descriptors of `g`, with the BIAS epilogue when `fuse_bias`.
+void make_descriptors(Descriptors& desc, const Gemm& g, bool fuse_bias) {
   const cublasOperation_t ta = g.transa ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t tb = g.transb ? CUBLAS_OP_T : CUBLAS_OP_N;
   CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
   if (fuse_bias) {
+    // The bias vector has D's type (CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE left at its default) and
+    // D's row count m (= OC): row-major out[N, OC] is D^T, so it is added along every row of out.
     const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof g.bias));
@@ -177,60 +181,85 @@ void gemm(MatmulContext* ctx, const Gemm& g, cudaStream_t stream) {
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&desc.a, cuda_type(g.ab), g.transa ? g.k : g.m, g.transa ? g.m : g.k, g.lda));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&desc.b, cuda_type(g.ab), g.transb ? g.n : g.k, g.transb ? g.k : g.n, g.ldb));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&desc.d, cuda_type(g.cd), g.m, g.n, g.ldd));
+}
 
+// The heuristic's first algorithm for the problem in `desc`, or false when it offers none.
+bool heuristic_algo(MatmulContext* ctx, Descriptors& desc, uint32_t align_a, uint32_t align_b, uint32_t align_d,
+                    cublasLtMatmulAlgo_t* algo) {
+  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&desc.pref));
+  const size_t ws = kWorkspaceBytes;
+  CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(desc.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+  // Split-K partial sums only in fp32 workspace: the in-place and output-type schemes would add
+  // partials in the output dtype, i.e. round to bf16 between the parts of one dot product (and
+  // the in-place scheme does not fix the order of the partials).
+  const uint32_t reduction = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(desc.pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reduction,
+                                                    sizeof reduction));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(desc.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
+                                                    sizeof align_a));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(desc.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b,
+                                                    sizeof align_b));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(desc.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d,
+                                                    sizeof align_d));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(desc.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d,
+                                                    sizeof align_d));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(ctx->handle, desc.op, desc.a, desc.b, desc.d, desc.d, desc.pref,
+                                                     1, &result, &found);
+  if (st != CUBLAS_STATUS_SUCCESS || found == 0) {  // any reduction scheme beats the fallback kernel
+    const uint32_t any = CUBLASLT_REDUCTION_SCHEME_MASK;
+    CUBLAS_CHECK(
+        cublasLtMatmulPreferenceSetAttribute(desc.pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &any, sizeof any));
+    st = cublasLtMatmulAlgoGetHeuristic(ctx->handle, desc.op, desc.a, desc.b, desc.d, desc.d, desc.pref, 1, &result,
+                                        &found);
+  }
+  if (st != CUBLAS_STATUS_SUCCESS || found == 0 || result.state != CUBLAS_STATUS_SUCCESS) return false;
+  *algo = result.algo;
+  return true;
+}
+
+void gemm(MatmulContext* ctx, const Gemm& g, cudaStream_t stream) {
+  if (g.m <= 0 || g.n <= 0) return;
+  if (g.k <= 0) {  // an empty sum: D = beta D (+ bias); not reached by the model
+    check(g.beta == 1.0f && g.bias == nullptr, "matmul: k = 0 is only supported as a no-op accumulation");
+    return;
+  }
   const uint32_t align_a = alignment_of(g.A, g.lda, g.ab), align_b = alignment_of(g.B, g.ldb, g.ab);
   const uint32_t align_d = alignment_of(g.D, g.ldd, g.cd);
-  char key[256];
-  std::snprintf(key, sizeof key, "%d%d %d %d %d %d%d %d %d %d %u %u %u %d %d", g.transa, g.transb, g.m, g.n, g.k,
-                int(g.ab), int(g.cd), g.lda, g.ldb, g.ldd, align_a, align_b, align_d, fuse_bias, g.beta != 0.0f);
-  auto it = ctx->algos.find(key);
-  if (it == ctx->algos.end()) {
-    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&desc.pref));
-    const size_t ws = kWorkspaceBytes;
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(desc.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
-                                                      sizeof ws));
-    // Split-K partial sums only in fp32 workspace: the in-place and output-type schemes would add
-    // partials in the output dtype, i.e. round to bf16 between the parts of one dot product.
-    const uint32_t reduction = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(desc.pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
-                                                      &reduction, sizeof reduction));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(desc.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
-                                                      sizeof align_a));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(desc.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b,
-                                                      sizeof align_b));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(desc.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d,
-                                                      sizeof align_d));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(desc.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d,
-                                                      sizeof align_d));
-    cublasLtMatmulHeuristicResult_t result{};
-    int found = 0;
-    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(ctx->handle, desc.op, desc.a, desc.b, desc.d, desc.d, desc.pref,
-                                                       1, &result, &found);
-    if (st != CUBLAS_STATUS_SUCCESS || found == 0) {  // any reduction scheme beats the fallback kernel
-      const uint32_t any = CUBLASLT_REDUCTION_SCHEME_MASK;
-      CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(desc.pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &any,
-                                                        sizeof any));
-      st = cublasLtMatmulAlgoGetHeuristic(ctx->handle, desc.op, desc.a, desc.b, desc.d, desc.d, desc.pref, 1, &result,
-                                          &found);
+  // The bias goes through the BIAS epilogue when its pointer is 16-byte aligned and cuBLASLt has
+  // an algorithm with that epilogue for the problem (the epilogue narrows the choice: odd shapes
+  // may have a plain algorithm but no fused one); otherwise it is added by a kernel afterwards.
+  for (bool fuse_bias : {true, false}) {
+    if (fuse_bias && (g.bias == nullptr || !is_aligned(g.bias, 16))) continue;
+    char key[256];
+    std::snprintf(key, sizeof key, "%d%d %d %d %d %d%d %d %d %d %u %u %u %d %d", g.transa, g.transb, g.m, g.n, g.k,
+                  int(g.ab), int(g.cd), g.lda, g.ldb, g.ldd, align_a, align_b, align_d, fuse_bias, g.beta != 0.0f);
+    Descriptors desc;
+    make_descriptors(desc, g, fuse_bias);
+    auto it = ctx->algos.find(key);
+    if (it == ctx->algos.end()) {
+      MatmulContext::Choice choice;
+      choice.ok = heuristic_algo(ctx, desc, align_a, align_b, align_d, &choice.algo);
+      it = ctx->algos.emplace(key, choice).first;  // "none" is cached too: the heuristic is not re-asked
     }
-    if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
-      if (!ctx->warned_fallback) {
-        std::fprintf(stderr,
-                     "warning: cuBLASLt has no algorithm for a %s matmul m=%d n=%d k=%d (alignments %u/%u/%u bytes); "
-                     "using the slow fallback kernel\n",
-                     dtype_name(g.ab), g.m, g.n, g.k, align_a, align_b, align_d);
-        ctx->warned_fallback = true;
-      }
-      gemm_fallback(g, stream);  // adds the bias itself, whatever its alignment
-      return;
-    }
-    it = ctx->algos.emplace(key, result.algo).first;
+    if (!it->second.ok) continue;
+    const float alpha = 1.0f, beta = g.beta;
+    CUBLAS_CHECK(cublasLtMatmul(ctx->handle, desc.op, &alpha, g.A, desc.a, g.B, desc.b, &beta, g.D, desc.d, g.D,
+                                desc.d, &it->second.algo, ctx->workspace, kWorkspaceBytes, stream));
+    // Row-major out[N, OC] is D^T: the bias runs along D's m dimension, i.e. along each row of out.
+    if (g.bias && !fuse_bias) add_bias_rows(g.cd, g.D, g.bias, g.n, g.m, stream);
+    return;
   }
-  const float alpha = 1.0f, beta = g.beta;
-  CUBLAS_CHECK(cublasLtMatmul(ctx->handle, desc.op, &alpha, g.A, desc.a, g.B, desc.b, &beta, g.D, desc.d, g.D, desc.d,
-                              &it->second, ctx->workspace, kWorkspaceBytes, stream));
-  // Row-major out[N, OC] is D^T: the bias runs along D's m dimension, i.e. along each row of out.
-  if (g.bias && !fuse_bias) add_bias_rows(g.cd, g.D, g.bias, g.n, g.m, stream);
+  if (!ctx->warned_fallback) {
+    std::fprintf(stderr,
+                 "warning: cuBLASLt has no algorithm for a %s matmul m=%d n=%d k=%d (alignments %u/%u/%u bytes); "
+                 "using the slow fallback kernel\n",
+                 dtype_name(g.ab), g.m, g.n, g.k, align_a, align_b, align_d);
+    ctx->warned_fallback = true;
+  }
+  gemm_fallback(g, stream);  // adds the bias itself, whatever its alignment
 }
 
 }  // namespace

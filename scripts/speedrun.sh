@@ -170,7 +170,10 @@ fi
 THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / (GPUS > 0 ? GPUS : 1) ))}
 export OMP_NUM_THREADS=$(( THREADS > 0 ? THREADS : 1 ))
 LAUNCH=()
-if [ "$GPUS" -gt 0 ]; then
+# Always name the device: picotrain itself would pick cuda whenever it sees a GPU.
+if [ "$GPUS" -eq 0 ]; then
+  ARGS+=(--device cpu)
+else
   ARGS+=(--device cuda)
   if [ "$GPUS" -gt 1 ]; then
     [ "$(id -u)" -eq 0 ] && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1

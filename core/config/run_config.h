@@ -48,6 +48,8 @@ struct ParallelSection {
   int pp_virtual_stages = 1;
   std::vector<int> pp_layers;  // blocks per virtual stage (pp*pp_virtual_stages entries); empty: even split
   std::string cp_impl = "ring";  // ring | ulysses
+  // What moves tensors between ranks (core/dist/comm_backend.h): auto | nccl | mpi.
+  std::string comm_backend = "auto";
 };
 
 // Activation recompute: what forward keeps for backward (core/model/gpt2_stage.h).

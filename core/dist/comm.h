@@ -12,9 +12,9 @@
 //    squared norms) reduce in f64. The order in which ranks' values are added may depend on
 //    the algorithm the library picks for a message size: results are reproducible run to run
 //    with the same layout, and agree with one rank to fp32 rounding (tests allow 1e-5 relative).
-//  - Calls are blocking: when one returns, its output is complete. (The NCCL backend will add
-//    asynchronous variants so gradient buckets overlap backward; GradSync already launches
-//    buckets in the order backward completes them.)
+//  - Calls are blocking: when one returns, its output is complete (for device tensors: complete
+//    for everything the backend runs after the call, in stream order). The exception is the
+//    started reductions below, which let gradient buckets overlap backward.
 //  - The header is an interface only (no key function in a .cpp), like Ops, so the CUDA library
 //    can implement it without linking core.
 #pragma once
@@ -55,6 +55,16 @@ class Comm {
   virtual void recv(Tensor x, int peer) = 0;
 
   virtual void barrier() = 0;
+
+  // Gradient buckets (GradSync): the same reductions, started without making the computation
+  // that follows wait for them, so backward goes on while a bucket reduces. wait_started() makes
+  // everything after it wait until every reduction this Comm started is complete. Between the
+  // start and the wait the caller must not touch the tensors involved. A backend whose
+  // collectives block the host (MPI, a group of one) just runs them here; NCCL runs them on its
+  // own stream.
+  virtual void start_all_reduce(Tensor x) { all_reduce(x); }
+  virtual void start_reduce_scatter(Tensor send, Tensor recv) { reduce_scatter(send, recv); }
+  virtual void wait_started() {}
 };
 
 }  // namespace pt

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <initializer_list>
 
 namespace pt {
 
@@ -47,9 +48,43 @@ int block_count(size_t n, const char* what) {
 // Whole-buffer operations are split into int-sized pieces so any tensor size works.
 constexpr size_t kPiece = size_t(1) << 30;
 
+// The host memory one MPI call works on. Host tensors are used where they are; device tensors
+// (with a HostStaging) get a region of the shared pinned buffer: the call's inputs are copied
+// down before it (fetch) and its outputs back up after it (store).
+class HostViews {
+ public:
+  HostViews(HostStaging* staging, std::initializer_list<Tensor> tensors) : staging_(staging), tensors_(tensors) {
+    constexpr size_t kAlign = 256;  // each region starts aligned, as a device buffer would
+    size_t total = 0;
+    for (const Tensor& t : tensors_) {
+      const bool staged = staging_ && t.data && staging_->on_device(t.data);
+      offsets_.push_back(staged ? total : kHost);
+      if (staged) total += (t.bytes() + kAlign - 1) / kAlign * kAlign;
+    }
+    char* base = total > 0 ? static_cast<char*>(staging_->host_buffer(total)) : nullptr;
+    for (size_t i = 0; i < tensors_.size(); i++)
+      hosts_.push_back(offsets_[i] == kHost ? static_cast<char*>(tensors_[i].data) : base + offsets_[i]);
+  }
+  bool staged(size_t i) const { return offsets_[i] != kHost; }
+  char* host(size_t i) const { return hosts_[i]; }
+  void fetch(size_t i) {
+    if (staged(i)) staging_->to_host(hosts_[i], tensors_[i].data, tensors_[i].bytes());
+  }
+  void store(size_t i) {
+    if (staged(i)) staging_->to_device(tensors_[i].data, hosts_[i], tensors_[i].bytes());
+  }
+
+ private:
+  static constexpr size_t kHost = ~size_t(0);
+  HostStaging* staging_;
+  std::vector<Tensor> tensors_;
+  std::vector<size_t> offsets_;
+  std::vector<char*> hosts_;
+};
+
 }  // namespace
 
-std::unique_ptr<MpiComm> MpiComm::split_world(const std::vector<int>& members) {
+std::unique_ptr<MpiComm> MpiComm::split_world(const std::vector<int>& members, std::shared_ptr<HostStaging> staging) {
   int world_rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
   const auto me = std::find(members.begin(), members.end(), world_rank);
@@ -66,11 +101,12 @@ std::unique_ptr<MpiComm> MpiComm::split_world(const std::vector<int>& members) {
   check(size == static_cast<int>(members.size()) && rank == key,
         "MpiComm::split_world: rank " + std::to_string(world_rank) + " expected a group of " +
             std::to_string(members.size()) + " ranks but MPI formed one of " + std::to_string(size));
-  return std::unique_ptr<MpiComm>(new MpiComm(std::move(h), members, rank));
+  return std::unique_ptr<MpiComm>(new MpiComm(std::move(h), members, rank, std::move(staging)));
 }
 
-MpiComm::MpiComm(std::unique_ptr<Handle> handle, std::vector<int> members, int rank)
-    : handle_(std::move(handle)), members_(std::move(members)), rank_(rank) {}
+MpiComm::MpiComm(std::unique_ptr<Handle> handle, std::vector<int> members, int rank,
+                 std::shared_ptr<HostStaging> staging)
+    : handle_(std::move(handle)), staging_(std::move(staging)), members_(std::move(members)), rank_(rank) {}
 
 MpiComm::~MpiComm() {
   int finalized = 0;
@@ -80,10 +116,14 @@ MpiComm::~MpiComm() {
 
 void MpiComm::all_reduce(Tensor x) {
   require_f32(x, "all_reduce");
+  HostViews v(staging_.get(), {x});
+  v.fetch(0);
+  float* data = reinterpret_cast<float*>(v.host(0));
   for (size_t off = 0; off < x.numel; off += kPiece) {
     const int n = static_cast<int>(std::min(kPiece, x.numel - off));
-    mpi_check(MPI_Allreduce(MPI_IN_PLACE, x.f32() + off, n, MPI_FLOAT, MPI_SUM, handle_->comm), "Allreduce");
+    mpi_check(MPI_Allreduce(MPI_IN_PLACE, data + off, n, MPI_FLOAT, MPI_SUM, handle_->comm), "Allreduce");
   }
+  v.store(0);
 }
 
 void MpiComm::all_reduce(double* host, size_t n) {
@@ -100,8 +140,11 @@ void MpiComm::reduce_scatter(Tensor send, Tensor recv) {
         "reduce_scatter: send has " + std::to_string(send.numel) + " elements, expected " +
             std::to_string(members_.size()) + " blocks of " + std::to_string(recv.numel));
   const int n = block_count(recv.numel, "reduce_scatter");
-  mpi_check(MPI_Reduce_scatter_block(send.data, recv.data, n, MPI_FLOAT, MPI_SUM, handle_->comm),
+  HostViews v(staging_.get(), {send, recv});
+  v.fetch(0);
+  mpi_check(MPI_Reduce_scatter_block(v.host(0), v.host(1), n, MPI_FLOAT, MPI_SUM, handle_->comm),
             "Reduce_scatter_block");
+  v.store(1);
 }
 
 void MpiComm::all_gather(Tensor send, Tensor recv) {
@@ -109,10 +152,14 @@ void MpiComm::all_gather(Tensor send, Tensor recv) {
         "all_gather: recv has " + std::to_string(recv.numel) + " elements, expected " +
             std::to_string(members_.size()) + " blocks of " + std::to_string(send.numel));
   const int n = block_count(send.numel, "all_gather");
-  const bool in_place = send.data == static_cast<char*>(recv.data) + rank_ * send.bytes();
-  mpi_check(MPI_Allgather(in_place ? MPI_IN_PLACE : send.data, n, mpi_type(send.dtype), recv.data, n,
+  HostViews v(staging_.get(), {send, recv});
+  v.fetch(0);
+  // In place only when MPI sees the caller's own buffers; staged copies never overlap.
+  const bool in_place = !v.staged(0) && !v.staged(1) && send.data == static_cast<char*>(recv.data) + rank_ * send.bytes();
+  mpi_check(MPI_Allgather(in_place ? MPI_IN_PLACE : v.host(0), n, mpi_type(send.dtype), v.host(1), n,
                           mpi_type(recv.dtype), handle_->comm),
             "Allgather");
+  v.store(1);
 }
 
 void MpiComm::all_to_all(Tensor send, Tensor recv) {
@@ -120,34 +167,43 @@ void MpiComm::all_to_all(Tensor send, Tensor recv) {
         "all_to_all: send and recv must be equal and hold " + std::to_string(members_.size()) +
             " equal blocks (send " + std::to_string(send.numel) + ", recv " + std::to_string(recv.numel) + ")");
   const int n = block_count(send.numel / members_.size(), "all_to_all");
-  mpi_check(MPI_Alltoall(send.data, n, mpi_type(send.dtype), recv.data, n, mpi_type(recv.dtype), handle_->comm),
+  HostViews v(staging_.get(), {send, recv});
+  v.fetch(0);
+  mpi_check(MPI_Alltoall(v.host(0), n, mpi_type(send.dtype), v.host(1), n, mpi_type(recv.dtype), handle_->comm),
             "Alltoall");
+  v.store(1);
 }
 
 void MpiComm::broadcast(Tensor x, int root) {
+  HostViews v(staging_.get(), {x});
+  if (rank_ == root) v.fetch(0);
   const size_t elem = dtype_size(x.dtype);
   for (size_t off = 0; off < x.numel; off += kPiece) {
     const int n = static_cast<int>(std::min(kPiece, x.numel - off));
-    mpi_check(MPI_Bcast(static_cast<char*>(x.data) + off * elem, n, mpi_type(x.dtype), root, handle_->comm), "Bcast");
+    mpi_check(MPI_Bcast(v.host(0) + off * elem, n, mpi_type(x.dtype), root, handle_->comm), "Bcast");
   }
+  if (rank_ != root) v.store(0);
 }
 
 void MpiComm::send(Tensor x, int peer) {
+  HostViews v(staging_.get(), {x});
+  v.fetch(0);
   const size_t elem = dtype_size(x.dtype);
   for (size_t off = 0; off < x.numel; off += kPiece) {
     const int n = static_cast<int>(std::min(kPiece, x.numel - off));
-    mpi_check(MPI_Send(static_cast<char*>(x.data) + off * elem, n, mpi_type(x.dtype), peer, 0, handle_->comm), "Send");
+    mpi_check(MPI_Send(v.host(0) + off * elem, n, mpi_type(x.dtype), peer, 0, handle_->comm), "Send");
   }
 }
 
 void MpiComm::recv(Tensor x, int peer) {
+  HostViews v(staging_.get(), {x});
   const size_t elem = dtype_size(x.dtype);
   for (size_t off = 0; off < x.numel; off += kPiece) {
     const int n = static_cast<int>(std::min(kPiece, x.numel - off));
-    mpi_check(MPI_Recv(static_cast<char*>(x.data) + off * elem, n, mpi_type(x.dtype), peer, 0, handle_->comm,
-                       MPI_STATUS_IGNORE),
+    mpi_check(MPI_Recv(v.host(0) + off * elem, n, mpi_type(x.dtype), peer, 0, handle_->comm, MPI_STATUS_IGNORE),
               "Recv");
   }
+  v.store(0);
 }
 
 void MpiComm::barrier() { mpi_check(MPI_Barrier(handle_->comm), "Barrier"); }

@@ -1,39 +1,82 @@
 #include "core/dist/process_groups.h"
 
+#include <algorithm>
 #include <numeric>
 
+#include "core/dist/coordination.h"
+#include "core/dist/gpu_comm.h"
 #include "core/dist/local_comm.h"
 #include "core/dist/mpi_comm.h"
 #include "core/dist/timed_comm.h"
 
 namespace pt {
 
-std::unique_ptr<Comm> make_group_comm(const std::vector<int>& members, const World& world, Ops& ops) {
+namespace {
+
+// A host-capable communicator with the given staging (nullptr: host tensors only).
+std::unique_ptr<Comm> host_group_comm(const std::vector<int>& members, const World& world, Ops& ops,
+                                      const std::shared_ptr<HostStaging>& staging) {
 #ifdef PICOTRAIN_WITH_MPI
-  if (world.size > 1) return MpiComm::split_world(members);
+  if (world.size > 1) return MpiComm::split_world(members, staging);
 #endif
   check(members.size() == 1, "a world of one rank cannot form a group of " + std::to_string(members.size()));
   return std::make_unique<LocalComm>(world.rank, ops);
 }
 
-ProcessGroups make_process_groups(const Grid& grid, const World& world, Ops& ops) {
+// The facts choose_comm_backend needs, agreed by every rank over the host world communicator:
+// whether NCCL loads everywhere (else the first failing rank's reason) and how many ranks share
+// the most crowded GPU.
+CommBackendFacts gather_facts(Comm& host_world, const World& world, Ops& ops, const std::string& requested) {
+  CommBackendFacts f;
+  f.device = ops.device();
+  f.world_size = world.size;
+  f.requested = requested;
+  if (world.size == 1 || f.device == Device::cpu) return f;
+  const NcclProbe probe = probe_nccl();
+  const int failed = first_rank_with(host_world, !probe.loaded);
+  f.nccl_loaded = failed < 0;
+  f.nccl_detail = broadcast_string(host_world, probe.detail, failed < 0 ? 0 : failed);
+  if (failed >= 0) f.nccl_detail = "on rank " + std::to_string(failed) + ": " + f.nccl_detail;
+  const std::vector<std::string> gpus = all_gather_strings(host_world, gpu_identity());
+  const std::string& mine = gpus[host_world.rank()];
+  double sharing = static_cast<double>(std::count(gpus.begin(), gpus.end(), mine));
+  // The most crowded GPU anywhere: a sum would not do, so each rank reports its count in its own slot.
+  std::vector<double> counts(world.size, 0.0);
+  counts[host_world.rank()] = sharing;
+  host_world.all_reduce(counts.data(), counts.size());
+  f.max_ranks_per_gpu = static_cast<int>(*std::max_element(counts.begin(), counts.end()));
+  return f;
+}
+
+}  // namespace
+
+std::unique_ptr<Comm> make_group_comm(const std::vector<int>& members, const World& world, Ops& ops) {
+  return host_group_comm(members, world, ops, world.size > 1 ? make_host_staging(ops) : nullptr);
+}
+
+ProcessGroups make_process_groups(const Grid& grid, const World& world, Ops& ops, const std::string& requested) {
   check(grid.world_size() == world.size, "the grid has " + std::to_string(grid.world_size()) +
                                              " ranks but the world has " + std::to_string(world.size));
   std::vector<int> everyone(world.size);
   std::iota(everyone.begin(), everyone.end(), 0);
   ProcessGroups g;
-  g.world = make_group_comm(everyone, world, ops);
-  g.dp_cp = make_group_comm(grid.dp_cp_group(world.rank), world, ops);
-  g.shard = make_group_comm(grid.dp_shard_group(world.rank), world, ops);
-  g.replicate = make_group_comm(grid.dp_replicate_group(world.rank), world, ops);
-  g.tp = make_group_comm(grid.group(world.rank, Axis::tp), world, ops);
-  g.cp = make_group_comm(grid.group(world.rank, Axis::cp), world, ops);
+  // One staging buffer for every MpiComm of this rank (host_staging.h).
+  const std::shared_ptr<HostStaging> staging = world.size > 1 ? make_host_staging(ops) : nullptr;
+  g.world = host_group_comm(everyone, world, ops, staging);
+  g.backend = choose_comm_backend(gather_facts(*g.world, world, ops, requested));
+  GroupCommMaker make = [&](const std::vector<int>& members) { return host_group_comm(members, world, ops, staging); };
+  if (g.backend.backend == CommBackend::nccl) make = nccl_group_maker(*g.world, ops);
+  g.dp_cp = make(grid.dp_cp_group(world.rank));
+  g.shard = make(grid.dp_shard_group(world.rank));
+  g.replicate = make(grid.dp_replicate_group(world.rank));
+  g.tp = make(grid.group(world.rank, Axis::tp));
+  g.cp = make(grid.group(world.rank, Axis::cp));
   const std::vector<int> pipeline = grid.group(world.rank, Axis::pp);
-  g.pp = make_group_comm(pipeline, world, ops);
+  g.pp = make(pipeline);
   std::vector<int> embedding = {world.rank};
   if (pipeline.size() > 1 && (world.rank == pipeline.front() || world.rank == pipeline.back()))
     embedding = {pipeline.front(), pipeline.back()};
-  g.embedding = make_group_comm(embedding, world, ops);
+  g.embedding = make(embedding);
   // Every group adds its time and bytes to one CommStats: the run report's communication time.
   for (std::unique_ptr<Comm>* c : {&g.world, &g.dp_cp, &g.shard, &g.replicate, &g.tp, &g.cp, &g.pp, &g.embedding})
     *c = std::make_unique<TimedComm>(std::move(*c), g.comm_stats);

@@ -56,6 +56,12 @@ void TimedComm::all_reduce(double* host, size_t n) {
 void TimedComm::reduce_scatter(Tensor send, Tensor recv) {
   timed(CommKind::reduce_scatter, send.bytes(), [&] { inner_->reduce_scatter(send, recv); });
 }
+void TimedComm::start_all_reduce(Tensor x) {
+  timed(CommKind::all_reduce, x.bytes(), [&] { inner_->start_all_reduce(x); });
+}
+void TimedComm::start_reduce_scatter(Tensor send, Tensor recv) {
+  timed(CommKind::reduce_scatter, send.bytes(), [&] { inner_->start_reduce_scatter(send, recv); });
+}
 void TimedComm::all_gather(Tensor send, Tensor recv) {
   timed(CommKind::all_gather, recv.bytes(), [&] { inner_->all_gather(send, recv); });
 }

@@ -48,6 +48,10 @@ class TimedComm final : public Comm {
   void send(Tensor x, int peer) override;
   void recv(Tensor x, int peer) override;
   void barrier() override;
+  // Started reductions count as their kind; their time is the host time of starting them.
+  void start_all_reduce(Tensor x) override;
+  void start_reduce_scatter(Tensor send, Tensor recv) override;
+  void wait_started() override { inner_->wait_started(); }
 
  private:
   template <class F>

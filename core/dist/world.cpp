@@ -27,6 +27,13 @@ World init_world(int* argc, char*** argv) {
   }
   MPI_Comm_rank(MPI_COMM_WORLD, &w.rank);
   MPI_Comm_size(MPI_COMM_WORLD, &w.size);
+  if (w.size > 1) {
+    MPI_Comm node = MPI_COMM_NULL;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, w.rank, MPI_INFO_NULL, &node);
+    MPI_Comm_rank(node, &w.local_rank);
+    MPI_Comm_size(node, &w.local_size);
+    MPI_Comm_free(&node);
+  }
 #endif
   return w;
 }

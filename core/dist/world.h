@@ -9,6 +9,10 @@ namespace pt {
 struct World {
   int rank = 0;
   int size = 1;
+  // This rank among the ranks on its node (MPI_Comm_split_type with MPI_COMM_TYPE_SHARED, which
+  // every launcher supports: no mpirun- or Slurm-specific variables). It picks the rank's GPU.
+  int local_rank = 0;
+  int local_size = 1;
 };
 
 // Initialises MPI when built with it (idempotent). Call once at start-up.

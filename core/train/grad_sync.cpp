@@ -67,12 +67,20 @@ void GradSync::grads_ready(int layer) {
 void GradSync::reduce_bucket(size_t b) {
   const Bucket& bucket = layout_.buckets()[b];
   const Tensor full = store_.all_grads().slice(bucket.arena_offset, bucket.padded);
+  // The bucket is final (no later micro-step writes it): its reduction is started, and
+  // finish_step waits for it, so backward overlaps it where the backend can (NCCL).
   if (layout_.zero_stage() == 0) {
-    dp_cp_.all_reduce(full);
+    dp_cp_.start_all_reduce(full);
   } else {
     const Tensor piece = store_.grad_shard().slice(bucket.shard_offset, layout_.piece_numel(bucket));
-    shard_.reduce_scatter(full, piece);
-    replicate_.all_reduce(piece);  // HSDP: the replicas' sums of the same piece
+    if (replicate_.size() == 1) {
+      shard_.start_reduce_scatter(full, piece);
+    } else {
+      // HSDP: the replicas' all-reduce reads the reduce-scatter's result on another communicator,
+      // which would not wait for a started one: both complete in order instead.
+      shard_.reduce_scatter(full, piece);
+      replicate_.all_reduce(piece);
+    }
   }
   launched_[b] = true;
 }
@@ -96,6 +104,7 @@ void GradSync::finish_step() {
     // in backward's order.
     for (size_t b = launched_.size(); b-- > 0;)
       if (!launched_[b]) reduce_bucket(b);
+    (layout_.zero_stage() == 0 ? dp_cp_ : shard_).wait_started();
     return;
   }
   for (size_t l = 0; l < working_.size(); l++)

@@ -14,11 +14,13 @@
 // Order and overlap. Buckets are whole layers filled from the last layer down (ShardLayout),
 // and each is launched the moment backward reports its last layer final (LayerHooks::
 // grads_ready), i.e. in the order backward fills them. Under ZeRO 0-1 only the last micro-step
-// of a step launches anything (earlier ones just accumulate locally). On the CPU backend MPI
-// collectives are blocking, so a launch runs to completion inside backward and nothing
-// overlaps; the NCCL backend will make the same launches asynchronous on a communication
-// stream and wait for them in finish_step(), which is where overlap comes from. ZeRO-2/3 take a
-// fresh working buffer per layer and micro-step from Ops::alloc; a GPU backend pools them.
+// of a step launches anything (earlier ones just accumulate locally). A ZeRO 0-1 bucket is
+// started (Comm::start_all_reduce / start_reduce_scatter) and finish_step() waits for them all:
+// on the CPU backend MPI collectives block, so each runs to completion inside backward; NCCL
+// queues it on its communication stream and backward overlaps it. HSDP's second reduction and
+// ZeRO-2/3's per-layer reduce-scatter (its working buffer is freed right after) complete in
+// order. ZeRO-2/3 take a fresh working buffer per layer and micro-step from Ops::alloc; a GPU
+// backend pools them.
 #pragma once
 #include <vector>
 

@@ -36,7 +36,7 @@ Trainer::Trainer(const RunConfig& cfg, const World& world, Ops& ops)
   }
   agree_on_startup(world, failure);
 
-  groups_ = make_process_groups(*grid_, world, ops);  // collective over the world
+  groups_ = make_process_groups(*grid_, world, ops, cfg.parallel.comm_backend);  // collective over the world
   gather_ = std::make_unique<ParamGather>(*store_, ops, *groups_.shard);
   grad_sync_ = std::make_unique<GradSync>(*store_, ops, *groups_.dp_cp, *groups_.shard, *groups_.replicate);
   hooks_ = std::make_unique<ZeroHooks>(*gather_, *grad_sync_);
@@ -83,11 +83,6 @@ void Trainer::setup_local() {
     throw ConfigError("precision.compute_dtype=" + want + " but the " + device_name(ops.device()) +
                       " backend computes in " + have);
   const auto& par = cfg.parallel;
-  // The MPI communicators move host memory; device buffers need the NCCL backend.
-  if (world_.size > 1 && ops.device() != Device::cpu)
-    throw ConfigError(std::string("--device ") + device_name(ops.device()) + " with " + std::to_string(world_.size) +
-                      " ranks: multi-rank training runs on the cpu backend in this build (NCCL lands with the CUDA "
-                      "training backend)");
   grid_ = std::make_unique<Grid>(par);
   check(grid_->world_size() == world_.size, "the layout has " + std::to_string(grid_->world_size()) +
                                                 " ranks but the world " + std::to_string(world_.size));
@@ -239,6 +234,8 @@ void Trainer::print_startup() const {
   const auto& b = cfg_.batch;
   std::printf("picotrain | run %s -> %s\n", cfg_.run.name.c_str(), cfg_.run.out_dir.c_str());
   std::printf("device    | %s\n", ops_.device_description().c_str());
+  if (world_.size > 1)
+    std::printf("comm      | %s: %s\n", comm_backend_name(groups_.backend.backend), groups_.backend.reason.c_str());
   std::printf("model     | %s: %d layers, d_model %d, %d heads, vocab %d (padded %d), max_seq_len %d, %.2fM params\n",
               m.arch.c_str(), m.n_layers, m.d_model, m.n_heads, m.vocab_size, m.padded_vocab, m.max_seq_len,
               table_.total_numel() / 1e6);

@@ -1,0 +1,250 @@
+#!/usr/bin/env python3
+"""The summary of one bench/gpu_bench.sh run: issue #9's targets, ours against PyTorch, met or not.
+
+Reads what gpu_bench.sh left in its output folder and writes bench_summary.md there:
+  machine.txt                      the device (nvidia-smi), versions, date
+  steps.tsv                        each step of the script: name, status, seconds, detail
+  kernel_bench.json / .md          bench/kernel_bench: every op's time, work and share of the ceilings
+  attention_sdpa.json              bench/attention_sdpa.py: PyTorch flash SDPA at the same shapes
+  picotrain_124m.jsonl, picotrain_1.5b.jsonl   picotrain's metrics.jsonl of the two training runs
+  torch_124m.json (torch_1.5b.json)            bench/torch_gpt2.py at the same shapes
+Any of them may be missing (a step failed or was skipped): its rows then say "n/a".
+
+Training throughput over a run = tokens of the steps after the first --skip-* (warm-up) / their
+summed step time; MFU the same way (picotrain logs it per step against its peak; the dt-weighted
+mean is the MFU of the aggregate). Attention compares forward+backward TFLOP/s at equal shapes
+and the same FLOP convention (causal counts half; backward 2.5 x forward).
+
+    python3 bench/bench_summary.py OUT_DIR [--skip-124m 5] [--skip-15b 3]
+"""
+import argparse
+import json
+import os
+import sys
+
+TARGET_SPEEDUP_124M = 1.3
+TARGET_MFU_124M = 0.50
+TARGET_MFU_15B = 0.55
+TARGET_ATTENTION = 0.8
+TARGET_BANDWIDTH = 0.70
+
+
+def load_json(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def picotrain_run(path, skip):
+    """Aggregate tokens/s, MFU, TFLOP/s and step ms of a metrics.jsonl after `skip` steps."""
+    try:
+        rows = [json.loads(line) for line in open(path) if line.strip()]
+    except (OSError, ValueError):
+        return None
+    steps = [r for r in rows if "dt_ms" in r and r.get("step", 0) > skip]
+    if not steps:
+        return None
+    dt = sum(r["dt_ms"] for r in steps) / 1e3
+    tokens = sum(r["tokens_per_s"] * r["dt_ms"] / 1e3 for r in steps)
+    out = {
+        "timed_steps": len(steps),
+        "first_timed_step": steps[0]["step"],
+        "tokens_per_s": tokens / dt,
+        "step_ms_mean": 1e3 * dt / len(steps),
+        "mfu": sum(r["mfu"] * r["dt_ms"] for r in steps) / (1e3 * dt),
+        "tflops": sum(r["tflops_per_gpu"] * r["dt_ms"] for r in steps) / (1e3 * dt),
+        "loss_first": rows[0].get("loss"),
+        "loss_last": steps[-1].get("loss"),
+        "data_ms_mean": sum(r.get("data_ms", 0) for r in steps) / len(steps),
+    }
+    if steps[0]["mfu"] > 0:
+        out["peak_tflops"] = steps[0]["tflops_per_gpu"] / steps[0]["mfu"]
+    return out
+
+
+def fmt(x, spec, missing="n/a"):
+    return missing if x is None else spec % x
+
+
+def met(value, target):
+    if value is None:
+        return "n/a"
+    return "**yes**" if value >= target else "no"
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("out")
+    p.add_argument("--skip-124m", type=int, default=5, help="warm-up steps of the 124M runs not counted")
+    p.add_argument("--skip-15b", type=int, default=3, help="warm-up steps of the 1.5B runs not counted")
+    args = p.parse_args(argv)
+    d = args.out
+    path = lambda name: os.path.join(d, name)  # noqa: E731
+
+    kb = load_json(path("kernel_bench.json"))
+    sdpa = load_json(path("attention_sdpa.json"))
+    t124 = load_json(path("torch_124m.json"))
+    t15 = load_json(path("torch_1.5b.json"))
+    p124 = picotrain_run(path("picotrain_124m.jsonl"), args.skip_124m)
+    p15 = picotrain_run(path("picotrain_1.5b.jsonl"), args.skip_15b)
+
+    md = ["# picotrain GPU benchmarks (issue #9)", ""]
+    try:
+        md += ["```", open(path("machine.txt")).read().rstrip(), "```", ""]
+    except OSError:
+        md += ["(no machine.txt)", ""]
+
+    # ---- the targets
+    md += ["## Targets", "",
+           "| what | picotrain | PyTorch | ratio | target | met? |",
+           "|---|---|---|---|---|---|"]
+    ours = p124 and p124["tokens_per_s"]
+    theirs = t124 and t124["tokens_per_s"]
+    ratio = ours / theirs if ours and theirs else None
+    shape = ""
+    if t124:
+        shape = ", B %d x %d micro-batches" % (t124["batch"]["micro_batch_size"], t124["batch"]["grad_accum"])
+        # The ratio means something only at equal tokens per step.
+        if p124 and abs(p124["tokens_per_s"] * p124["step_ms_mean"] / 1e3 - t124["batch"]["tokens_per_step"]) > \
+                1e-3 * t124["batch"]["tokens_per_step"]:
+            shape += " (**picotrain ran another batch: not comparable**)"
+            ratio = None
+    md.append("| GPT-2 124M, T=1024, bf16%s: tokens/s | %s | %s | %s | >= %.1fx PyTorch (compile + flash SDPA) | %s |" % (
+        shape, fmt(ours, "%.0f"), fmt(theirs, "%.0f"), fmt(ratio, "%.2fx"), TARGET_SPEEDUP_124M,
+        met(ratio, TARGET_SPEEDUP_124M)))
+    m_ours = p124 and p124["mfu"]
+    md.append("| GPT-2 124M: MFU (PaLM formula) | %s | %s | | >= %.0f%% | %s |" % (
+        fmt(m_ours and 100 * m_ours, "%.1f%%"), fmt(t124 and t124.get("mfu") and 100 * t124["mfu"], "%.1f%%"),
+        100 * TARGET_MFU_124M, met(m_ours, TARGET_MFU_124M)))
+    m15 = p15 and p15["mfu"]
+    t15_tps = t15 and t15["tokens_per_s"]
+    md.append("| GPT-2 1.5B: MFU (PaLM formula) | %s | %s | %s | >= %.0f%% | %s |" % (
+        fmt(m15 and 100 * m15, "%.1f%%"), fmt(t15 and t15.get("mfu") and 100 * t15["mfu"], "%.1f%%", "not run"),
+        fmt(p15 and t15_tps and p15["tokens_per_s"] / t15_tps, "%.2fx tokens/s", ""), 100 * TARGET_MFU_15B,
+        met(m15, TARGET_MFU_15B)))
+
+    # attention: ours (kernel_bench, section "attention", op "attention_fwd+bwd") against SDPA
+    ours_att = {}
+    if kb:
+        for r in kb.get("rows", []):
+            if r["section"] == "attention" and r["op"] == "attention_fwd+bwd":
+                f = dict(kv.split("=") for kv in r["shape"].split())
+                ours_att[(int(f["B"]), int(f["NH"]), int(f["T"]), int(f["hd"]))] = r["rate"]
+    sdpa_att = {}
+    if sdpa:
+        for r in sdpa.get("rows", []):
+            sdpa_att[(r["B"], r["NH"], r["T"], r["hd"])] = r["fwd_bwd_tflops"]
+    for key in sorted(set(ours_att) | set(sdpa_att), key=lambda k: (k[3], k[2])):
+        a, b = ours_att.get(key), sdpa_att.get(key)
+        r = a / b if a and b else None
+        md.append("| attention fwd+bwd, causal bf16, hd %d, T %d (B %d, NH %d): TFLOP/s | %s | %s | %s | >= %.1fx SDPA | %s |"
+                  % (key[3], key[2], key[0], key[1], fmt(a, "%.1f"), fmt(b, "%.1f"), fmt(r, "%.2fx"),
+                     TARGET_ATTENTION, met(r, TARGET_ATTENTION)))
+    if not ours_att and not sdpa_att:
+        md.append("| attention fwd+bwd (hd 64/128, T 1024/4096/8192) | n/a | n/a | n/a | >= 0.8x SDPA | n/a |")
+
+    # memory-bound kernels against the measured copy bandwidth
+    if kb:
+        mem = [r for r in kb["rows"] if r["unit"] == "byte" and r["section"] not in ("ceiling",) and r["work"] > 1e6]
+        low = [r for r in mem if r["fraction"] < TARGET_BANDWIDTH]
+        worst = ", ".join("%s [%s] %.0f%%" % (r["op"], r["section"].split(" ")[0], 100 * r["fraction"])
+                          for r in sorted(low, key=lambda r: r["fraction"]))
+        md.append("| memory-bound kernels (elementwise, norms, loss, optimizer) at >= 70%% of the copy bandwidth "
+                  "(%.0f GB/s measured) | %d of %d below | | | all >= %.0f%% | %s |" % (
+                      kb["bandwidth_ceiling_gbps"], len(low), len(mem), 100 * TARGET_BANDWIDTH,
+                      "**yes**" if not low else "no: " + worst))
+    else:
+        md.append("| memory-bound kernels at >= 70% of bandwidth | n/a | | | all >= 70% | n/a |")
+    md.append("")
+
+    # ---- where a step's time goes: the kernel sum against the measured step
+    md += ["## Where a step's time goes", ""]
+    if kb:
+        mm_shape = next((r["shape"] for r in kb["rows"] if r["section"] == "ceiling" and r["unit"] == "FLOP"), "?")
+        md.append("Ceilings measured in this run: copy %.0f GB/s; matmul_forward %s %.0f TFLOP/s%s." % (
+            kb["bandwidth_ceiling_gbps"], mm_shape, kb["flop_ceiling_tflops"],
+            " (%.1f%% of the %.1f TFLOP/s datasheet peak used for MFU)" % (
+                100 * kb["flop_ceiling_tflops"] / kb["datasheet_peak_tflops"], kb["datasheet_peak_tflops"])
+            if kb.get("datasheet_peak_tflops") else ""))
+        md.append("")
+        md += ["| model | tokens/step | sum of kernel medians per step | measured picotrain step | not in kernels |",
+               "|---|---|---|---|---|"]
+        for name, run in (("gpt2-124m", p124), ("gpt2-1.5b", p15)):
+            sm = kb.get("step_model", {}).get(name)
+            if not sm:
+                continue
+            tok, kernel_ms = sm["tokens_per_step"], sm["kernel_ms_per_step"]
+            if not run:
+                md.append("| %s | %.0f | %.1f ms | n/a | n/a |" % (name, tok, kernel_ms))
+                continue
+            run_tok = run["tokens_per_s"] * run["step_ms_mean"] / 1e3
+            # Comparable only when kernel_bench assumed the batch picotrain ran (B x accum).
+            same = abs(run_tok - tok) < 1e-3 * tok
+            md.append("| %s | %.0f | %.1f ms | %.1f ms per %.0f tokens | %s |" % (
+                name, tok, kernel_ms, run["step_ms_mean"], run_tok,
+                "%.1f ms (%.0f%%)" % (run["step_ms_mean"] - kernel_ms, 100 * (1 - kernel_ms / run["step_ms_mean"]))
+                if same else "n/a: another batch"))
+        md.append("")
+        try:
+            kmd = open(path("kernel_bench.md")).read()
+            body = kmd.split("\n", 1)[1].strip().replace("\n## ", "\n### ")
+            md += ["## Per-kernel table (bench/kernel_bench)", "", body, ""]
+        except OSError:
+            pass
+    else:
+        md += ["kernel_bench did not run.", ""]
+
+    # ---- the runs
+    md += ["## Training runs", "", "| run | timed steps | tokens/s | step ms | TFLOP/s | MFU | loss first -> last | notes |",
+           "|---|---|---|---|---|---|---|---|"]
+    for name, run in (("picotrain 124M", p124), ("picotrain 1.5B", p15)):
+        if run:
+            md.append("| %s | %d (from step %d) | %.0f | %.1f | %.1f | %.1f%% | %s -> %s | peak %s TFLOP/s; data %.1f ms/step |"
+                      % (name, run["timed_steps"], run["first_timed_step"], run["tokens_per_s"], run["step_ms_mean"],
+                         run["tflops"], 100 * run["mfu"], fmt(run["loss_first"], "%.3f"), fmt(run["loss_last"], "%.3f"),
+                         fmt(run.get("peak_tflops"), "%.1f"), run["data_ms_mean"]))
+        else:
+            md.append("| %s | did not run or logged no step | | | | | | |" % name)
+    for name, run in (("PyTorch 124M", t124), ("PyTorch 1.5B", t15)):
+        if run:
+            md.append("| %s | %d (after %d warm-up) | %.0f | %.1f | %.1f | %s | %s -> %s | torch %s, %s, %s, %s; peak %s |" % (
+                name, run["timed_steps"], run["warmup_steps"], run["tokens_per_s"], run["step_ms_mean"] or 0,
+                run["tflops"], fmt(run.get("mfu") and 100 * run["mfu"], "%.1f%%"), fmt(run["loss_first"], "%.3f"),
+                fmt(run["loss_last"], "%.3f"), run["torch"], run["precision"], run["attention"],
+                "compiled" if run["compiled"] else "eager", fmt(run.get("peak_tflops"), "%.1f")))
+        elif name == "PyTorch 124M":
+            md.append("| %s | did not run | | | | | | |" % name)
+    md.append("")
+
+    # ---- the script's steps
+    try:
+        steps = [line.rstrip("\n").split("\t") for line in open(path("steps.tsv")) if line.strip()]
+        md += ["## Steps of gpu_bench.sh", "", "| step | status | s | detail |", "|---|---|---|---|"]
+        md += ["| %s |" % " | ".join((s + ["", "", "", ""])[:4]) for s in steps]
+        md.append("")
+    except OSError:
+        pass
+
+    # ---- the raw results
+    md += ["## Raw results", ""]
+    for name, obj in (("picotrain 124M (aggregated from picotrain_124m.jsonl)", p124),
+                      ("picotrain 1.5B (aggregated from picotrain_1.5b.jsonl)", p15),
+                      ("torch_124m.json", t124), ("torch_1.5b.json", t15), ("attention_sdpa.json", sdpa),
+                      ("kernel_bench.json", kb)):
+        if obj is not None:
+            md += ["<details><summary>%s</summary>" % name, "", "```json", json.dumps(obj, indent=1), "```", "",
+                   "</details>", ""]
+
+    with open(path("bench_summary.md"), "w") as f:
+        f.write("\n".join(md) + "\n")
+    # The targets table on stdout, for the log of the device call.
+    start = md.index("## Targets")
+    end = md.index("", start + 2)
+    print("\n".join(md[start:end]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

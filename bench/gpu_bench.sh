@@ -1,0 +1,187 @@
+#!/usr/bin/env bash
+# Issue #9's GPU speed benchmarks, unattended on one GPU within one device call (BUDGET_S, default
+# 540 s), ending in one summary ($OUT/bench_summary.md: ours, PyTorch, ratio, target, met?):
+#   1. build Release for this GPU: picotrain and bench/kernel_bench, configured exactly as
+#      scripts/gpu_check.sh does (same build folder by default, so after gpu_check little rebuilds)
+#   2. bench/kernel_bench: every op of a GPT-2 124M and 1.5B training step and attention (hd 64/128,
+#      T 1024/4096/8192), CUDA events, against the copy bandwidth and matmul rate measured in the run
+#   3. bench/attention_sdpa.py: PyTorch's flash SDPA at the same attention shapes
+#   4. synthetic llm.c shards (bench/synthetic_shards.py: English-like Zipf token frequencies)
+#   5. picotrain train, GPT-2 124M bf16, T 1024, B 64 x 8 micro-batches (524288 tokens/step, the
+#      llm.c recipe), STEPS_124M steps; tokens/s and MFU from metrics.jsonl after SKIP_124M steps
+#   6. bench/torch_gpt2.py at the same shape and tokens (torch.compile, flash SDPA, fused AdamW)
+#   7. picotrain train, GPT-2 1.5B (configs/gpt2-1.5b.json), B 8 x 16, STEPS_15B steps: MFU
+#   8. bench/bench_summary.py: the summary
+# Every step runs under `timeout`, capped by what is left of the budget; a step that no longer fits
+# is skipped and says so, so one hang cannot eat the device call. Steps 5-7 use zero_stage 0 (one
+# GPU: ZeRO-1 would keep a second fp32 gradient copy) and no validation, sampling or checkpoints.
+# Made for a GPU machine with nvcc, CMake, Ninja and PyTorch but no package manager: libraries it
+# lacks come from .deps/ (scripts/fetch_deps.sh, then carry .deps along), as for gpu_check.sh.
+#
+#   bench/gpu_bench.sh                 # results in $OUT (default BUILD_DIR/gpu_bench)
+#   DRY_RUN=1 bench/gpu_bench.sh       # print every command with its timeout; run nothing
+#
+# Environment: BUILD_DIR (build-gpucheck), OUT, JOBS (nproc), BUDGET_S (540), PYTHON (python3),
+# STEPS_124M (20), SKIP_124M (5), B_124M (64), ACCUM_124M (8), STEPS_15B (10), SKIP_15B (3),
+# B_15B (8), ACCUM_15B (16), TORCH_15B (0; 1 also runs torch_gpt2.py at 1.5B, if time is left),
+# NSYS (0; 1 also profiles 6 steps of 124M at 2 micro-batches under `nsys profile --stats=true`).
+# Exit status: 0 when every step ran (whether or not the targets are met), 1 otherwise.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+ROOT=$PWD
+BUILD=${BUILD_DIR:-$ROOT/build-gpucheck}
+OUT=${OUT:-$BUILD/gpu_bench}
+JOBS=${JOBS:-$(nproc)}
+BUDGET_S=${BUDGET_S:-540}
+PYTHON=${PYTHON:-python3}
+DRY_RUN=${DRY_RUN:-0}
+STEPS_124M=${STEPS_124M:-20} SKIP_124M=${SKIP_124M:-5} B_124M=${B_124M:-64} ACCUM_124M=${ACCUM_124M:-8}
+STEPS_15B=${STEPS_15B:-10} SKIP_15B=${SKIP_15B:-3} B_15B=${B_15B:-8} ACCUM_15B=${ACCUM_15B:-16}
+TORCH_15B=${TORCH_15B:-0} NSYS=${NSYS:-0}
+T=1024
+RESERVE_S=20  # kept for the summary
+mkdir -p "$OUT" "$BUILD"
+export PATH="/usr/local/cuda/bin:$PATH"
+export PYTHONUNBUFFERED=1
+# torch.compile's cache in the build folder: a second call on a warm machine compiles less.
+export TORCHINDUCTOR_CACHE_DIR="$BUILD/inductor_cache"
+START=$(date +%s)
+FAILED=0
+: >"$OUT/steps.tsv"
+
+left() { echo $((BUDGET_S - ($(date +%s) - START))); }
+record() {  # NAME STATUS SECONDS DETAIL
+  printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >>"$OUT/steps.tsv"
+  echo "gpu_bench: $1: $2 (${3} s) $4"
+}
+
+# step NAME MAX_S LOG CMD...: runs CMD (output to LOG) under a timeout of MAX_S seconds or what is
+# left of the budget, whichever is less; skipped when under 20 s would be left for it.
+step() {
+  local name=$1 max=$2 log=$3
+  shift 3
+  local avail=$(($(left) - RESERVE_S))
+  local limit=$((max < avail ? max : avail))
+  if [ "$DRY_RUN" = 1 ]; then
+    printf '[dry run] %s: timeout %s %s > %s\n' "$name" "$max" "$*" "$log"
+    return 0
+  fi
+  if [ "$limit" -lt 20 ]; then
+    record "$name" skip 0 "out of budget (${avail} s left)"
+    FAILED=1
+    return 99
+  fi
+  local t0
+  t0=$(date +%s)
+  timeout -k 10 "$limit" "$@" >"$log" 2>&1
+  local rc=$?
+  local dt=$(($(date +%s) - t0))
+  case $rc in
+    0) record "$name" ok "$dt" "$(basename "$log")" ;;
+    124 | 137) record "$name" TIMEOUT "$dt" "killed after ${limit} s; see $(basename "$log")"; FAILED=1 ;;
+    *)
+      # The first error line, else the last line: what to look at first.
+      local why
+      why=$(grep -m1 -iE '^error|error:|Traceback' "$log" || tail -1 "$log")
+      record "$name" FAIL "$dt" "rc $rc: $(echo "$why" | cut -c1-160)"
+      FAILED=1
+      ;;
+  esac
+  return $rc
+}
+
+# ---- the machine ---------------------------------------------------------------------------------
+{
+  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown) $(git status --porcelain 2>/dev/null | wc -l) changed files"
+  nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap,clocks.max.sm,clocks.max.mem,power.limit \
+    --format=csv,noheader 2>&1 | sed 's/^/gpu: /'
+  echo "nvcc: $(nvcc --version 2>&1 | tail -1)"
+  echo "cmake: $(cmake --version 2>&1 | head -1)"
+  echo "python: $($PYTHON -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__)' 2>&1 | tail -1)"
+  echo "cpu: $(nproc) cores"
+} >"$OUT/machine.txt"
+cat "$OUT/machine.txt"
+# ---- 1. build (the same configuration as scripts/gpu_check.sh) --------------------------------------
+source scripts/gpu_cmake_args.sh  # ARCHS, CMAKE_ARGS
+# One command for `timeout`: configure, then only the two targets.
+printf -v BUILD_CMD '%q ' cmake "${CMAKE_ARGS[@]}"
+BUILD_CMD+="&& cmake --build $(printf '%q' "$BUILD") -j $JOBS --target picotrain kernel_bench"
+step build 300 "$OUT/build.log" bash -c "$BUILD_CMD"
+BUILT=$?
+[ "$DRY_RUN" = 1 ] && BUILT=0
+PICOTRAIN="$BUILD/picotrain"
+
+# ---- 2. kernel benchmark -------------------------------------------------------------------------------
+if [ $BUILT -eq 0 ]; then
+  step kernel_bench 150 "$OUT/kernel_bench.log" "$BUILD/bench/kernel_bench" --model 124m --model 1.5b \
+    --b124 "$B_124M" --accum124 "$ACCUM_124M" --b15 "$B_15B" --accum15 "$ACCUM_15B" -T "$T" \
+    --json "$OUT/kernel_bench.json" --md "$OUT/kernel_bench.md"
+else
+  record kernel_bench skip 0 "no build"
+fi
+
+# ---- 3. PyTorch flash SDPA ----------------------------------------------------------------------------
+step attention_sdpa 120 "$OUT/attention_sdpa.log" "$PYTHON" bench/attention_sdpa.py --json "$OUT/attention_sdpa.json"
+
+# ---- 4. synthetic shards -------------------------------------------------------------------------------
+DATA="$BUILD/bench_data"
+step synthetic_data 60 "$OUT/synthetic_data.log" "$PYTHON" bench/synthetic_shards.py "$DATA" --tokens 8000000
+TRAIN="$DATA/synthetic_train_*.bin"
+
+# picotrain_run NAME CONFIG B ACCUM STEPS MAX_S [PREFIX...]: a short training run (PREFIX: a profiler
+# command to run it under); its metrics.jsonl into $OUT/NAME.jsonl.
+picotrain_run() {
+  local name=$1 config=$2 b=$3 accum=$4 steps=$5 max=$6
+  shift 6
+  local run="$BUILD/bench_runs/$name"
+  [ "$DRY_RUN" = 1 ] || rm -rf "$run"
+  step "$name" "$max" "$OUT/$name.log" "$@" "$PICOTRAIN" train --device cuda --config "$config" \
+    --set run.out_dir="$run" --set "data.train=$TRAIN" --set data.val= \
+    --set batch.micro_batch_size="$b" --set batch.seq_len=$T --set batch.global_batch_tokens=$((b * T * accum)) \
+    --set schedule.total_steps="$steps" --set schedule.warmup_steps=2 --set logging.every_steps=1 \
+    --set logging.sample_every=0 --set parallel.zero_stage=0 --set checkpoint.every_steps=0
+  local rc=$?
+  [ "$DRY_RUN" = 1 ] || cp "$run/metrics.jsonl" "$OUT/$name.jsonl" 2>/dev/null
+  return $rc
+}
+
+# ---- 5-7. training throughput ---------------------------------------------------------------------------
+if [ $BUILT -eq 0 ]; then
+  picotrain_run picotrain_124m configs/gpt2-124m.json "$B_124M" "$ACCUM_124M" "$STEPS_124M" 150
+else
+  record picotrain_124m skip 0 "no build"
+fi
+step torch_124m 240 "$OUT/torch_124m.log" "$PYTHON" bench/torch_gpt2.py --model 124m -B "$B_124M" -T $T \
+  --grad-accum "$ACCUM_124M" --steps $((STEPS_124M - SKIP_124M)) --warmup "$SKIP_124M" \
+  --data "$DATA/synthetic_train_000000.bin" --json "$OUT/torch_124m.json"
+if [ $BUILT -eq 0 ]; then
+  picotrain_run picotrain_1.5b configs/gpt2-1.5b.json "$B_15B" "$ACCUM_15B" "$STEPS_15B" 200
+else
+  record picotrain_1.5b skip 0 "no build"
+fi
+# Optional: Nsight Systems over a few 124M steps, for the measured per-kernel time of real steps
+# (gaps and host syncs included); the report stays in $BUILD, its kernel summary goes to the log.
+if [ "$NSYS" = 1 ] && [ $BUILT -eq 0 ]; then
+  if command -v nsys >/dev/null 2>&1; then
+    picotrain_run nsys_124m configs/gpt2-124m.json "$B_124M" 2 6 150 nsys profile --stats=true --force-overwrite=true \
+      --output "$BUILD/nsys_124m"
+  else
+    record nsys_124m skip 0 "NSYS=1 but no nsys on this machine"
+  fi
+fi
+if [ "$TORCH_15B" = 1 ]; then
+  step torch_1.5b 240 "$OUT/torch_1.5b.log" "$PYTHON" bench/torch_gpt2.py --model 1.5b -B "$B_15B" -T $T \
+    --grad-accum "$ACCUM_15B" --steps $((STEPS_15B - SKIP_15B)) --warmup "$SKIP_15B" \
+    --data "$DATA/synthetic_train_000000.bin" --json "$OUT/torch_1.5b.json"
+fi
+
+# ---- 8. summary ------------------------------------------------------------------------------------------
+if [ "$DRY_RUN" = 1 ]; then
+  echo "[dry run] summary: $PYTHON bench/bench_summary.py $OUT --skip-124m $SKIP_124M --skip-15b $SKIP_15B"
+  exit 0
+fi
+echo "gpu_bench: $(( $(date +%s) - START )) s of the ${BUDGET_S} s budget used"
+"$PYTHON" bench/bench_summary.py "$OUT" --skip-124m "$SKIP_124M" --skip-15b "$SKIP_15B" || FAILED=1
+echo "gpu_bench: summary in $OUT/bench_summary.md"
+exit $FAILED
