@@ -296,6 +296,41 @@ void CudaOps::layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp
                          w.data, b.data, N, C, stream_);
 }
 
+void CudaOps::residual_layernorm_forward(Tensor residual, Tensor out, Tensor mean, Tensor rstd, Tensor a, Tensor b,
+                                         Tensor w, Tensor bias, int N, int C) {
+  const char* op = "residual_layernorm_forward";
+  check_dims(op, {N, C});
+  const size_t NC = size_t(N) * C;
+  const DType dt = need_act(a, NC, op, "a");
+  need(b, NC, dt, op, "b");
+  need(residual, NC, dt, op, "residual");
+  need(out, NC, dt, op, "out");
+  need(w, C, dt, op, "w");
+  need(bias, C, dt, op, "bias");
+  if (mean) need(mean, N, DType::f32, op, "mean");
+  if (rstd) need(rstd, N, DType::f32, op, "rstd");
+  if (NC == 0) return;
+  check(!overlap(out, residual, NC) && !overlap(out, a, NC) && !overlap(out, b, NC),
+        where(op) + ": out overlaps residual, a or b");
+  // The LayerNorm must be bitwise layernorm_forward's on the stored residual (recompute rebuilds
+  // it that way). Both kernels sum a row in 16-byte chunks when C and their pointers allow it, in
+  // single elements otherwise; the fused kernel also needs a and b aligned for its chunks. When
+  // only a or b stands in the way (an odd slice), run the two kernels so the LayerNorm still
+  // takes the chunked path layernorm_forward would.
+  const int V = 16 / static_cast<int>(dtype_size(dt));
+  const bool ln_chunked = C % V == 0 && is_aligned(out.data, 16) && is_aligned(residual.data, 16) &&
+                          is_aligned(w.data, 16) && is_aligned(bias.data, 16);
+  if (ln_chunked && !(is_aligned(a.data, 16) && is_aligned(b.data, 16))) {
+    gpu::add(dt, residual.data, a.data, b.data, NC, stream_);
+    gpu::layernorm_forward(dt, out.data, static_cast<float*>(mean.data), static_cast<float*>(rstd.data),
+                           residual.data, w.data, bias.data, N, C, stream_);
+    return;
+  }
+  gpu::fused_residual_layernorm_forward(dt, residual.data, out.data, static_cast<float*>(mean.data),
+                                        static_cast<float*>(rstd.data), a.data, b.data, w.data, bias.data, N, C,
+                                        stream_);
+}
+
 void CudaOps::layernorm_backward(Tensor dinp, Tensor dw, Tensor db, Tensor dout, Tensor inp, Tensor w, Tensor mean,
                                  Tensor rstd, int N, int C) {
   check_dims("layernorm_backward", {N, C});

@@ -1,15 +1,21 @@
-// Shared by the checkpoint tests (test_ckpt_*.cpp): a temporary run directory with a shard of
-// random tokens, a tiny GPT-2 config around it, and readers of a trainer's state.
+// Shared by the checkpoint tests (test_ckpt_*.cpp, gpu_resume.cpp): a temporary run directory
+// with a shard of random tokens, a tiny GPT-2 config around it, readers of a trainer's state,
+// and the straight-vs-resumed runs with their bit-exact comparison on any backend.
 #pragma once
 #include <unistd.h>
 
+#include <bit>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
+
+#include <catch2/catch.hpp>
 
 #include <nlohmann/json.hpp>
 
@@ -87,6 +93,78 @@ inline std::vector<float> full_state(Trainer& t, Ops& ops) {
 // should not print thousands of floats).
 inline bool same_bytes(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// ---- resume: straight through vs. checkpoint + resume -------------------------------------------
+// A fresh backend for each Trainer (CpuOps, or CudaOps of one compute dtype): the resumed run
+// shares nothing with the run that saved but the checkpoint on disk.
+using OpsFactory = std::function<std::unique_ptr<Ops>()>;
+
+struct ResumeRuns {
+  int at = 0, total = 0;
+  std::vector<StepResult> straight, split;  // steps 1..total of each (split: 1..at before the save)
+  std::vector<float> straight_state, resumed_state;  // full_state() after `total` steps
+  uint64_t straight_cursor = 0, resumed_cursor = 0;
+  std::string saved;               // save_checkpoint()'s answer after `at` steps
+  int resumed_steps_done = -1;     // the resumed trainer's steps_done() before it steps
+  std::string resumed_from;        // its checkpointer().resumed_from()
+};
+
+// Run A: `total` steps straight (run directory "straight"). Run B: `at` steps, save_checkpoint,
+// destroy the trainer and its backend; then a new trainer on a new backend with
+// checkpoint.resume=auto (run directory "run": B's checkpoint stays there, fx.step_dir(at)) steps
+// on to `total`. `sets` go to every run's config (e.g. the compute dtype).
+inline ResumeRuns run_straight_and_resumed(const CkptFixture& fx, const OpsFactory& make_ops, int at, int total,
+                                           const std::vector<std::string>& sets = {}) {
+  const World world;
+  ResumeRuns r;
+  r.at = at;
+  r.total = total;
+  {
+    const std::unique_ptr<Ops> ops = make_ops();
+    Trainer a(fx.config(sets, "straight"), world, *ops);
+    for (int i = 0; i < total; i++) r.straight.push_back(a.step());
+    r.straight_state = full_state(a, *ops);
+    r.straight_cursor = a.cursor();
+  }
+  {
+    const std::unique_ptr<Ops> ops = make_ops();
+    Trainer b(fx.config(sets), world, *ops);
+    for (int i = 0; i < at; i++) r.split.push_back(b.step());
+    r.saved = b.save_checkpoint();
+  }  // the first process is gone: only the checkpoint carries the state over
+  std::vector<std::string> resume_sets = sets;
+  resume_sets.push_back("checkpoint.resume=auto");
+  const std::unique_ptr<Ops> ops = make_ops();
+  Trainer c(fx.config(resume_sets), world, *ops);
+  r.resumed_steps_done = c.steps_done();
+  r.resumed_from = c.checkpointer().resumed_from();
+  if (r.resumed_steps_done != at) return r;  // check_bit_exact_resume reports it
+  for (int i = at; i < total; i++) r.split.push_back(c.step());
+  r.resumed_state = full_state(c, *ops);
+  r.resumed_cursor = c.cursor();
+  return r;
+}
+
+inline uint64_t double_bits(double x) { return std::bit_cast<uint64_t>(x); }
+
+// Every step's loss, gradient norm and learning rate (the schedule continues from `at`), the
+// final data cursor and the final master weights and Adam moments, bit for bit.
+inline void check_bit_exact_resume(const ResumeRuns& r, const CkptFixture& fx) {
+  CHECK(r.saved == fx.step_dir(r.at));
+  REQUIRE(r.resumed_steps_done == r.at);
+  CHECK(r.resumed_from == fx.step_dir(r.at));
+  REQUIRE(r.split.size() == r.straight.size());
+  for (size_t i = 0; i < r.straight.size(); i++) {
+    INFO("step " << i + 1 << ": loss " << r.split[i].loss << " vs " << r.straight[i].loss << ", grad norm "
+                 << r.split[i].grad_norm << " vs " << r.straight[i].grad_norm);
+    CHECK(double_bits(r.split[i].loss) == double_bits(r.straight[i].loss));
+    CHECK(double_bits(r.split[i].grad_norm) == double_bits(r.straight[i].grad_norm));
+    CHECK(double_bits(r.split[i].lr) == double_bits(r.straight[i].lr));
+  }
+  CHECK(r.resumed_cursor == r.straight_cursor);
+  REQUIRE(r.resumed_state.size() == r.straight_state.size());
+  CHECK(same_bytes(r.resumed_state, r.straight_state));
 }
 
 inline void flip_byte(const std::string& path, uint64_t offset) {

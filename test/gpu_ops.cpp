@@ -231,6 +231,94 @@ TEST_CASE("layernorm_forward and layernorm_backward match CpuOps", "[gpu][ops][l
   }
 }
 
+TEST_CASE("residual_layernorm_forward matches CpuOps and is bitwise add + layernorm_forward", "[gpu][ops][layernorm]") {
+  const int N = 37;
+  // Where the tensors start: whole allocations (the 128-bit path when C allows), a and b one
+  // element into theirs (CudaOps then runs add + layernorm_forward so the LayerNorm keeps its
+  // 128-bit path), and every tensor one element in (the scalar path of the fused kernel).
+  struct Layout {
+    const char* name;
+    size_t ab, rest;
+  };
+  const Layout layouts[] = {{"aligned", 0, 0}, {"a, b misaligned", 1, 0}, {"all misaligned", 1, 1}};
+  for (int C : {771, 768}) {
+    for (DType mode : kModes) {
+      for (const Layout& lay : layouts) {
+        INFO("C " << C << ", mode " << mode_name(mode) << ", " << lay.name);
+        Ops& ops = gpu(mode);
+        Tensors g(ops), c(cpu());
+        const size_t NC = size_t(N) * C;
+        // A residual stream with its own offset per row, and a branch output to add to it.
+        std::vector<float> a = random_normal(NC, 1.0f, 41);
+        const std::vector<float> shift = random_normal(N, 2.0f, 42);
+        for (int r = 0; r < N; ++r)
+          for (int k = 0; k < C; ++k) a[size_t(r) * C + k] += shift[r];
+        a = rounded(mode, a);
+        const std::vector<float> b = rounded(mode, random_normal(NC, 0.5f, 43));
+        const std::vector<float> w = rounded(mode, random_normal(C, 1.0f, 44));
+        const std::vector<float> bias = rounded(mode, random_normal(C, 0.5f, 45));
+
+        // Reference: the residual as the backend stores it (rounded to the mode), then CpuOps'
+        // LayerNorm of exactly that residual.
+        Tensor ca = c.make(a, DType::f32), cb = c.make(b, DType::f32), csum = c.zeros(NC, DType::f32);
+        cpu().add(csum, ca, cb, NC);
+        const std::vector<float> residual = rounded(mode, c.read(csum));
+        Tensor cres = c.make(residual, DType::f32), cw = c.make(w, DType::f32), cbias = c.make(bias, DType::f32);
+        Tensor cout = c.zeros(NC, DType::f32), cmean = c.zeros(N, DType::f32), crstd = c.zeros(N, DType::f32);
+        cpu().layernorm_forward(cout, cmean, crstd, cres, cw, cbias, N, C);
+
+        auto place = [&](const std::vector<float>& v, DType dt, size_t offset) {
+          Tensor t = g.zeros(v.size() + offset, dt).slice(offset, v.size());
+          ops.upload(t, v.data(), DType::f32, v.size());
+          return t;
+        };
+        auto poisoned = [&](size_t n, DType dt, size_t offset) {
+          Tensor whole = g.zeros(n + offset, dt);
+          g.poison(whole);
+          return whole.slice(offset, n);
+        };
+        Tensor ga = place(a, mode, lay.ab), gb = place(b, mode, lay.ab);
+        Tensor gw = place(w, mode, lay.rest), gbias = place(bias, mode, lay.rest);
+        Tensor gres = poisoned(NC, mode, lay.rest), gout = poisoned(NC, mode, lay.rest);
+        Tensor gmean = poisoned(N, DType::f32, 0), grstd = poisoned(N, DType::f32, 0);
+        ops.residual_layernorm_forward(gres, gout, gmean, grstd, ga, gb, gw, gbias, N, C);
+        const std::vector<float> res1 = g.read(gres), out1 = g.read(gout), mean1 = g.read(gmean),
+                                 rstd1 = g.read(grstd);
+        expect_close("residual", res1, residual, tolerance(mode, mode));
+        expect_close("out", out1, c.read(cout), tolerance(mode, mode));
+        expect_close("mean", mean1, c.read(cmean), tolerance(mode, DType::f32));
+        expect_close("rstd", rstd1, c.read(crstd), tolerance(mode, DType::f32));
+
+        // Bitwise the two ops it fuses, on this backend: the model's recompute rebuilds the
+        // LayerNorm output with layernorm_forward from the stored residual.
+        Tensor gres2 = poisoned(NC, mode, lay.rest), gout2 = poisoned(NC, mode, lay.rest);
+        Tensor gmean2 = poisoned(N, DType::f32, 0), grstd2 = poisoned(N, DType::f32, 0);
+        ops.add(gres2, ga, gb, NC);
+        ops.layernorm_forward(gout2, gmean2, grstd2, gres2, gw, gbias, N, C);
+        CHECK(bitwise_equal(res1, g.read(gres2)));
+        CHECK(bitwise_equal(out1, g.read(gout2)));
+        CHECK(bitwise_equal(mean1, g.read(gmean2)));
+        CHECK(bitwise_equal(rstd1, g.read(grstd2)));
+
+        // residual aliases a (the model's in-place stream), statistics null (evaluation). The
+        // residual now sits where a does, so the LayerNorm is held to layernorm_forward there.
+        Tensor gout3 = poisoned(NC, mode, lay.rest), gout4 = poisoned(NC, mode, lay.rest);
+        ops.residual_layernorm_forward(ga, gout3, Tensor{}, Tensor{}, ga, gb, gw, gbias, N, C);
+        CHECK(bitwise_equal(g.read(ga), res1));
+        const std::vector<float> out3 = g.read(gout3);
+        expect_close("out, residual in place", out3, c.read(cout), tolerance(mode, mode));
+        ops.layernorm_forward(gout4, Tensor{}, Tensor{}, ga, gw, gbias, N, C);
+        CHECK(bitwise_equal(out3, g.read(gout4)));
+      }
+    }
+  }
+  // out may not overlap the residual or the inputs.
+  Ops& ops = gpu(DType::f32);
+  Tensors g(ops);
+  Tensor x = g.zeros(64, DType::f32), w = g.zeros(8, DType::f32);
+  CHECK_THROWS_AS(ops.residual_layernorm_forward(x, x, Tensor{}, Tensor{}, x, x, w, w, 8, 8), RuntimeError);
+}
+
 TEST_CASE("matmul_forward and matmul_backward match CpuOps", "[gpu][ops][matmul]") {
   struct Shape {
     int N, IC, OC;

@@ -3,8 +3,8 @@
 // a model-shape mismatch names the key; a fresh run does not overwrite an existing run.
 #include <catch2/catch.hpp>
 
-#include <bit>
 #include <cstring>
+#include <memory>
 
 #include "ckpt_test_support.h"
 #include "core/ckpt/checkpoint_dir.h"
@@ -14,50 +14,11 @@ using namespace pt;
 using namespace pt::test;
 using Catch::Matchers::Contains;
 
-namespace {
-uint64_t bits(double x) { return std::bit_cast<uint64_t>(x); }
-}  // namespace
-
 TEST_CASE("resume is bit-exact: 20 steps straight equal 10 + checkpoint + resume + 10", "[ckpt]") {
   CkptFixture fx("ckpt_resume");
-  const World world;
-
-  std::vector<StepResult> straight;
-  std::vector<float> straight_state;
-  uint64_t straight_cursor = 0;
-  {
-    CpuOps ops;
-    Trainer a(fx.config({}, "straight"), world, ops);
-    for (int i = 0; i < 20; i++) straight.push_back(a.step());
-    straight_state = full_state(a, ops);
-    straight_cursor = a.cursor();
-  }
-
-  std::vector<StepResult> split;
-  {
-    CpuOps ops;
-    Trainer b(fx.config(), world, ops);
-    for (int i = 0; i < 10; i++) split.push_back(b.step());
-    CHECK(b.save_checkpoint() == fx.step_dir(10));
-  }  // the first process is gone: only the checkpoint carries the state over
-
-  CpuOps ops;
-  Trainer c(fx.config({"checkpoint.resume=auto"}), world, ops);
-  REQUIRE(c.steps_done() == 10);
-  CHECK(c.checkpointer().resumed_from() == fx.step_dir(10));
-  for (int i = 0; i < 10; i++) split.push_back(c.step());
-
-  REQUIRE(split.size() == straight.size());
-  for (size_t i = 0; i < straight.size(); i++) {
-    INFO("step " << i + 1 << ": loss " << split[i].loss << " vs " << straight[i].loss);
-    CHECK(bits(split[i].loss) == bits(straight[i].loss));
-    CHECK(bits(split[i].grad_norm) == bits(straight[i].grad_norm));
-    CHECK(bits(split[i].lr) == bits(straight[i].lr));  // the schedule continues from step 10
-  }
-  CHECK(c.cursor() == straight_cursor);
-  const std::vector<float> resumed_state = full_state(c, ops);
-  REQUIRE(resumed_state.size() == straight_state.size());
-  CHECK(same_bytes(resumed_state, straight_state));
+  // The same runs and checks on the CUDA backend: test/gpu_resume.cpp.
+  const ResumeRuns runs = run_straight_and_resumed(fx, [] { return std::make_unique<CpuOps>(); }, 10, 20);
+  check_bit_exact_resume(runs, fx);
 }
 
 TEST_CASE("checkpoint.resume takes auto, a step directory or a checkpoint directory", "[ckpt]") {

@@ -178,6 +178,74 @@ TEST_CASE("layernorm: forward matches a double reference, backward matches finit
   }
 }
 
+TEST_CASE("residual_layernorm_forward: bitwise add + layernorm_forward, residual may alias a", "[cpu][layernorm]") {
+  CpuOps ops;
+  Buffers bufs(ops);
+  const int N = 5, C = 11;  // awkward on purpose
+  const size_t NC = size_t(N) * C;
+  std::vector<float> a = random_floats(NC, 21), b = random_floats(NC, 22);
+  for (size_t i = 0; i < NC; i++) a[i] += 4.0f;  // a residual stream whose mean is far from 0
+  std::vector<float> w = random_floats(C, 23, 0.5f, 1.5f), bias = random_floats(C, 24);
+  Tensor t_a = bufs.f32(a), t_b = bufs.f32(b), t_w = bufs.f32(w), t_bias = bufs.f32(bias);
+  const std::vector<float> poison(NC, std::nanf(""));
+
+  // The unfused reference: the two ops the fused one stands for.
+  Tensor ref_res = bufs.zeros(NC), ref_out = bufs.zeros(NC), ref_mean = bufs.zeros(N), ref_rstd = bufs.zeros(N);
+  ops.add(ref_res, t_a, t_b, NC);
+  ops.layernorm_forward(ref_out, ref_mean, ref_rstd, ref_res, t_w, t_bias, N, C);
+  std::vector<double> res_d(NC);
+  for (size_t i = 0; i < NC; i++) res_d[i] = double(a[i]) + double(b[i]);
+  LayerNormRef ref = layernorm_ref(res_d, to_double(w), to_double(bias), N, C);
+  require_close(bufs.read(ref_out), ref.out, 1e-5, 1e-5, "reference out");
+
+  auto check_same = [&](Tensor res, Tensor out, Tensor mean, Tensor rstd) {
+    CHECK(bitwise_equal(bufs.read(res), bufs.read(ref_res)));
+    CHECK(bitwise_equal(bufs.read(out), bufs.read(ref_out)));
+    if (mean) CHECK(bitwise_equal(bufs.read(mean), bufs.read(ref_mean)));
+    if (rstd) CHECK(bitwise_equal(bufs.read(rstd), bufs.read(ref_rstd)));
+  };
+
+  SECTION("separate residual") {
+    Tensor res = bufs.f32(poison), out = bufs.f32(poison);
+    Tensor mean = bufs.f32(std::vector<float>(N, std::nanf(""))), rstd = bufs.f32(std::vector<float>(N, std::nanf("")));
+    ops.residual_layernorm_forward(res, out, mean, rstd, t_a, t_b, t_w, t_bias, N, C);
+    check_same(res, out, mean, rstd);
+    CHECK(bitwise_equal(bufs.read(t_a), a));  // inputs untouched
+    CHECK(bitwise_equal(bufs.read(t_b), b));
+  }
+  SECTION("residual aliases a (in place on the stream)") {
+    Tensor stream = bufs.f32(a), out = bufs.f32(poison), mean = bufs.zeros(N), rstd = bufs.zeros(N);
+    ops.residual_layernorm_forward(stream, out, mean, rstd, stream, t_b, t_w, t_bias, N, C);
+    check_same(stream, out, mean, rstd);
+  }
+  SECTION("residual aliases b") {
+    Tensor stream = bufs.f32(b), out = bufs.f32(poison), mean = bufs.zeros(N), rstd = bufs.zeros(N);
+    ops.residual_layernorm_forward(stream, out, mean, rstd, t_a, stream, t_w, t_bias, N, C);
+    check_same(stream, out, mean, rstd);
+  }
+  SECTION("null statistics (evaluation)") {
+    Tensor res = bufs.f32(poison), out = bufs.f32(poison);
+    ops.residual_layernorm_forward(res, out, Tensor{}, Tensor{}, t_a, t_b, t_w, t_bias, N, C);
+    check_same(res, out, Tensor{}, Tensor{});
+  }
+  SECTION("row slices of larger buffers") {
+    // Rows 1..N-1 of each tensor: the op reads and writes exactly N-1 rows at the given offsets.
+    Tensor res = bufs.f32(poison), out = bufs.f32(poison);
+    ops.residual_layernorm_forward(res.slice(C, NC - C), out.slice(C, NC - C), Tensor{}, Tensor{},
+                                   t_a.slice(C, NC - C), t_b.slice(C, NC - C), t_w, t_bias, N - 1, C);
+    std::vector<float> got_res = bufs.read(res), got_out = bufs.read(out);
+    std::vector<float> want_res = bufs.read(ref_res), want_out = bufs.read(ref_out);
+    for (int c = 0; c < C; c++) {  // the first row is not written
+      CHECK(std::isnan(got_res[size_t(c)]));
+      CHECK(std::isnan(got_out[size_t(c)]));
+    }
+    CHECK(bitwise_equal(std::vector<float>(got_res.begin() + C, got_res.end()),
+                        std::vector<float>(want_res.begin() + C, want_res.end())));
+    CHECK(bitwise_equal(std::vector<float>(got_out.begin() + C, got_out.end()),
+                        std::vector<float>(want_out.begin() + C, want_out.end())));
+  }
+}
+
 TEST_CASE("matmul: forward matches a double reference, backward matches finite differences", "[cpu][matmul]") {
   CpuOps ops;
   Buffers bufs(ops);

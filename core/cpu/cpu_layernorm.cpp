@@ -51,6 +51,16 @@ void CpuOps::layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp,
   }
 }
 
+// The residual add, then the LayerNorm of what it stored: the two ops themselves, so the results
+// are bitwise those of add + layernorm_forward (the CPU gains nothing from fusing: the row is in
+// cache either way). residual may alias a or b; out must not overlap them.
+void CpuOps::residual_layernorm_forward(Tensor residual, Tensor out, Tensor mean, Tensor rstd, Tensor a, Tensor b,
+                                        Tensor w, Tensor bias, int N, int C) {
+  cpu::check_dims("residual_layernorm_forward", {N, C});
+  add(residual, a, b, size_t(N) * C);
+  layernorm_forward(out, mean, rstd, residual, w, bias, N, C);
+}
+
 void CpuOps::layernorm_backward(Tensor dinp, Tensor dw, Tensor db, Tensor dout, Tensor inp, Tensor w, Tensor mean,
                                 Tensor rstd, int N, int C) {
   cpu::check_dims("layernorm_backward", {N, C});

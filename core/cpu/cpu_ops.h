@@ -26,6 +26,7 @@ class CpuOps final : public Ops {
   void position_backward(Tensor dwpe, Tensor dout, Tensor pos, int B, int T, int C) override;
   void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor w, Tensor b, int N, int C) override;
   void layernorm_backward(Tensor dinp, Tensor dw, Tensor db, Tensor dout, Tensor inp, Tensor w, Tensor mean, Tensor rstd, int N, int C) override;
+  void residual_layernorm_forward(Tensor residual, Tensor out, Tensor mean, Tensor rstd, Tensor a, Tensor b, Tensor w, Tensor bias, int N, int C) override;
   void matmul_forward(Tensor out, Tensor inp, Tensor w, Tensor bias, int N, int IC, int OC) override;
   void matmul_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, int N, int IC, int OC) override;
   void attention_forward(Tensor out, Tensor lse, Tensor qkv, int B, int T, int C, int NH) override;

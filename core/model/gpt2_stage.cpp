@@ -202,30 +202,30 @@ Tensor Gpt2Stage::block_input(const IoSlot& io, const ActSlot& s, int l) const {
   return l == layers_.first_layer ? io.input : s.kept[static_cast<size_t>(l - 1 - layers_.first_layer)].res3;
 }
 
-void Gpt2Stage::block_forward(const LayerActs& a, const LayerParams& p, Tensor x, bool to_gelu) {
+void Gpt2Stage::block_forward(const LayerActs& a, const LayerParams& p, Tensor x, bool ln1_ready, bool to_gelu) {
   const StageDims& d = d_;
   const int N = d.N, C = d.C;
-  ops_.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1w, p.ln1b, d.rows, C);
+  if (!ln1_ready) ops_.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1w, p.ln1b, d.rows, C);
   tp_->column_forward(a.qkv, a.ln1, p.qkvw, p.qkvb, N, C, 3 * d.Cl);
   attention_->forward(a.atty, a.lse, a.qkv);
   tp_->row_forward(a.attproj, a.atty, p.projw, p.projb, N, d.Cl, C);
-  ops_.add(a.res2, x, a.attproj, d.rows_c());
-  ops_.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2w, p.ln2b, d.rows, C);
+  // res2 = x + attproj, and ln_2 of it, in one pass (the LayerNorm sees the stored res2).
+  ops_.residual_layernorm_forward(a.res2, a.ln2, a.ln2_mean, a.ln2_rstd, x, a.attproj, p.ln2w, p.ln2b, d.rows, C);
   tp_->column_forward(a.fch, a.ln2, p.fcw, p.fcb, N, C, d.Fl);
   ops_.gelu_forward(a.fch_gelu, a.fch, size_t(N) * d.Fl);
   if (to_gelu) return;  // backward needs nothing after the GELU
   tp_->row_forward(a.fcproj, a.fch_gelu, p.fcprojw, p.fcprojb, N, d.Fl, C);
-  ops_.add(a.res3, a.res2, a.fcproj, d.rows_c());
 }
 
 void Gpt2Stage::recompute_block(const LayerActs& a, const LayerParams& p, Tensor x) {
   const StageDims& d = d_;
   switch (recompute_) {
     case Recompute::none: return;
-    case Recompute::full: return block_forward(a, p, x, true);
+    case Recompute::full: return block_forward(a, p, x, false, true);
     case Recompute::selective:
       // From the kept qkv, res2 and fch: the LayerNorm outputs, the attention output and its
-      // log-sum-exps, the GELU output. Same kernels, same inputs: the same bits as forward's.
+      // log-sum-exps, the GELU output. Same kernels, same inputs: the same bits as forward's
+      // (forward's fused residual + LayerNorm is bitwise layernorm_forward of the stored residual).
       ops_.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1w, p.ln1b, d.rows, d.C);
       attention_->forward(a.atty, a.lse, a.qkv);
       ops_.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2w, p.ln2b, d.rows, d.C);
@@ -291,21 +291,38 @@ double Gpt2Stage::forward(MicroSlot at, const int32_t* tokens, const int32_t* ta
     hooks_->release_params(embeddings);
   }
 
-  Tensor x = in.input;  // the residual stream entering each block
+  // The residual stream entering each block. Each block ends in the residual add
+  // res3 = res2 + fcproj; where a LayerNorm follows in this stage (the next block's ln_1, or
+  // ln_f with the head) the add is fused with it, after the block's parameters are released and
+  // the next layer's acquired (the add reads no parameter, so at most one layer is gathered at a
+  // time, as before). The last block of a stage without the head keeps the plain add.
+  Tensor x = in.input;
+  bool ln1_ready = false;  // x's ln_1 (of block l) was computed by the fused add before it
   for (int l = layers_.first_layer; l < layers_.end_layer; l++) {
-    hooks_->acquire_params(l);
+    if (!ln1_ready) hooks_->acquire_params(l);  // else acquired for the fused add
     const LayerActs a = buffers(s, l);
-    block_forward(a, layer_params(l, false), x, false);
+    block_forward(a, layer_params(l, false), x, ln1_ready, false);
     hooks_->release_params(l);
+    if (l + 1 < layers_.end_layer) {
+      hooks_->acquire_params(l + 1);
+      const LayerActs next = buffers(s, l + 1);
+      const LayerParams pn = layer_params(l + 1, false);
+      ops_.residual_layernorm_forward(a.res3, next.ln1, next.ln1_mean, next.ln1_rstd, a.res2, a.fcproj, pn.ln1w,
+                                      pn.ln1b, d.rows, C);
+      ln1_ready = true;
+    } else if (layers_.head) {
+      hooks_->acquire_params(final_norm);
+      ops_.residual_layernorm_forward(a.res3, lnf_, lnf_mean_, lnf_rstd_, a.res2, a.fcproj,
+                                      store_.param("ln_f.weight"), store_.param("ln_f.bias"), d.rows, C);
+    } else {
+      ops_.add(a.res3, a.res2, a.fcproj, d.rows_c());
+    }
     x = a.res3;
   }
   s.backward_due = dloss != 0.0f;
   if (!layers_.head) return 0.0;
 
   ops_.upload(targets_, targets, DType::i32, N);
-  hooks_->acquire_params(final_norm);
-  ops_.layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, x, store_.param("ln_f.weight"), store_.param("ln_f.bias"), d.rows,
-                         C);
   // LM head tied to the token embedding: logits = lnf @ wte^T over this rank's vocabulary rows.
   hooks_->acquire_params(embeddings);
   tp_->column_forward(logits_, lnf_, store_.param("wte"), Tensor{}, N, C, d.Vl);

@@ -39,7 +39,17 @@
 //              block's forward up to the MLP's GELU from its input, then backpropagates.
 // (The last block of a chunk keeps nothing of its own output: it is the stage's output, sent
 // on, or consumed at once by the head.) Recompute runs the same kernels on the same inputs, so
-// gradients are bitwise those of mode none. The rebuilt buffers live in the one shared set.
+// gradients are bitwise those of mode none; where forward computed a LayerNorm fused with the
+// residual add before it (below), recompute rebuilds it with layernorm_forward from the stored
+// residual, which Ops::residual_layernorm_forward guarantees gives the same bits. The rebuilt
+// buffers live in the one shared set.
+//
+// Fused residual adds: every residual add that a LayerNorm follows in this stage runs as one
+// Ops::residual_layernorm_forward: res2 = x + attproj with ln_2, and res3 = res2 + fcproj with
+// the next block's ln_1 (or ln_f, the last block of the head's stage). The latter runs after
+// block l's parameters are released and block l+1's (or the final LayerNorm's) acquired, so the
+// hooks see the same calls in the same order as without fusion. The last block of a stage
+// without the head ends in a plain add (its output is sent on).
 //
 // Around each block it calls the LayerHooks (core/model/layer_hooks.h), through which ZeRO
 // gathers parameters and reduces gradients layer by layer.
@@ -177,8 +187,11 @@ class Gpt2Stage {
   LayerParams layer_params(int l, bool grads) const;
   LayerActs buffers(const ActSlot& s, int l) const;  // kept buffers, the rest from the shared set
   Tensor block_input(const IoSlot& io, const ActSlot& s, int l) const;
-  // Runs block l's forward from x into a; `to_gelu`: stop after the GELU (full recompute).
-  void block_forward(const LayerActs& a, const LayerParams& p, Tensor x, bool to_gelu);
+  // Runs block l's forward from x into a, up to the MLP projection a.fcproj: the residual add
+  // that ends the block (a.res3) is the caller's, fused with the LayerNorm that follows where
+  // there is one. `ln1_ready`: a.ln1 and its statistics already hold ln_1(x) (computed by the
+  // previous block's fused add). `to_gelu`: stop after the GELU (full recompute).
+  void block_forward(const LayerActs& a, const LayerParams& p, Tensor x, bool ln1_ready, bool to_gelu);
   // Token + position embedding of this rank's tokens into the residual stream `out`.
   void embed(Tensor out, Tensor tokens);
   void embed_backward(Tensor dres, Tensor tokens);

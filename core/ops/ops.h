@@ -77,6 +77,18 @@ class Ops {
                                  int C) = 0;
   virtual void layernorm_backward(Tensor dinp, Tensor dw, Tensor db, Tensor dout, Tensor inp, Tensor w,
                                   Tensor mean, Tensor rstd, int N, int C) = 0;
+  // The residual add fused with the LayerNorm that follows it (GPT-2's residual + ln_2, and the
+  // residual + the next block's ln_1 or ln_f):
+  //   residual[N, C] = a + b   (stored rounded to the dtype: the residual stream)
+  //   out, mean, rstd = layernorm(residual, w, bias)   exactly as layernorm_forward(out, mean,
+  //                     rstd, residual, w, bias, N, C), bit for bit: it normalises the ROUNDED
+  //                     residual that is stored, as backward (and recompute, which rebuilds out with
+  //                     layernorm_forward) will see it
+  // residual equals add(residual, a, b, N*C) bit for bit. a, b, residual, out: [N, C] in the
+  // activation dtype; w, bias: [C]; mean, rstd: [N] f32, each may be null (eval). residual may
+  // alias a or b; out must not overlap residual, a or b.
+  virtual void residual_layernorm_forward(Tensor residual, Tensor out, Tensor mean, Tensor rstd, Tensor a, Tensor b,
+                                          Tensor w, Tensor bias, int N, int C) = 0;
 
   // ---- linear layer --------------------------------------------------------------------
   // out[N, OC] = inp[N, IC] @ w[OC, IC]^T + bias[OC]  (bias may be null)
