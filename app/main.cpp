@@ -3,8 +3,10 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <filesystem>
 #include <iostream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -228,12 +230,21 @@ int run_plan(const PlanArgs& a) {
 
 int run_train(const TrainArgs& a, const pt::World& world) {
   const pt::RunConfig cfg = pt::load_config(a.config, a.overrides, world.size);
-  const pt::Device device = resolve_device(a.device);
-  // One GPU per rank, chosen before the backend makes its stream and buffers on the current device.
-  if (device == pt::Device::cuda) pt::use_gpu_of_local_rank(world);
-  // precision.compute_dtype: auto leaves the choice to the backend (fp32 on the CPU, bf16 on CUDA).
-  const std::string& dtype = cfg.precision.compute_dtype;
-  auto ops = dtype == "auto" ? pt::make_ops(device) : pt::make_ops(device, dtype == "bf16" ? pt::DType::bf16 : pt::DType::f32);
+  std::unique_ptr<pt::Ops> ops;
+  std::exception_ptr failure;
+  try {
+    const pt::Device device = resolve_device(a.device);
+    // One GPU per rank, chosen before the backend makes its stream and buffers on the current device.
+    if (device == pt::Device::cuda) pt::use_gpu_of_local_rank(world);
+    // precision.compute_dtype: auto leaves the choice to the backend (fp32 on the CPU, bf16 on CUDA).
+    const std::string& dtype = cfg.precision.compute_dtype;
+    ops = dtype == "auto" ? pt::make_ops(device) : pt::make_ops(device, dtype == "bf16" ? pt::DType::bf16 : pt::DType::f32);
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  // A rank whose backend failed (no GPU, its memory already taken: cuBLASLt's workspace) stops
+  // them all here, instead of leaving the others waiting in the trainer's first collective.
+  pt::agree_on_startup(world, failure);
   pt::Trainer trainer(cfg, world, *ops);
   trainer.run();
   return 0;

@@ -143,13 +143,32 @@ Tensor CudaOps::alloc(size_t n, DType dtype) {
   const size_t bytes = n * dtype_size(dtype);
   check(bytes / dtype_size(dtype) == n, "CudaOps::alloc: " + std::to_string(n) + " elements overflow size_t");
   void* p = device_alloc(bytes, std::to_string(n) + " x " + dtype_name(dtype));
+  live_bytes_ += bytes;
+  peak_bytes_ = std::max(peak_bytes_, live_bytes_);
   CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, as_stream(stream_)));
   return Tensor{p, n, dtype};
 }
 
 void CudaOps::release(Tensor& t) {
-  if (t.data) CUDA_CHECK(cudaFree(t.data));  // waits for queued work that may still use it
+  if (t.data) {
+    live_bytes_ -= t.bytes();
+    CUDA_CHECK(cudaFree(t.data));  // waits for queued work that may still use it
+  }
   t = Tensor{nullptr, 0, t.dtype};
+}
+
+MemoryUse CudaOps::memory_use() const {
+  MemoryUse m;
+  m.live = live_bytes_;
+  m.peak = peak_bytes_;
+  size_t free_bytes = 0, total_bytes = 0;
+  if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
+    m.device_used = total_bytes - free_bytes;
+    m.device_total = total_bytes;
+  } else {
+    cudaGetLastError();  // a failed query is nobody's error
+  }
+  return m;
 }
 
 void CudaOps::zero(Tensor t) {

@@ -48,6 +48,10 @@ class CudaOps final : public Ops {
 
   Tensor alloc(size_t n, DType dtype) override;
   void release(Tensor& t) override;
+  // live/peak: the tensors of alloc (not the scratch buffer, cuBLASLt's workspace or the CUDA
+  // context); device_used/device_total: cudaMemGetInfo (0 when the query fails).
+  MemoryUse memory_use() const override;
+  void reset_peak_memory() override { peak_bytes_ = live_bytes_; }
   void zero(Tensor t) override;
   void upload(Tensor dst, const void* host_src, DType host_dtype, size_t n) override;
   void download(void* host_dst, DType host_dtype, Tensor src, size_t n) override;
@@ -106,6 +110,7 @@ class CudaOps final : public Ops {
   void* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;
   double* result_ = nullptr;  // one device double for the reductions
+  size_t live_bytes_ = 0, peak_bytes_ = 0;  // memory_use()
 };
 
 }  // namespace pt

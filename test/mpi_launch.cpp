@@ -128,7 +128,8 @@ TEST_CASE("a multi-rank run logs and writes its run directory from rank 0 only",
   INFO(l.output);
   CHECK(l.exit_code == 0);
   CHECK(count(l.output, "/3 | loss") == 3);  // three step lines, not six
-  CHECK(count(l.output, "memory    |") == 1);
+  CHECK(count(l.output, "memory    |") == 2);  // the plan, and what rank 0 holds after step 1
+  CHECK(count(l.output, "memory    | step 1 on rank 0: allocated ") == 1);
   CHECK_THAT(l.output, Contains("dp x cp groups: [0 1]"));
   std::ifstream metrics(run.dir / "run" / "metrics.jsonl");
   std::string line;

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "core/plan/stage_memory.h"
 #include "core/train/memory_plan.h"
 #include "mpi_trainer_parity.h"
 
@@ -138,5 +139,12 @@ TEST_CASE("activation memory from the shapes equals what the stages allocate und
         want += gpt2_activation_bytes(dims, parse_cp_impl(l.cp_impl), DType::f32, ex.chunks()[c], ex.slots()[c],
                                       parse_recompute(mode));
       CHECK(ex.activation_bytes() == want);
+      // After a step the tensor-parallel buffers have grown: this rank holds exactly its plan
+      // (ZeRO-0: nothing is allocated and freed within the step; see test_zero.cpp).
+      t.step();
+      const size_t plan =
+          plan_stage_memory(cfg, build_gpt2_param_table(cfg.model), DType::f32).at(0).plan.total();
+      CHECK(ops.memory_use().live == plan);
+      CHECK(ops.memory_use().peak == plan);
     }
 }

@@ -64,12 +64,13 @@ const LayoutPlan& find_layout(const Plan& plan, const std::string& layout) {
   throw;
 }
 
-// The trainer's `memory    |` lines, in stage order.
+// The trainer's `memory    |` lines of the plan, in stage order (not the measured `memory    |
+// step N:` line after the first step).
 std::vector<std::string> memory_lines(const std::string& log) {
   std::vector<std::string> out;
   std::istringstream in(log);
   for (std::string line; std::getline(in, line);)
-    if (line.rfind("memory    |", 0) == 0) out.push_back(line);
+    if (line.rfind("memory    |", 0) == 0 && line.rfind("memory    | step ", 0) != 0) out.push_back(line);
   return out;
 }
 

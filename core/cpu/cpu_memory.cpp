@@ -5,6 +5,7 @@
 // n * 4 bytes. synchronize is a no-op: every op has finished when it returns.
 #include <omp.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -55,13 +56,25 @@ Tensor CpuOps::alloc(size_t n, DType dtype) {
     throw RuntimeError("CpuOps::alloc: out of host memory allocating " + std::to_string(bytes) + " bytes (" +
                        std::to_string(n) + " x " + dtype_name(dtype) + ")");
   std::memset(p, 0, padded);
+  live_bytes_ += bytes;
+  peak_bytes_ = std::max(peak_bytes_, live_bytes_);
   return Tensor{p, n, dtype};
 }
 
 void CpuOps::release(Tensor& t) {
+  if (t.data) live_bytes_ -= t.bytes();
   std::free(t.data);
   t = Tensor{nullptr, 0, t.dtype};
 }
+
+MemoryUse CpuOps::memory_use() const {
+  MemoryUse m;
+  m.live = live_bytes_;
+  m.peak = peak_bytes_;
+  return m;  // host memory: no device figures
+}
+
+void CpuOps::reset_peak_memory() { peak_bytes_ = live_bytes_; }
 
 void CpuOps::zero(Tensor t) {
   if (t.data) std::memset(t.data, 0, t.bytes());

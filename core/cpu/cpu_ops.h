@@ -14,6 +14,8 @@ class CpuOps final : public Ops {
   DType compute_dtype() const override;
   Tensor alloc(size_t n, DType dtype) override;
   void release(Tensor& t) override;
+  MemoryUse memory_use() const override;
+  void reset_peak_memory() override;
   void zero(Tensor t) override;
   void upload(Tensor dst, const void* host_src, DType host_dtype, size_t n) override;
   void download(void* host_dst, DType host_dtype, Tensor src, size_t n) override;
@@ -44,6 +46,9 @@ class CpuOps final : public Ops {
   void adamw_update(Tensor params, Tensor master, Tensor grad, Tensor m, Tensor v, size_t n, float lr, float beta1, float beta2, float eps, float weight_decay, int t, float grad_scale) override;
   double sum_squares(Tensor x, size_t n) override;
   double sum(Tensor x, size_t n) override;
+
+ private:
+  size_t live_bytes_ = 0, peak_bytes_ = 0;  // memory_use()
 };
 
 }  // namespace pt

@@ -156,9 +156,9 @@ class Gpt2Stage {
   // head; valid when it ran with dloss == 0).
   Tensor logits() const { return logits_; }
   const StageDims& dims() const { return d_; }
-  // Bytes of activation memory allocated (every slot, the shared buffers, backward scratch, the
-  // context-parallel attention's scratch). The tensor-parallel layers' communication buffers
-  // (at most 3 [B*T, C] activations, grown on first use) are not counted.
+  // Bytes of activation memory (every slot, the shared buffers, backward scratch, the context-
+  // parallel attention's scratch, and the tensor-parallel layers' and vocab-parallel cross-
+  // entropy's communication buffers: these grow during the first step, to the size counted here).
   size_t activation_bytes() const { return activation_bytes_; }
   const StageLayers& layers() const { return layers_; }
   StageSlots slots() const { return {static_cast<int>(io_.size()), static_cast<int>(acts_.size())}; }

@@ -30,6 +30,14 @@ enum class Device { cpu, cuda };
 
 inline const char* device_name(Device d) { return d == Device::cpu ? "cpu" : "cuda"; }
 
+// Bytes allocated through Ops::alloc, and the device's memory (see Ops::memory_use).
+struct MemoryUse {
+  size_t live = 0;          // held now
+  size_t peak = 0;          // the most held at once
+  size_t device_used = 0;   // the whole device: total - free (0: unknown)
+  size_t device_total = 0;  // 0: unknown
+};
+
 class Ops {
  public:
   virtual ~Ops() = default;
@@ -43,7 +51,14 @@ class Ops {
   // ---- memory ------------------------------------------------------------------------
   // Allocates n elements, zero-filled. Throws RuntimeError naming the size when out of memory.
   virtual Tensor alloc(size_t n, DType dtype) = 0;
-  virtual void release(Tensor& t) = 0;  // frees and nulls t
+  virtual void release(Tensor& t) = 0;  // frees and nulls t (the tensor alloc returned, not a slice)
+  // What alloc holds: the bytes of the tensors allocated and not yet released (n * dtype size
+  // each, as the memory plan counts them; not the backend's own scratch or alignment padding),
+  // and the most there were at once since construction or the last reset_peak_memory(). The
+  // device's own figures (CUDA: cudaMemGetInfo, so they include the CUDA context, library
+  // workspaces and other processes) are 0 where the backend has none (the CPU).
+  virtual MemoryUse memory_use() const = 0;
+  virtual void reset_peak_memory() = 0;  // peak = live
   virtual void zero(Tensor t) = 0;
   // Host f32/i32 <-> device, converting to/from the tensor's dtype (f32 <-> bf16 rounds).
   virtual void upload(Tensor dst, const void* host_src, DType host_dtype, size_t n) = 0;

@@ -18,6 +18,9 @@ class VocabParallelCrossEntropy {
  public:
   VocabParallelCrossEntropy(Ops& ops, Comm& tp) : ops_(ops), tp_(tp) {}
   ~VocabParallelCrossEntropy();
+  // Bytes of its buffers once it has run over N tokens with tp shards: this rank's stats [N, 3]
+  // and every rank's [tp, N, 3] (f32), grown on first use; the memory plan counts them.
+  static size_t scratch_bytes(int tp, size_t N) { return tp > 1 ? 3 * N * (1 + size_t(tp)) * sizeof(float) : 0; }
   VocabParallelCrossEntropy(const VocabParallelCrossEntropy&) = delete;
   VocabParallelCrossEntropy& operator=(const VocabParallelCrossEntropy&) = delete;
 

@@ -86,7 +86,8 @@ json build_report(const RunSummary& s, const std::vector<json>& metrics, const S
                  {"pp_virtual_stages", par.pp_virtual_stages},
                  {"cp_impl", par.cp_impl},
                  {"recompute", c.recompute.mode},
-                 {"memory_per_rank", s.memory}};
+                 {"memory_per_rank", s.memory},
+                 {"memory_measured", s.memory_measured}};
   r["batch"] = {{"tokens_per_step", c.batch.global_batch_tokens},
                 {"micro_batch_size", c.batch.micro_batch_size},
                 {"seq_len", c.batch.seq_len},
@@ -162,6 +163,8 @@ std::string report_markdown(const json& r) {
   md += "| tensor / context parallel | sequence_parallel " + text(lay["sequence_parallel"]) + ", cp_impl " + text(lay["cp_impl"]) + " |\n";
   md += "| recompute | " + text(lay["recompute"]) + " |\n";
   for (const auto& m : lay["memory_per_rank"]) md += "| memory per rank | " + text(m) + " |\n";
+  if (const std::string measured = lay.value("memory_measured", std::string()); !measured.empty())
+    md += "| memory measured (rank 0) | " + measured + " |\n";
   md += format("| effective batch | %.0f tokens per step = %d sequences x %d tokens x dp %d x %d accumulation steps |\n",
             num(b["tokens_per_step"]), b["micro_batch_size"].get<int>(), b["seq_len"].get<int>(), b["dp"].get<int>(),
             b["grad_accum_steps"].get<int>());

@@ -62,6 +62,9 @@ struct RunSummary {
   double peak_tflops = 0;
   std::string peak_source;
   std::vector<std::string> memory;  // the start-up memory account, one line per pipeline stage
+  // What rank 0 really held after the session's first step (the log's `memory | step N:` line
+  // without its prefix; empty when the session ran no step).
+  std::string memory_measured;
   // This session: time (mean over ranks), communication by kind (mean over ranks), stalls.
   TimeBreakdown time;
   CommStats comm;

@@ -3,19 +3,30 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "core/parallel/tensor_parallel.h"
+#include "core/parallel/vocab_parallel_ce.h"
+
 namespace pt {
 
 size_t MemoryPlan::total() const {
   return params + params_working + grads + grads_working + master + optimizer + activations;
 }
 
-namespace {
-
-std::string mib(size_t bytes) {
+std::string format_mib(size_t bytes) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.2f MiB", bytes / 1048576.0);
   return buf;
 }
+
+std::string describe_memory_use(const MemoryUse& use, size_t plan_total) {
+  std::string s = "allocated " + format_mib(use.live) + ", peak " + format_mib(use.peak) + " (plan " +
+                  format_mib(plan_total) + ")";
+  if (use.device_total > 0)
+    s += "; GPU used " + format_mib(use.device_used) + " of " + format_mib(use.device_total);
+  return s;
+}
+
+namespace {
 
 // The layers ZeRO-2/3 hold in full at once at the peak: the embeddings' bucket (layer
 // first_layer) plus the largest other one.
@@ -73,15 +84,15 @@ MemoryPlan plan_memory(const ShardLayout& layout, DType compute, size_t activati
 std::string MemoryPlan::describe() const {
   std::string s = "ZeRO-" + std::to_string(zero_stage);
   if (zero_stage > 0) s += " over " + std::to_string(shard_count) + (shard_count == 1 ? " shard" : " shards");
-  s += ": params " + mib(params + params_working);
+  s += ": params " + format_mib(params + params_working);
   if (zero_stage == 3)
     s += std::string(params == 0 ? " (the shard is the master;" : " (shard +") + " layers gathered for use: " +
-         mib(params_working) + ")";
-  s += ", grads " + mib(grads + grads_working);
+         format_mib(params_working) + ")";
+  s += ", grads " + format_mib(grads + grads_working);
   if (zero_stage == 1) s += " (full + reduced shard)";
-  if (zero_stage >= 2) s += " (shard + per-layer buffers: " + mib(grads_working) + ")";
-  s += ", master " + (master == 0 ? std::string("(= params)") : mib(master));
-  s += ", adam " + mib(optimizer) + ", activations " + mib(activations) + "; total " + mib(total());
+  if (zero_stage >= 2) s += " (shard + per-layer buffers: " + format_mib(grads_working) + ")";
+  s += ", master " + (master == 0 ? std::string("(= params)") : format_mib(master));
+  s += ", adam " + format_mib(optimizer) + ", activations " + format_mib(activations) + "; total " + format_mib(total());
   return s;
 }
 
@@ -122,7 +133,9 @@ size_t gpt2_activation_bytes(const StageDims& d, CpImpl cp_impl, DType compute, 
   const size_t S = static_cast<size_t>(slots.activations), IO = static_cast<size_t>(slots.io);
   return dtype_size(compute) * (S * per_set_act + IO * per_io_act + shared_act) +
          sizeof(float) * (S * per_set_f32 + shared_f32) + dtype_size(DType::i32) * (S * per_set_i32 + shared_i32) +
-         CpAttention::scratch_bytes(cp_impl, d.cp, d.B, d.T, d.Cl, d.NHl, compute);
+         CpAttention::scratch_bytes(cp_impl, d.cp, d.B, d.T, d.Cl, d.NHl, compute) +
+         TensorParallel::scratch_bytes(d.tp, d.sp, N, rows, static_cast<size_t>(d.C), compute) +
+         (layers.head ? VocabParallelCrossEntropy::scratch_bytes(d.tp, N) : 0);
 }
 
 size_t gpt2_activation_bytes(const ModelSection& m, int B, int T, DType compute, const StageLayers& layers,

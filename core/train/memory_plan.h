@@ -41,6 +41,14 @@ struct MemoryPlan {
   std::string describe() const;
 };
 
+// "12.34 MiB": how the memory lines of the log write a size (the plan's and the measured).
+std::string format_mib(size_t bytes);
+
+// What a backend really holds next to the plan's total for the same rank, e.g. "allocated
+// 10.01 MiB, peak 12.50 MiB (plan 12.50 MiB); GPU used 1200.00 MiB of 81559.00 MiB" (the GPU
+// part only where the backend knows the device's figures).
+std::string describe_memory_use(const MemoryUse& use, size_t plan_total);
+
 MemoryPlan plan_memory(const ShardLayout& layout, DType compute_dtype, size_t activation_bytes);
 
 // Bytes of the activations (and backward scratch) of a GPT-2 stage running the blocks and ends

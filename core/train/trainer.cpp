@@ -37,9 +37,6 @@ Trainer::Trainer(const RunConfig& cfg, const World& world, Ops& ops)
   agree_on_startup(world, failure);
 
   groups_ = make_process_groups(*grid_, world, ops, cfg.parallel.comm_backend);  // collective over the world
-  gather_ = std::make_unique<ParamGather>(*store_, ops, *groups_.shard);
-  grad_sync_ = std::make_unique<GradSync>(*store_, ops, *groups_.dp_cp, *groups_.shard, *groups_.replicate);
-  hooks_ = std::make_unique<ZeroHooks>(*gather_, *grad_sync_);
   if (cfg.parallel.pp > 1) norm_scope_.pipeline = groups_.pp.get();
   if (cfg.parallel.tp > 1) norm_scope_.tensor = groups_.tp.get();
 
@@ -50,7 +47,13 @@ Trainer::Trainer(const RunConfig& cfg, const World& world, Ops& ops)
   const std::vector<int> holders =
       cfg.parallel.zero_stage == 0 ? grid_->dp_cp_group(world.rank) : grid_->dp_replicate_group(world.rank);
   ckpt_->set_ranks(groups_.world.get(), holders.front() == world.rank);
+  // Everything below allocates (ZeRO-2/3's reduced piece, the activations): running out of
+  // memory on one rank must reach agree_on_startup like any other failure, or the others would
+  // wait in its collective for a rank that has already left.
   try {
+    gather_ = std::make_unique<ParamGather>(*store_, ops, *groups_.shard);
+    grad_sync_ = std::make_unique<GradSync>(*store_, ops, *groups_.dp_cp, *groups_.shard, *groups_.replicate);
+    hooks_ = std::make_unique<ZeroHooks>(*gather_, *grad_sync_);
     // The model's chunks run over the tensor- and context-parallel groups: built now that they exist.
     ModelParallel mp;
     mp.tp = groups_.tp.get();
@@ -380,6 +383,8 @@ void Trainer::run() {
   summary.peak_tflops = peak;
   summary.peak_source = peak_source;
   std::vector<Stall> step_ms;  // this session's step times: the report's stalls
+  // The measured peak is training's: start-up's temporaries (the MFU probe's matrices) are gone.
+  ops_.reset_peak_memory();
 
   // logging.sample_every: a text sample in the log (core/model/sample_run.h; collective under ZeRO-3).
   auto print_sample = [&](bool finished) {
@@ -407,6 +412,14 @@ void Trainer::run() {
     time_.data += step_data_s_;
     time_.step_count++;
     step_ms.push_back({step_, dt * 1e3});
+    // After the session's first step every buffer exists (activations, gradients, optimizer
+    // state, ZeRO-2/3's working layers have come and gone): what rank 0 holds, next to its plan.
+    if (step_ == first_step + 1 && lead) {
+      const size_t plan = plan_stage_memory(cfg_, table_, ops_.compute_dtype())[coord_.pp].plan.total();
+      summary.memory_measured = "step " + std::to_string(step_) + (world_.size > 1 ? " on rank 0" : "") + ": " +
+                                describe_memory_use(ops_.memory_use(), plan);
+      std::printf("memory    | %s\n", summary.memory_measured.c_str());
+    }
     if (step_ > first_step + 1) {
       timed_seconds += dt;
       timed_steps++;
