@@ -152,7 +152,11 @@ Tensor CudaOps::alloc(size_t n, DType dtype) {
 void CudaOps::release(Tensor& t) {
   if (t.data) {
     live_bytes_ -= t.bytes();
-    CUDA_CHECK(cudaFree(t.data));  // waits for queued work that may still use it
+    // Waits for queued work that may still use it. Never throws: release runs in destructors
+    // (ParamStore, the stages), also while an earlier error unwinds, and after a sticky CUDA
+    // error cudaFree fails too; a throw then would end the process before that first error is
+    // printed. The call that met the error reports it.
+    cuda_free(t.data);
   }
   t = Tensor{nullptr, 0, t.dtype};
 }
