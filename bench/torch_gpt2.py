@@ -27,7 +27,7 @@ steps / their summed wall time.
 MFU uses picotrain's PaLM formula (core/metrics/flops.cpp): FLOPs/token = 6 N + 12 L d T, N =
 every parameter except the position embedding (the tied embedding counted once), T the trained
 sequence length; the peak is picotrain's table of dense bf16 tensor-core peaks by device name
-(989.4 TFLOP/s for H100 SXM and for H200, whose compute is the same GH100; 756 H100 PCIe, 835
+(989.4 TFLOP/s for H100 SXM and for H200, whose compute is the same GH100; 835.5 H200 NVL, 756 H100 PCIe, 835
 H100 NVL), or --peak-tflops.
 
     python3 bench/torch_gpt2.py --model 124m -B 64 -T 1024 --grad-accum 8 --steps 20 --json out.json
@@ -59,7 +59,8 @@ MODELS = {  # n_layers, d_model, n_heads
 # picotrain's dense bf16 peaks by device name (core/metrics/flops.cpp, gpu_peak_tflops): the
 # first entry whose text is in the name wins, so the order matters ("H100 PCIe" before "H100").
 PEAK_TFLOPS = [
-    ("H200", 989.4), ("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.4), ("GH200", 989.4),
+    ("GH200", 989.4), ("H200 NVL", 835.5), ("H200", 989.4), ("H100 PCIe", 756.0), ("H100 NVL", 835.0),
+    ("H100", 989.4),
     ("B200", 2250.0), ("A100", 312.0), ("A10G", 70.0), ("L40S", 362.0), ("L4", 121.0),
     ("RTX 4090", 165.2), ("RTX 3090", 71.0),
 ]

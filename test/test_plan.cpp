@@ -237,3 +237,15 @@ TEST_CASE("picotrain plan: help names every option and default; bad input exits 
   CHECK(bad.exit_code == 2);
   CHECK_THAT(bad.output, Contains("model.nope"));
 }
+
+// nvidia-smi's names; a name that contains another entry's text must still get its own peak.
+TEST_CASE("the peak table gives each GPU its own dense bf16 peak", "[plan]") {
+  CHECK(pt::gpu_peak_tflops("NVIDIA H100 80GB HBM3") == 989.4);
+  CHECK(pt::gpu_peak_tflops("NVIDIA H100 PCIe") == 756.0);
+  CHECK(pt::gpu_peak_tflops("NVIDIA H100 NVL") == 835.0);
+  CHECK(pt::gpu_peak_tflops("NVIDIA H200") == 989.4);
+  CHECK(pt::gpu_peak_tflops("NVIDIA H200 NVL") == 835.5);
+  CHECK(pt::gpu_peak_tflops("NVIDIA GH200 480GB") == 989.4);
+  CHECK(pt::gpu_peak_tflops("NVIDIA A100-SXM4-80GB") == 312.0);
+  CHECK(pt::gpu_peak_tflops("Some Unknown GPU") == 0.0);
+}

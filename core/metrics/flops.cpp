@@ -29,13 +29,15 @@ std::string flops_formula_description(const ParamTable& table, const ModelSectio
 }
 
 double gpu_peak_tflops(const std::string& name) {
-  // Dense bf16 tensor-core peaks from the vendors' datasheets (the sparse figure is 2x).
+  // Dense bf16 tensor-core peaks from the vendors' datasheets (the sparse figure is 2x). The
+  // first entry the name contains wins, so a name that contains another comes before it
+  // ("H200 NVL" before "H200", "H100 PCIe" before "H100").
   struct Entry {
     const char* match;
     double tflops;
   };
   static const Entry table[] = {
-      {"H200", 989.4},  {"H100 PCIe", 756.0}, {"H100 NVL", 835.0}, {"H100", 989.4}, {"GH200", 989.4},
+      {"GH200", 989.4}, {"H200 NVL", 835.5}, {"H200", 989.4}, {"H100 PCIe", 756.0}, {"H100 NVL", 835.0}, {"H100", 989.4},
       {"B200", 2250.0}, {"A100", 312.0},      {"A10G", 70.0},      {"L40S", 362.0}, {"L4", 121.0},
       {"RTX 4090", 165.2}, {"RTX 3090", 71.0},
   };
