@@ -24,37 +24,13 @@
 
 #include "cuda/cross_entropy.h"
 #include "cuda/cuda_common.h"
+#include "cuda/online_softmax.cuh"
 
 namespace pt::gpu {
 
 namespace {
 
 constexpr int kBlock = 512;
-
-// An online softmax state: the maximum seen and the sum of exp(x - max).
-struct MaxSum {
-  float m, s;
-};
-
-// Merges two states. A side that has seen nothing has m = -inf and s = 0: the guard keeps
-// exp(-inf - (-inf)) = NaN out when both sides are empty.
-__device__ __forceinline__ MaxSum merge(MaxSum a, MaxSum b) {
-  const float m = fmaxf(a.m, b.m);
-  if (m == -INFINITY) return {m, 0.0f};
-  return {m, a.s * expf(a.m - m) + b.s * expf(b.m - m)};
-}
-
-__device__ __forceinline__ void add_value(MaxSum& st, float x) {
-  if (x > st.m) {
-    st.s = st.s * expf(st.m - x) + 1.0f;  // st.m = -inf gives 0 * 0 + 1
-    st.m = x;
-  } else if (x != -INFINITY) {
-    // A NaN logit makes the sum (and so the loss) NaN, as it should. A -inf logit adds 0, and
-    // is skipped explicitly: while st.m is still -inf, exp(-inf - (-inf)) would be NaN, where
-    // CpuOps (max first, then sum) gives exp(-inf - M) = 0.
-    st.s += expf(x - st.m);
-  }
-}
 
 template <typename T, int VEC>
 __global__ void __launch_bounds__(kBlock) softmax_cross_entropy_kernel(float* losses, T* logits,
@@ -83,18 +59,8 @@ __global__ void __launch_bounds__(kBlock) softmax_cross_entropy_kernel(float* lo
     for (int k = 0; k < VEC; ++k)
       if (i + k < V) add_value(st, to_float(p.v[k]));
   }
-  // Block merge in a fixed order: warp butterflies, then warp 0 over the warp results.
-#pragma unroll
-  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
-    MaxSum other{__shfl_xor_sync(0xffffffffu, st.m, offset), __shfl_xor_sync(0xffffffffu, st.s, offset)};
-    st = merge(st, other);
-  }
-  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-  if (lane == 0) warp_states[warp] = st;
-  __syncthreads();
+  const MaxSum total = block_merge<kBlock>(st, warp_states);
   if (threadIdx.x == 0) {
-    MaxSum total = warp_states[0];
-    for (int w = 1; w < kBlock / kWarpSize; ++w) total = merge(total, warp_states[w]);
     row_state = total;
     losses[row] = logf(total.s) + total.m - target_logit;
   }

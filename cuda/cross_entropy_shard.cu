@@ -7,31 +7,22 @@
 //           shard order), loss = log S + M - sum t_r; dloss != 0: x <- (exp(x - M)/S - [i == y]) * dloss
 //           on real columns, 0 on padding and on rows without a target.
 // Algorithm: one block of 256 threads per row; stats keeps an online (max, sum) per thread and
-// merges them in a fixed tree (deterministic), as cross_entropy.cu; finish reads the shards'
-// stats in order (every thread the same, no reduction) and rewrites the row. Scalar loads: a
-// shard's row is Vp/tp wide, which need not keep 16-byte alignment.
+// merges them in a fixed tree (deterministic; online_softmax.cuh, shared with cross_entropy.cu);
+// finish reads the shards' stats in order (every thread the same, no reduction) and rewrites the
+// row. Scalar loads: a shard's row is Vp/tp wide, which need not keep 16-byte alignment.
 // Memory traffic per row (s bytes per logit): stats reads Vl*s, finish reads and writes Vl*s
 // (training): the full op's traffic split over the shards, plus 12 * shards bytes of stats.
 #include <cmath>
 
 #include "cuda/cross_entropy.h"
 #include "cuda/cuda_common.h"
+#include "cuda/online_softmax.cuh"
 
 namespace pt::gpu {
 
 namespace {
 
 constexpr int kBlock = 256;
-
-struct MaxSum {
-  float m, s;
-};
-
-__device__ __forceinline__ MaxSum merge(MaxSum a, MaxSum b) {
-  const float m = fmaxf(a.m, b.m);
-  if (m == -INFINITY) return {m, 0.0f};  // both empty: keep NaN out
-  return {m, a.s * expf(a.m - m) + b.s * expf(b.m - m)};
-}
 
 template <typename T>
 __global__ void __launch_bounds__(kBlock)
@@ -40,26 +31,9 @@ __global__ void __launch_bounds__(kBlock)
   const int row = blockIdx.x;
   const T* x = logits + static_cast<size_t>(row) * Vl;
   MaxSum st{-INFINITY, 0.0f};
-  for (int i = threadIdx.x; i < valid; i += kBlock) {
-    const float v = to_float(x[i]);
-    if (v > st.m) {
-      st.s = st.s * expf(st.m - v) + 1.0f;
-      st.m = v;
-    } else if (v != -INFINITY) {  // -inf adds 0 (and exp(-inf - (-inf)) would be NaN); NaN propagates
-      st.s += expf(v - st.m);
-    }
-  }
-#pragma unroll
-  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
-    MaxSum other{__shfl_xor_sync(0xffffffffu, st.m, offset), __shfl_xor_sync(0xffffffffu, st.s, offset)};
-    st = merge(st, other);
-  }
-  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-  if (lane == 0) warp_states[warp] = st;
-  __syncthreads();
+  for (int i = threadIdx.x; i < valid; i += kBlock) add_value(st, to_float(x[i]));
+  const MaxSum total = block_merge<kBlock>(st, warp_states);
   if (threadIdx.x == 0) {
-    MaxSum total = warp_states[0];
-    for (int w = 1; w < kBlock / kWarpSize; ++w) total = merge(total, warp_states[w]);
     const int target = targets[row], local = target - vocab_start;
     float* out = stats + static_cast<size_t>(row) * 3;
     out[0] = total.m;

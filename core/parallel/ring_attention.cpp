@@ -75,14 +75,18 @@ void RingAttention::ring_exchange(Tensor out, Tensor in) {
   }
 }
 
-void RingAttention::forward(Tensor out, Tensor lse, Tensor qkv) {
+void RingAttention::unpack_qkv(Tensor qkv, int slot) {
   const int W = 3 * C_;
-  int cur = 0;
   for (int h = 0; h < 2; h++) {
     unpack(half(q_, h), qkv, W, 0, h);
-    unpack(half(kv_[cur], h), qkv, W, C_, h);
-    unpack(half(kv_[cur], 2 + h), qkv, W, 2 * C_, h);
+    unpack(half(kv_[slot], h), qkv, W, C_, h);
+    unpack(half(kv_[slot], 2 + h), qkv, W, 2 * C_, h);
   }
+}
+
+void RingAttention::forward(Tensor out, Tensor lse, Tensor qkv) {
+  int cur = 0;
+  unpack_qkv(qkv, cur);
   bool started[2] = {false, false};  // has query half h an (out, lse) yet?
   for (int s = 0; s < P_; s++) {
     const int src = (r_ - s + P_) % P_;  // whose K/V chunks kv_[cur] holds
@@ -109,12 +113,9 @@ void RingAttention::forward(Tensor out, Tensor lse, Tensor qkv) {
 
 void RingAttention::backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse) {
   if (!dqkv) return;
-  const int W = 3 * C_;
   int cur = 0;
+  unpack_qkv(qkv, cur);
   for (int h = 0; h < 2; h++) {
-    unpack(half(q_, h), qkv, W, 0, h);
-    unpack(half(kv_[cur], h), qkv, W, C_, h);
-    unpack(half(kv_[cur], 2 + h), qkv, W, 2 * C_, h);
     unpack(half(out_, h), out, C_, 0, h);
     unpack(half(dout_, h), dout, C_, 0, h);
   }
@@ -142,6 +143,7 @@ void RingAttention::backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, T
     }
   }
   // dqkv += [dq | dk | dv], reassembled in the packed zigzag layout.
+  const int W = 3 * C_;
   for (int h = 0; h < 2; h++) {
     pack(dqkv_, W, 0, h, half(dq_, h));
     pack(dqkv_, W, C_, h, half(dkv_[cur], h));

@@ -53,6 +53,8 @@ class RingAttention {
   void unpack(Tensor dst, Tensor src, int width, int col0, int h);
   void pack(Tensor dst, int width, int col0, int h, Tensor src);
   void unpack_lse(Tensor dst, Tensor lse);
+  // This rank's query halves into q_ and its key/value halves into kv_[slot] (forward and backward).
+  void unpack_qkv(Tensor qkv, int slot);
   void pack_lse(Tensor lse, Tensor src);
   // Sends `out` to the next rank and receives `in` from the previous one.
   void ring_exchange(Tensor out, Tensor in);
