@@ -27,6 +27,8 @@ TARGET_MFU_124M = 0.50
 TARGET_MFU_15B = 0.55
 TARGET_ATTENTION = 0.8
 TARGET_BANDWIDTH = 0.70
+# The phases of picotrain's step timeline (core/metrics/step_timeline.h): metrics.jsonl's <phase>_ms.
+PHASES = ("forward", "backward", "pp_comm", "grad_sync", "optimizer")
 
 
 def load_json(path):
@@ -58,10 +60,33 @@ def picotrain_run(path, skip):
         "loss_first": rows[0].get("loss"),
         "loss_last": steps[-1].get("loss"),
         "data_ms_mean": sum(r.get("data_ms", 0) for r in steps) / len(steps),
+        # The device's time by phase (picotrain's step timeline), mean ms per step.
+        "phases_ms_mean": {ph: sum(r.get(ph + "_ms", 0) for r in steps) / len(steps) for ph in PHASES
+                           if any(ph + "_ms" in r for r in steps)},
     }
     if steps[0]["mfu"] > 0:
         out["peak_tflops"] = steps[0]["tflops_per_gpu"] / steps[0]["mfu"]
     return out
+
+
+def phase_table(runs):
+    """Markdown lines: each run's mean step split by the device's clock (picotrain's step timeline)."""
+    lines = ["Measured in the training runs, on the GPU's clock (CUDA events in the compute stream at each "
+             "change of phase; mean ms per step over the timed steps; the rest of the step is data reading and "
+             "host time outside the device timeline):", "",
+             "| model | " + " | ".join(PHASES) + " | outside the timeline | step |",
+             "|---|" + "---|" * (len(PHASES) + 2)]
+    rows = 0
+    for name, run in runs:
+        ph = run.get("phases_ms_mean") or {}
+        if not ph:
+            continue
+        step = run["step_ms_mean"]
+        cells = ["%.1f (%.0f%%)" % (ph[p], 100 * ph[p] / step) if p in ph else "-" for p in PHASES]
+        outside = max(0.0, step - sum(ph.values()))
+        lines.append("| %s | %s | %.1f (%.0f%%) | %.1f |" % (name, " | ".join(cells), outside, 100 * outside / step, step))
+        rows += 1
+    return lines + [""] if rows else []
 
 
 def fmt(x, spec, missing="n/a"):
@@ -161,6 +186,7 @@ def main(argv=None):
 
     # ---- where a step's time goes: the kernel sum against the measured step
     md += ["## Where a step's time goes", ""]
+    md += phase_table((name, run) for name, run in (("gpt2-124m", p124), ("gpt2-1.5b", p15)) if run)
     if kb:
         mm_shape = next((r["shape"] for r in kb["rows"] if r["section"] == "ceiling" and r["unit"] == "FLOP"), "?")
         md.append("Ceilings measured in this run: copy %.0f GB/s; matmul_forward %s %.0f TFLOP/s%s." % (

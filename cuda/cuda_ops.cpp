@@ -120,6 +120,7 @@ CudaOps::~CudaOps() {
   gpu::matmul_context_destroy(matmul_);
   cudaFree(scratch_);
   cudaFree(result_);
+  for (void* e : mark_events_) cudaEventDestroy(static_cast<cudaEvent_t>(e));
   cudaStreamDestroy(as_stream(stream_));
 }
 
@@ -259,6 +260,29 @@ void CudaOps::copy_2d(Tensor dst, size_t dst_ld, Tensor src, size_t src_ld, size
 }
 
 void CudaOps::synchronize() { CUDA_CHECK(cudaStreamSynchronize(as_stream(stream_))); }
+
+// ---- time marks ------------------------------------------------------------------------------------
+
+int CudaOps::record_time_mark() {
+  if (static_cast<size_t>(marks_used_) == mark_events_.size()) {
+    cudaEvent_t e = nullptr;
+    CUDA_CHECK(cudaEventCreate(&e));
+    mark_events_.push_back(e);
+  }
+  CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(mark_events_[static_cast<size_t>(marks_used_)]),
+                             as_stream(stream_)));
+  return marks_used_++;
+}
+
+double CudaOps::ms_between_marks(int a, int b) {
+  check(a >= 0 && b >= 0 && std::max(a, b) < marks_used_,
+        "CudaOps::ms_between_marks: no such mark (" + std::to_string(a) + ", " + std::to_string(b) + " of " +
+            std::to_string(marks_used_) + ")");
+  float ms = 0;
+  CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(mark_events_[static_cast<size_t>(a)]),
+                                  static_cast<cudaEvent_t>(mark_events_[static_cast<size_t>(b)])));
+  return ms;
+}
 
 // ---- embeddings -----------------------------------------------------------------------------------
 

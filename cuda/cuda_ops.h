@@ -22,6 +22,7 @@
 // No CUDA headers here: g++-compiled code can include it.
 #pragma once
 #include <string>
+#include <vector>
 
 #include "core/ops/ops.h"
 
@@ -58,6 +59,11 @@ class CudaOps final : public Ops {
   void copy(Tensor dst, Tensor src, size_t n) override;
   void copy_2d(Tensor dst, size_t dst_ld, Tensor src, size_t src_ld, size_t rows, size_t cols) override;
   void synchronize() override;
+  // Marks are CUDA events (timing enabled) recorded on the compute stream, made once and reused
+  // after clear_time_marks(), so a step's dozen marks cost a record each and no allocation.
+  int record_time_mark() override;
+  double ms_between_marks(int a, int b) override;
+  void clear_time_marks() override { marks_used_ = 0; }
 
   void embedding_forward(Tensor out, Tensor tokens, Tensor wte, int N, int C, int vocab_start,
                          int vocab_local) override;
@@ -111,6 +117,8 @@ class CudaOps final : public Ops {
   size_t scratch_bytes_ = 0;
   double* result_ = nullptr;  // one device double for the reductions
   size_t live_bytes_ = 0, peak_bytes_ = 0;  // memory_use()
+  std::vector<void*> mark_events_;  // cudaEvent_t, record_time_mark()
+  int marks_used_ = 0;
 };
 
 }  // namespace pt

@@ -159,6 +159,14 @@ TEST_CASE("a pipeline run warns about its bubble and logs the measured bubble an
     CHECK(j["pp_bubble"].get<double>() < 1.0);
     CHECK(j["pp_wait_ms"].get<double>() >= 0.0);
     CHECK(std::isfinite(j["loss"].get<double>()));
+    // The device phases, pipeline send/recv among them, are parts of the step.
+    double inside = 0;
+    for (const char* phase : {"forward_ms", "backward_ms", "pp_comm_ms", "grad_sync_ms", "optimizer_ms"}) {
+      INFO(phase);
+      CHECK(j.at(phase).get<double>() >= 0.0);
+      inside += j.at(phase).get<double>();
+    }
+    CHECK(inside <= j["dt_ms"].get<double>());
   }
   CHECK(lines == 3);
 }

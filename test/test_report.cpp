@@ -1,16 +1,22 @@
 // The run report: complete and consistent with metrics.jsonl for a short CPU run, for a run
 // stopped by SIGTERM and resumed, and for a run that crashed (SIGKILL) and was resumed; and its
-// pieces: communication timing, stalls, the session totals, plots without gnuplot.
+// pieces: communication timing, the step timeline's device phases, stalls, the session totals,
+// plots without gnuplot.
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
 #include "ckpt_test_support.h"
+#include "core/cpu/cpu_ops.h"
 #include "core/dist/timed_comm.h"
+#include "core/metrics/step_timeline.h"
 #include "core/report/report_plots.h"
 #include "core/report/run_report.h"
 #include "core/report/session_log.h"
@@ -66,6 +72,42 @@ TEST_CASE("TimedComm counts calls and bytes per kind; p2p is not a collective", 
   CHECK(stats->collective_bytes() == 32 + 24 + 32 + 32);
   CHECK(stats->collective_seconds() <= stats->seconds[at(CommKind::all_reduce)] + stats->seconds[at(CommKind::reduce_scatter)] +
                                            stats->seconds[at(CommKind::all_gather)] + 1e-12);
+}
+
+TEST_CASE("the step timeline gives each phase the time from its mark to the next", "[report]") {
+  CpuOps ops;
+  StepTimeline tl(ops);
+  const auto sleep_ms = [](int ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); };
+  tl.enter(StepPhase::optimizer);  // before start: ignored
+  const auto t0 = std::chrono::steady_clock::now();
+  tl.start(StepPhase::forward);
+  sleep_ms(30);
+  tl.enter(StepPhase::backward);
+  sleep_ms(10);
+  tl.enter(StepPhase::backward);  // already there: no mark, the time stays backward's
+  sleep_ms(10);
+  tl.enter(StepPhase::forward);  // a phase entered twice adds up
+  sleep_ms(15);
+  tl.enter(StepPhase::optimizer);
+  const PhaseTimes t = tl.finish();
+  const double wall = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(t[StepPhase::forward] >= 45.0);
+  CHECK(t[StepPhase::backward] >= 20.0);
+  CHECK(t[StepPhase::backward] < t[StepPhase::forward]);
+  CHECK(t[StepPhase::optimizer] >= 0.0);
+  CHECK(t[StepPhase::optimizer] < 10.0);
+  CHECK(t[StepPhase::pp_comm] == 0.0);
+  CHECK(t[StepPhase::grad_sync] == 0.0);
+  CHECK(t.total_ms() <= wall);
+  CHECK(t.total_ms() >= 65.0);
+  // After finish the timeline is idle again: enter is ignored, finish gives nothing.
+  tl.enter(StepPhase::backward);
+  CHECK(tl.finish().total_ms() == 0.0);
+  const std::string line = describe_phases(t, 100.0, 2.5);
+  CHECK_THAT(line, Contains("forward "));
+  CHECK_THAT(line, Contains("backward "));
+  CHECK_THAT(line, !Contains("pp_comm"));
+  CHECK_THAT(line, Contains("data 2.5 ms"));
 }
 
 TEST_CASE("stalls are steps slower than 3x the median; the first step never is one", "[report]") {
@@ -186,9 +228,10 @@ json check_report(const fs::path& run_dir) {
   return r;
 }
 
-// Sums of dt_ms, data_ms and comm_ms over the records (every step is logged).
+// Sums of dt_ms, data_ms, comm_ms and the device phases over the records (every step is logged).
 struct Sums {
   double dt = 0, data = 0, comm = 0;
+  std::map<std::string, double> phases;
   int steps = 0;
 };
 Sums metric_sums(const fs::path& run_dir) {
@@ -197,6 +240,20 @@ Sums metric_sums(const fs::path& run_dir) {
     s.dt += r["dt_ms"].get<double>() / 1e3;
     s.data += r["data_ms"].get<double>() / 1e3;
     s.comm += r["comm_ms"].get<double>() / 1e3;
+    // One CPU rank, no pipeline: every phase but pp_comm, each a part of the step.
+    double inside = 0;
+    for (const char* phase : {"forward", "backward", "grad_sync", "optimizer"}) {
+      const double ms = r.at(std::string(phase) + "_ms").get<double>();
+      CHECK(ms >= 0.0);
+      inside += ms;
+      s.phases[phase] += ms / 1e3;
+    }
+    CHECK(!r.contains("pp_comm_ms"));
+    CHECK(r["forward_ms"].get<double>() > 0.0);
+    CHECK(r["backward_ms"].get<double>() > 0.0);
+    CHECK(r["optimizer_ms"].get<double>() > 0.0);
+    CHECK(inside <= r["dt_ms"].get<double>());
+    CHECK(inside + r["data_ms"].get<double>() <= r["dt_ms"].get<double>() + 1e-9);
     s.steps++;
   }
   return s;
@@ -238,6 +295,13 @@ TEST_CASE("a short CPU run writes a complete report that agrees with metrics.jso
   CHECK(r["time"]["steps_s"].get<double>() == Approx(s.dt));
   CHECK(r["time"]["data_s"].get<double>() == Approx(s.data).margin(1e-9));
   CHECK(r["time"]["comm_s"].get<double>() == Approx(s.comm).margin(1e-9));
+  for (const auto& [phase, seconds] : s.phases) {
+    INFO(phase);
+    CHECK(r["time"]["device_phases_s"][phase].get<double>() == Approx(seconds).margin(1e-9));
+  }
+  CHECK(r["time"]["device_phases_s"]["pp_comm"].get<double>() == 0.0);
+  CHECK(l.output.find("phases    | step 2, ") != std::string::npos);
+  CHECK_THAT(read_text((fx.dir / "run" / "report.md").string()), Contains("Inside the training steps, on the device's clock"));
   CHECK(r["sample"]["text"].get<std::string>().rfind("The", 0) == 0);  // logging.sample_prompt's default
 }
 

@@ -2,7 +2,8 @@
 // the widest SIMD load) and zero-filled; the CPU backend computes in f32 and holds only f32 and
 // i32 tensors, so upload/download/copy are plain byte copies (no dtype conversion exists here).
 // Cost: alloc/zero touch every byte once (n * 4 bytes written); upload/download/copy move
-// n * 4 bytes. synchronize is a no-op: every op has finished when it returns.
+// n * 4 bytes. synchronize is a no-op: every op has finished when it returns, which is also why a
+// time mark is just the host clock.
 #include <omp.h>
 
 #include <algorithm>
@@ -116,5 +117,19 @@ void CpuOps::copy_2d(Tensor dst, size_t dst_ld, Tensor src, size_t src_ld, size_
 }
 
 void CpuOps::synchronize() {}
+
+int CpuOps::record_time_mark() {
+  marks_.push_back(std::chrono::steady_clock::now());
+  return static_cast<int>(marks_.size()) - 1;
+}
+
+double CpuOps::ms_between_marks(int a, int b) {
+  check(a >= 0 && b >= 0 && static_cast<size_t>(std::max(a, b)) < marks_.size(),
+        "CpuOps::ms_between_marks: no such mark (" + std::to_string(a) + ", " + std::to_string(b) + " of " +
+            std::to_string(marks_.size()) + ")");
+  return std::chrono::duration<double, std::milli>(marks_[static_cast<size_t>(b)] - marks_[static_cast<size_t>(a)]).count();
+}
+
+void CpuOps::clear_time_marks() { marks_.clear(); }
 
 }  // namespace pt

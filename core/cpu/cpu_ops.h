@@ -3,6 +3,9 @@
 // over independent outputs with OpenMP so results do not depend on the thread count.
 // It is the oracle for every CUDA kernel and what makes every layout testable without a GPU.
 #pragma once
+#include <chrono>
+#include <vector>
+
 #include "core/ops/ops.h"
 
 namespace pt {
@@ -22,6 +25,9 @@ class CpuOps final : public Ops {
   void copy(Tensor dst, Tensor src, size_t n) override;
   void copy_2d(Tensor dst, size_t dst_ld, Tensor src, size_t src_ld, size_t rows, size_t cols) override;
   void synchronize() override;
+  int record_time_mark() override;
+  double ms_between_marks(int a, int b) override;
+  void clear_time_marks() override;
   void embedding_forward(Tensor out, Tensor tokens, Tensor wte, int N, int C, int vocab_start, int vocab_local) override;
   void embedding_backward(Tensor dwte, Tensor dout, Tensor tokens, int N, int C, int vocab_start, int vocab_local) override;
   void position_forward(Tensor out, Tensor wpe, Tensor pos, int B, int T, int C) override;
@@ -49,6 +55,7 @@ class CpuOps final : public Ops {
 
  private:
   size_t live_bytes_ = 0, peak_bytes_ = 0;  // memory_use()
+  std::vector<std::chrono::steady_clock::time_point> marks_;  // record_time_mark()
 };
 
 }  // namespace pt

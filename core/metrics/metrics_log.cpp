@@ -77,6 +77,11 @@ void MetricsLog::log(const StepMetrics& m) {
                       {"eta_s", m.eta_s},
                       {"data_ms", m.data_ms},
                       {"comm_ms", m.comm_ms}};
+  if (m.phases)
+    for (int p = 0; p < kStepPhases; p++) {
+      const auto phase = static_cast<StepPhase>(p);
+      if (phase != StepPhase::pp_comm || m.pp_bubble) j[std::string(step_phase_name(phase)) + "_ms"] = (*m.phases)[phase];
+    }
   if (m.val_loss) j["val_loss"] = *m.val_loss;
   if (m.pp_bubble) j["pp_bubble"] = *m.pp_bubble;
   if (m.pp_wait_ms) j["pp_wait_ms"] = *m.pp_wait_ms;

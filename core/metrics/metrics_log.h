@@ -6,6 +6,8 @@
 #include <optional>
 #include <string>
 
+#include "core/metrics/step_timeline.h"
+
 namespace pt {
 
 struct StepMetrics {
@@ -22,6 +24,9 @@ struct StepMetrics {
   double eta_s = 0;           // estimated seconds to the end of the run
   double data_ms = 0;          // of dt_ms: reading the step's micro-batches (rank 0)
   double comm_ms = 0;          // of dt_ms: in collectives (rank 0; core/dist/timed_comm.h)
+  // Rank 0's device time by phase (forward_ms, backward_ms, grad_sync_ms, optimizer_ms, and
+  // pp_comm_ms with pipeline parallel): dt_ms minus their sum is data reading and host overhead.
+  std::optional<PhaseTimes> phases;
   std::optional<double> val_loss;
   // Pipeline parallel only (pp > 1): the measured bubble, idle over total time of the step's
   // schedule averaged over the pipeline's ranks, and the mean time a rank spent in send/recv.

@@ -72,6 +72,16 @@ class Ops {
   // Waits for all queued work (a no-op on the CPU). Used before timing and host reads.
   virtual void synchronize() = 0;
 
+  // ---- time marks (the step's phase breakdown, core/metrics/step_timeline.h) ------------------
+  // record_time_mark() puts a mark in the op stream and returns its number (0, 1, ... since the
+  // last clear_time_marks()). A mark is reached when every op issued before it has finished: on
+  // the GPU it is an event on the compute stream, so marks time the device's work and not the
+  // host's launches; on the CPU it is the host clock (ops are synchronous). ms_between_marks(a, b)
+  // needs both marks reached: call it after synchronize().
+  virtual int record_time_mark() = 0;
+  virtual double ms_between_marks(int a, int b) = 0;
+  virtual void clear_time_marks() = 0;
+
   // ---- embeddings --------------------------------------------------------------------
   // out[n, :] = wte[tokens[n] - vocab_start, :] when vocab_start <= tokens[n] < vocab_start + vocab_local,
   // else 0. The vocab range makes it usable as a vocab-parallel shard: wte holds rows

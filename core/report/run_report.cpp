@@ -1,5 +1,6 @@
 #include "core/report/run_report.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -196,6 +197,29 @@ std::string report_markdown(const json& r) {
   for (const auto& [label, key] : rows)
     md += format("| %s | %.3f | %.1f%% |\n", label, num(tm[key]), wall > 0 ? 100 * num(tm[key]) / wall : 0.0);
   md += format("| **wall** | %.3f | 100%% |\n\n", wall);
+  // The steps again, cut by the device's own clock (core/metrics/step_timeline.h).
+  const json& dev = tm["device_phases_s"];
+  const double steps_s = num(tm["steps_s"]);
+  if (dev.is_object() && steps_s > 0) {
+    md += "Inside the training steps, on the device's clock (time marks in the compute stream: CUDA events on a GPU, "
+          "the host clock on the CPU), seconds per rank:\n\n| phase | seconds | share of the steps |\n|---|---:|---:|\n";
+    const std::pair<const char*, const char*> phases[] = {
+        {"forward (and the loss)", "forward"},
+        {"backward (recompute and in-backward reductions included)", "backward"},
+        {"pipeline send/recv", "pp_comm"},
+        {"gradient reduction not hidden behind backward", "grad_sync"},
+        {"optimizer (norm, clip, AdamW, ZeRO gather)", "optimizer"}};
+    double inside = 0;
+    for (const auto& [label, key] : phases) {
+      const double x = dev.value(key, 0.0);
+      inside += x;
+      if (x > 0 || std::string(key) != "pp_comm") md += format("| %s | %.3f | %.1f%% |\n", label, x, 100 * x / steps_s);
+    }
+    const double outside = std::max(0.0, steps_s - inside);
+    md += format("| outside the device timeline (data reading, host overhead) | %.3f | %.1f%% |\n", outside,
+                 100 * outside / steps_s);
+    md += format("| **steps** | %.3f | 100%% |\n\n", steps_s);
+  }
   if (!tm["comm_by_kind"].empty()) {
     md += "| communication call (whole session) | seconds | calls | MB (payload) |\n|---|---:|---:|---:|\n";
     for (const auto& [kind, v] : tm["comm_by_kind"].items())

@@ -1,6 +1,7 @@
 #include "core/report/run_summary.h"
 
 #include <algorithm>
+#include <numeric>
 
 namespace pt {
 
@@ -8,8 +9,12 @@ double TimeBreakdown::compute() const { return std::max(0.0, steps - comm - bubb
 
 double TimeBreakdown::other() const { return std::max(0.0, wall - steps - checkpoint - eval - sample); }
 
+double TimeBreakdown::phases_total() const { return std::accumulate(phases.begin(), phases.end(), 0.0); }
+
 std::vector<double> TimeBreakdown::to_vector() const {
-  return {wall, steps, comm, bubble, data, checkpoint, eval, sample, double(step_count), double(checkpoints)};
+  std::vector<double> v = {wall, steps, comm, bubble, data, checkpoint, eval, sample, double(step_count), double(checkpoints)};
+  v.insert(v.end(), phases.begin(), phases.end());
+  return v;
 }
 
 TimeBreakdown TimeBreakdown::from_vector(const std::vector<double>& v) {
@@ -24,6 +29,7 @@ TimeBreakdown TimeBreakdown::from_vector(const std::vector<double>& v) {
   t.sample = v.at(7);
   t.step_count = static_cast<int>(v.at(8) + 0.5);
   t.checkpoints = static_cast<int>(v.at(9) + 0.5);
+  for (size_t i = 0; i < t.phases.size(); i++) t.phases[i] = v.at(10 + i);
   return t;
 }
 

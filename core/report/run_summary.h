@@ -7,6 +7,7 @@
 
 #include "core/config/run_config.h"
 #include "core/dist/timed_comm.h"
+#include "core/metrics/step_timeline.h"
 
 namespace pt {
 
@@ -23,6 +24,11 @@ struct TimeBreakdown {
   double sample = 0;      // text samples (the log's and the report's)
   int step_count = 0;     // steps run in the session
   int checkpoints = 0;    // checkpoints written
+  // The steps' time on the device's own clock, by phase (StepPhase order; core/metrics/step_timeline.h):
+  // another cut of `steps`, which also holds what lies outside the device timeline (data reading,
+  // host overhead before the step's first mark).
+  std::array<double, kStepPhases> phases{};
+  double phases_total() const;
   // Steps minus what is accounted for inside them (never below 0).
   double compute() const;
   // Wall minus everything above: start-up, the MFU probe, logging.

@@ -10,10 +10,13 @@ namespace pt {
 using nlohmann::json;
 
 json to_json(const TimeBreakdown& t) {
+  json phases = json::object();
+  for (int p = 0; p < kStepPhases; p++) phases[step_phase_name(static_cast<StepPhase>(p))] = t.phases[p];
   return {{"wall_s", t.wall},     {"steps_s", t.steps},           {"compute_s", t.compute()},
           {"comm_s", t.comm},     {"bubble_s", t.bubble},         {"data_s", t.data},
           {"checkpoint_s", t.checkpoint}, {"eval_s", t.eval},     {"sample_s", t.sample},
-          {"other_s", t.other()}, {"steps", t.step_count},        {"checkpoints", t.checkpoints}};
+          {"other_s", t.other()}, {"steps", t.step_count},        {"checkpoints", t.checkpoints},
+          {"device_phases_s", phases}};
 }
 
 json to_json(const CommStats& c) {
@@ -38,6 +41,8 @@ TimeBreakdown breakdown_from_json(const json& j) {
   t.sample = j.value("sample_s", 0.0);
   t.step_count = j.value("steps", 0);
   t.checkpoints = j.value("checkpoints", 0);
+  const json phases = j.value("device_phases_s", json::object());  // absent in older run directories
+  for (int p = 0; p < kStepPhases; p++) t.phases[p] = phases.value(step_phase_name(static_cast<StepPhase>(p)), 0.0);
   return t;
 }
 

@@ -192,7 +192,18 @@ size_t PipelineExecutor::activation_bytes() const {
   return n;
 }
 
-PipelineStepStats PipelineExecutor::train_step(const int32_t* inputs, const int32_t* targets, float dloss) {
+namespace {
+StepPhase phase_of(PipeOp op) {
+  switch (op) {
+    case PipeOp::forward: return StepPhase::forward;
+    case PipeOp::backward: return StepPhase::backward;
+    default: return StepPhase::pp_comm;
+  }
+}
+}  // namespace
+
+PipelineStepStats PipelineExecutor::train_step(const int32_t* inputs, const int32_t* targets, float dloss,
+                                               StepTimeline* timeline) {
   check(!has_embedding() || inputs, "PipelineExecutor: the first stage needs the micro-batches' inputs");
   check(!has_head() || targets, "PipelineExecutor: the last stage needs the micro-batches' targets");
   check(pp_group_ != nullptr, "PipelineExecutor: train_step before connect");
@@ -209,6 +220,7 @@ PipelineStepStats PipelineExecutor::train_step(const int32_t* inputs, const int3
     if (sync_ && i == last_micro_start_ && i != first_compute) sync_->start_micro_step(true);
     Gpt2Stage& ch = *chunks_[static_cast<size_t>(a.chunk)];
     const int mb = a.micro_batch;
+    if (timeline) timeline->enter(phase_of(a.op));
     const auto t0 = Clock::now();
     switch (a.op) {
       case PipeOp::recv_activation:
@@ -251,6 +263,7 @@ PipelineStepStats PipelineExecutor::train_step(const int32_t* inputs, const int3
   // over the first and last stage, then reduced over dp x cp like any other layer.
   if (tied_hooks_->hold_embeddings) {
     check(tied_hooks_->embeddings_held, "internal error: the embeddings' gradient was never reported");
+    if (timeline) timeline->enter(StepPhase::grad_sync);
     const auto t0 = Clock::now();
     embedding_group_->all_reduce(store_.grad("wte"));
     st.wait_s += seconds_since(t0);

@@ -37,6 +37,7 @@
 
 #include "core/config/run_config.h"
 #include "core/dist/comm.h"
+#include "core/metrics/step_timeline.h"
 #include "core/model/gpt2_stage.h"
 #include "core/model/layer_hooks.h"
 #include "core/model/param_store.h"
@@ -84,7 +85,9 @@ class PipelineExecutor {
   // (T = seq_len / cp: this rank's tokens; read only by the embedding and head chunks; may be
   // null on other ranks). dloss: the loss
   // gradient per token. The gradients are complete (up to GradSync::finish_step) on return.
-  PipelineStepStats train_step(const int32_t* inputs, const int32_t* targets, float dloss);
+  // timeline (optional, started by the caller): told the phase of each action.
+  PipelineStepStats train_step(const int32_t* inputs, const int32_t* targets, float dloss,
+                               StepTimeline* timeline = nullptr);
   // Evaluation of one micro-batch through the pipeline (each chunk in turn, no schedule):
   // the summed per-token losses on the head's rank, 0 elsewhere.
   double forward_only(const int32_t* inputs, const int32_t* targets);

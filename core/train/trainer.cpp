@@ -25,7 +25,7 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 }  // namespace
 
 Trainer::Trainer(const RunConfig& cfg, const World& world, Ops& ops)
-    : cfg_(cfg), world_(world), ops_(ops), table_(build_gpt2_param_table(cfg.model)) {
+    : cfg_(cfg), world_(world), ops_(ops), table_(build_gpt2_param_table(cfg.model)), timeline_(ops) {
   // Everything a rank can check and set up alone comes first. If it fails on any rank, every
   // rank throws here, before a first collective could leave the others waiting.
   std::exception_ptr failure;
@@ -173,8 +173,11 @@ StepResult Trainer::step() {
       read_batch(*train_data_, cursor_, first_sequence, micro, inputs_.data() + micro * n, targets_.data() + micro * n);
     }
   step_data_s_ = seconds_since(data_start);
+  // The device's time from here on, by phase (the gradients' zeroing counts as backward's).
+  timeline_.start(StepPhase::backward);
   grad_sync_->start_step();
-  const PipelineStepStats ps = executor_->train_step(inputs_.data(), targets_.data(), dloss);
+  const PipelineStepStats ps = executor_->train_step(inputs_.data(), targets_.data(), dloss, &timeline_);
+  timeline_.enter(StepPhase::grad_sync);
   grad_sync_->finish_step();
   double sums[2] = {ps.loss_sum, ps.tokens};  // this rank's loss sum and tokens with a target
   groups_.dp_cp->all_reduce(sums, 2);         // the token-weighted mean over dp x cp
@@ -191,11 +194,13 @@ StepResult Trainer::step() {
   cursor_ = (cursor_ + static_cast<uint64_t>(sequences_per_step()) * T) % train_data_->total_tokens();
 
   r.lr = lr_at(cfg_.optim, cfg_.schedule, step_);
+  timeline_.enter(StepPhase::optimizer);
   const OptimizerStats s =
       adamw_step(ops_, *store_, cfg_.optim, r.lr, step_ + 1, groups_.shard.get(), norm_scope_);
   gather_->gather_updated();  // ZeRO-1/2: every rank's updated piece back into the full params
   r.grad_norm = s.grad_norm;
   r.loss = sums[0] / sums[1];
+  r.phases = timeline_.finish();
   step_++;
   return r;
 }
@@ -411,6 +416,7 @@ void Trainer::run() {
     time_.bubble += r.pp_wait_ms / 1e3;
     time_.data += step_data_s_;
     time_.step_count++;
+    for (size_t p = 0; p < time_.phases.size(); p++) time_.phases[p] += r.phases.ms[p] / 1e3;
     step_ms.push_back({step_, dt * 1e3});
     // After the session's first step every buffer exists (activations, gradients, optimizer
     // state, ZeRO-2/3's working layers have come and gone): what rank 0 holds, next to its plan.
@@ -420,6 +426,11 @@ void Trainer::run() {
                                 describe_memory_use(ops_.memory_use(), plan);
       std::printf("memory    | %s\n", summary.memory_measured.c_str());
     }
+    // The first step after warm-up: where a step's time goes on the device (every logged step's
+    // split is in metrics.jsonl, the session's in the report).
+    if (step_ == first_step + 2 && lead)
+      std::printf("phases    | step %d, %.1f ms: %s\n", step_, dt * 1e3,
+                  describe_phases(r.phases, dt * 1e3, step_data_s_ * 1e3).c_str());
     if (step_ > first_step + 1) {
       timed_seconds += dt;
       timed_steps++;
@@ -444,6 +455,7 @@ void Trainer::run() {
     m.eta_s = avg_dt * (total - step_);
     m.data_ms = step_data_s_ * 1e3;
     m.comm_ms = comm * 1e3;
+    m.phases = r.phases;
     if (do_val) {
       const auto te = Clock::now();
       m.val_loss = evaluate();

@@ -29,6 +29,7 @@
 #include "core/dist/process_groups.h"
 #include "core/dist/world.h"
 #include "core/metrics/metrics_log.h"
+#include "core/metrics/step_timeline.h"
 #include "core/model/gpt2_stage.h"
 #include "core/model/param_store.h"
 #include "core/model/param_table.h"
@@ -53,6 +54,8 @@ struct StepResult {
   // and the mean time a rank waited in send/recv.
   double pp_bubble = 0;
   double pp_wait_ms = 0;
+  // This rank's device time by phase (core/metrics/step_timeline.h); the step has synchronised.
+  PhaseTimes phases;
 };
 
 class Trainer {
@@ -119,6 +122,7 @@ class Trainer {
   std::unique_ptr<GradSync> grad_sync_;
   std::unique_ptr<ZeroHooks> hooks_;
   NormScope norm_scope_;  // the gradient norm over the pipeline's stages
+  StepTimeline timeline_;  // step()'s device time by phase
   BatchObserver batch_observer_;
   std::vector<int32_t> inputs_, targets_;  // host staging for one step's micro-batches (this rank's tokens)
   std::vector<int32_t> global_inputs_, global_targets_;  // one whole micro-batch (context parallel)
