@@ -1,16 +1,12 @@
 #include "core/train/pipeline_executor.h"
 
 #include <algorithm>
-#include <chrono>
 #include <set>
 #include <utility>
 
 namespace pt {
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 bool is_compute(const PipeAction& a) { return a.op == PipeOp::forward || a.op == PipeOp::backward; }
 
@@ -192,6 +188,11 @@ size_t PipelineExecutor::activation_bytes() const {
   return n;
 }
 
+double pipeline_bubble_of(const PhaseTimes& t) {
+  const double schedule = t[StepPhase::forward] + t[StepPhase::backward] + t[StepPhase::pp_comm];
+  return schedule > 0 ? t[StepPhase::pp_comm] / schedule : 0.0;
+}
+
 namespace {
 StepPhase phase_of(PipeOp op) {
   switch (op) {
@@ -214,32 +215,26 @@ PipelineStepStats PipelineExecutor::train_step(const int32_t* inputs, const int3
   while (first_compute < actions_.size() && !is_compute(actions_[first_compute])) first_compute++;
   if (sync_) sync_->start_micro_step(last_micro_start_ == first_compute);
   bool output_unsent = false;  // a chunk's shared output buffer holds an activation not yet sent
-  const auto step_start = Clock::now();
   for (size_t i = 0; i < actions_.size(); i++) {
     const PipeAction& a = actions_[i];
     if (sync_ && i == last_micro_start_ && i != first_compute) sync_->start_micro_step(true);
     Gpt2Stage& ch = *chunks_[static_cast<size_t>(a.chunk)];
     const int mb = a.micro_batch;
     if (timeline) timeline->enter(phase_of(a.op));
-    const auto t0 = Clock::now();
     switch (a.op) {
       case PipeOp::recv_activation:
         pp_group_->recv(ch.input(slots.received(a.chunk, mb)), a.peer);
-        st.wait_s += seconds_since(t0);
         break;
       case PipeOp::send_activation:
         pp_group_->send(ch.output(), a.peer);
         output_unsent = false;
-        st.wait_s += seconds_since(t0);
         break;
       case PipeOp::recv_grad:
         pp_group_->recv(ch.grad_output(slots.io(a.chunk, mb)), a.peer);
-        st.wait_s += seconds_since(t0);
         break;
       case PipeOp::send_grad:
         pp_group_->send(ch.grad_input(slots.io(a.chunk, mb)), a.peer);
         slots.grad_sent(a.chunk, mb);
-        st.wait_s += seconds_since(t0);
         break;
       case PipeOp::forward: {
         check(!output_unsent, "internal error: a pipeline computation before the previous output was sent");
@@ -248,14 +243,12 @@ PipelineStepStats PipelineExecutor::train_step(const int32_t* inputs, const int3
         st.loss_sum += ch.forward(slots.forward(a.chunk, mb), layers.embedding ? inputs + mb * N : nullptr, tgt, dloss);
         if (tgt) st.tokens += static_cast<double>(std::count_if(tgt, tgt + N, [](int32_t t) { return t >= 0; }));
         output_unsent = !layers.head;
-        st.compute_s += seconds_since(t0);
         break;
       }
       case PipeOp::backward:
         check(!output_unsent, "internal error: a pipeline computation before the previous output was sent");
         ch.backward(slots.backward(a.chunk, mb));
         slots.backward_done(a.chunk, mb);
-        st.compute_s += seconds_since(t0);
         break;
     }
   }
@@ -264,13 +257,10 @@ PipelineStepStats PipelineExecutor::train_step(const int32_t* inputs, const int3
   if (tied_hooks_->hold_embeddings) {
     check(tied_hooks_->embeddings_held, "internal error: the embeddings' gradient was never reported");
     if (timeline) timeline->enter(StepPhase::grad_sync);
-    const auto t0 = Clock::now();
     embedding_group_->all_reduce(store_.grad("wte"));
-    st.wait_s += seconds_since(t0);
     tied_hooks_->embeddings_held = false;
     if (tied_hooks_->inner) tied_hooks_->inner->grads_ready(-1);
   }
-  st.total_s = seconds_since(step_start);
   return st;
 }
 

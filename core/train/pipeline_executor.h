@@ -48,16 +48,15 @@
 
 namespace pt {
 
-// What one rank did in one step.
+// What one rank did in one step (its time, by phase, is in the caller's StepTimeline).
 struct PipelineStepStats {
   double loss_sum = 0;  // head: the summed per-token losses of every micro-batch (else 0)
   double tokens = 0;    // head: the tokens with a target (else 0)
-  double total_s = 0;   // wall time of the whole action list
-  double compute_s = 0; // in forward and backward (ZeRO collectives inside them included)
-  double wait_s = 0;    // in send and recv: waiting on pipeline neighbours
-  // Idle over total time on this rank (the measured bubble): (total - compute) / total.
-  double bubble_fraction() const { return total_s > 0 ? (total_s - compute_s) / total_s : 0.0; }
 };
+
+// The measured bubble of one rank's step: the time in pipeline send/recv (waiting on neighbours)
+// over the time of the schedule (forward + backward + send/recv), on the device's clock.
+double pipeline_bubble_of(const PhaseTimes& t);
 
 // The slots each of this rank's chunks needs for `actions` (its pipeline_schedule list): the most
 // micro-batches a chunk holds at once in each kind of slot (gpt2_stage.h), at least one.

@@ -182,15 +182,7 @@ StepResult Trainer::step() {
   double sums[2] = {ps.loss_sum, ps.tokens};  // this rank's loss sum and tokens with a target
   groups_.dp_cp->all_reduce(sums, 2);         // the token-weighted mean over dp x cp
   StepResult r;
-  if (pp > 1) {
-    // The loss lives on the last stage; the bubble and the waits are averaged over the stages.
-    double pipe[4] = {sums[0], sums[1], ps.bubble_fraction(), ps.wait_s};
-    groups_.pp->all_reduce(pipe, 4);
-    sums[0] = pipe[0];
-    sums[1] = pipe[1];
-    r.pp_bubble = pipe[2] / pp;
-    r.pp_wait_ms = pipe[3] / pp * 1e3;
-  }
+  if (pp > 1) groups_.pp->all_reduce(sums, 2);  // the loss lives on the last stage
   cursor_ = (cursor_ + static_cast<uint64_t>(sequences_per_step()) * T) % train_data_->total_tokens();
 
   r.lr = lr_at(cfg_.optim, cfg_.schedule, step_);
@@ -201,6 +193,13 @@ StepResult Trainer::step() {
   r.grad_norm = s.grad_norm;
   r.loss = sums[0] / sums[1];
   r.phases = timeline_.finish();
+  if (pp > 1) {
+    // The bubble and the waits on the device's clock, averaged over the stages.
+    double pipe[2] = {pipeline_bubble_of(r.phases), r.phases[StepPhase::pp_comm]};
+    groups_.pp->all_reduce(pipe, 2);
+    r.pp_bubble = pipe[0] / pp;
+    r.pp_wait_ms = pipe[1] / pp;
+  }
   step_++;
   return r;
 }

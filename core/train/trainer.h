@@ -50,8 +50,8 @@ struct StepResult {
   double loss = 0;  // token-weighted mean over the global batch
   double grad_norm = 0;
   double lr = 0;
-  // pp > 1: the measured bubble (idle over total schedule time, mean over the pipeline's ranks)
-  // and the mean time a rank waited in send/recv.
+  // pp > 1: the measured bubble (pipeline_bubble_of: send/recv over schedule time, on the device's
+  // clock, mean over the pipeline's ranks) and the mean time a rank spent in send/recv.
   double pp_bubble = 0;
   double pp_wait_ms = 0;
   // This rank's device time by phase (core/metrics/step_timeline.h); the step has synchronised.
