@@ -139,25 +139,31 @@ void Gpt2Decoder::extend(const int32_t* tokens, int n) {
   const Tensor mean = mean_.slice(0, n), rstd = rstd_.slice(0, n), lse = lse_.slice(0, static_cast<size_t>(NH) * n);
   ops_.embedding_forward(x, tokens_, wte_, n, C, 0, Vp);
   ops_.position_forward(x, wpe_, pos_, 1, n, C);
+  // x is the residual stream. Each residual add is fused with the LayerNorm after it (ln_2, the
+  // next layer's ln_1), bit for bit the add and the norm, as in training (gpt2_stage.cpp).
+  ops_.layernorm_forward(ln, mean, rstd, x, layers_[0].ln1w, layers_[0].ln1b, n, C);
   for (int l = 0; l < m_.n_layers; l++) {
     const LayerParams& p = layers_[l];
     const Tensor k_new = kcache_[l].slice(static_cast<size_t>(p0) * C, nC);
     const Tensor v_new = vcache_[l].slice(static_cast<size_t>(p0) * C, nC);
     const Tensor k_all = kcache_[l].slice(0, static_cast<size_t>(Tk) * C);
     const Tensor v_all = vcache_[l].slice(0, static_cast<size_t>(Tk) * C);
-    ops_.layernorm_forward(ln, mean, rstd, x, p.ln1w, p.ln1b, n, C);
     ops_.matmul_forward(q, ln, p.qw, p.qb, n, C, C);
     ops_.matmul_forward(k_new, ln, p.kw, p.kb, n, C, C);
     ops_.matmul_forward(v_new, ln, p.vw, p.vb, n, C, C);
     // Query i sits at position p0 + i and sees the keys at positions 0 .. p0 + i.
     ops_.attention_block_forward(att, lse, q, k_all, v_all, 1, n, Tk, C, NH, p0, 0, true);
     ops_.matmul_forward(proj, att, p.projw, p.projb, n, C, C);
-    ops_.add(x, x, proj, nC);
-    ops_.layernorm_forward(ln, mean, rstd, x, p.ln2w, p.ln2b, n, C);
+    ops_.residual_layernorm_forward(x, ln, mean, rstd, x, proj, p.ln2w, p.ln2b, n, C);
     ops_.matmul_forward(fch, ln, p.fcw, p.fcb, n, C, 4 * C);
     ops_.gelu_forward(fch_gelu, fch, 4 * nC);
     ops_.matmul_forward(proj, fch_gelu, p.fcprojw, p.fcprojb, n, 4 * C, C);
-    ops_.add(x, x, proj, nC);
+    if (l + 1 < m_.n_layers) {
+      const LayerParams& next = layers_[l + 1];
+      ops_.residual_layernorm_forward(x, ln, mean, rstd, x, proj, next.ln1w, next.ln1b, n, C);
+    } else {
+      ops_.add(x, x, proj, nC);  // ln_f below normalises the last row only
+    }
   }
   length_ = Tk;
   // Only the last row's next-token distribution is wanted: the final norm and the LM head (tied
