@@ -3,7 +3,7 @@
 //
 // Computes (row-major, W is [OC, IC]):
 //   forward:  out[N, OC] = inp[N, IC] @ W^T + bias           (bias fused as cuBLASLt's BIAS epilogue)
-//   backward: dinp[N, IC] += dout[N, OC] @ W                  (beta = 1: accumulate)
+//   backward: dinp[N, IC]  = dout[N, OC] @ W                  (beta = 0: overwritten, never read)
 //             dW[OC, IC]  += dout^T @ inp                     (beta = 1)
 //             dbias[OC]   += sum_n dout[n, :]                 (column_reduce.cuh)
 // cuBLASLt is column-major; a row-major [R, S] matrix is the column-major [S, R] one, so each
@@ -13,7 +13,7 @@
 //   dW^T   (IC x OC) = (inp as IC x N) * op_T(dout as OC x N)         m=IC n=OC k=N
 // Precision: CUBLAS_COMPUTE_32F with fp32 scale, never the TF32 fast mode, so an fp32 run
 // matches CpuOps to ~1e-6; bf16 inputs multiply exactly into fp32 accumulators. C = D in place
-// gives the "+=" for both bf16 and fp32 outputs.
+// with beta = 1 gives dW's "+=" for both bf16 and fp32 outputs.
 // Algorithm choice: cuBLASLt's heuristic (first result) for the problem, the dtypes and the
 // actual alignment of every pointer and leading dimension (odd shapes such as IC = 771 get an
 // algorithm that supports them), cached per problem (a "none" answer too). Split-K reductions
@@ -290,7 +290,7 @@ void matmul_forward(MatmulContext* ctx, DType in_dtype, DType out_dtype, void* o
 
 void matmul_backward_input(MatmulContext* ctx, DType in_dtype, DType dinp_dtype, void* dinp, const void* dout,
                            const void* w, int N, int IC, int OC, void* stream) {
-  gemm(ctx, Gemm{false, false, IC, N, OC, in_dtype, w, IC, dout, OC, dinp_dtype, dinp, IC, 1.0f, nullptr},
+  gemm(ctx, Gemm{false, false, IC, N, OC, in_dtype, w, IC, dout, OC, dinp_dtype, dinp, IC, 0.0f, nullptr},
        as_stream(stream));
 }
 

@@ -19,7 +19,7 @@ void matmul_context_destroy(MatmulContext* ctx) noexcept;
 // out[N, OC] = inp[N, IC] @ w[OC, IC]^T (+ bias[OC]; bias may be nullptr). out and bias are out_dtype.
 void matmul_forward(MatmulContext* ctx, DType in_dtype, DType out_dtype, void* out, const void* inp, const void* w,
                     const void* bias, int N, int IC, int OC, void* stream = nullptr);
-// dinp[N, IC] += dout[N, OC] @ w[OC, IC]   (dinp is dinp_dtype)
+// dinp[N, IC] = dout[N, OC] @ w[OC, IC]   (overwritten; dinp is dinp_dtype)
 void matmul_backward_input(MatmulContext* ctx, DType in_dtype, DType dinp_dtype, void* dinp, const void* dout,
                            const void* w, int N, int IC, int OC, void* stream = nullptr);
 // dw[OC, IC] += dout[N, OC]^T @ inp[N, IC]   (dw is dw_dtype)

@@ -136,6 +136,25 @@ inline void check_accumulates(Ops& ops, Buffers& bufs, const std::vector<Tensor>
   }
 }
 
+// Checks that `backward` overwrites each of `grads` (matmul_backward's and gelu_backward's dinp):
+// the result from buffers holding NaN must equal, bit for bit, the result from zeroed buffers.
+inline void check_overwrites(Ops& ops, Buffers& bufs, const std::vector<Tensor>& grads,
+                             const std::function<void()>& backward) {
+  for (Tensor g : grads) ops.zero(g);
+  backward();
+  std::vector<std::vector<float>> from_zero;
+  for (Tensor g : grads) from_zero.push_back(bufs.read(g));
+  for (Tensor g : grads) {
+    const std::vector<float> nan(g.numel, std::numeric_limits<float>::quiet_NaN());
+    ops.upload(g, nan.data(), DType::f32, g.numel);
+  }
+  backward();
+  for (size_t i = 0; i < grads.size(); i++) {
+    INFO("gradient " << i << " must not depend on what the buffer held");
+    CHECK(bitwise_equal(bufs.read(grads[i]), from_zero[i]));
+  }
+}
+
 // The thread counts a determinism test compares: 1 and 2 (CI's cores) and an odd 3.
 inline const std::vector<int> kThreadCounts = {1, 2, 3};
 

@@ -197,24 +197,23 @@ TEST_CASE("gelu_forward matches CpuOps", "[gpu][gelu]") {
   }
 }
 
-TEST_CASE("gelu_backward accumulates like CpuOps", "[gpu][gelu]") {
+TEST_CASE("gelu_backward overwrites dinp like CpuOps", "[gpu][gelu]") {
   for (size_t n : {size_t{1000003}, size_t{5}}) {
     for (DType dtype : {DType::f32, DType::bf16}) {
       for (size_t offset : {0, 1}) {
         INFO("n " << n << ", dtype " << pt::dtype_name(dtype) << ", offset " << offset);
         std::vector<float> x = rounded(dtype, random_normal(n, 3.0f, 2));
         std::vector<float> dout = rounded(dtype, random_normal(n, 1.0f, 3));
-        // A nonzero starting gradient: the kernel must add to it, not overwrite it. (It cannot
-        // be poisoned, being an input; an element left unwritten keeps dinp0 and fails.)
-        std::vector<float> dinp0 = rounded(dtype, random_normal(n, 1.0f, 4));
-        CpuTensor cx(x), cdout(dout), cdinp(dinp0);
+        // dinp is an output (Ops::gelu_backward overwrites it): poisoned, so an element left
+        // unwritten, or one the kernel adds to, fails.
+        CpuTensor cx(x), cdout(dout), cdinp(std::vector<float>(n, 0.0f));
         cpu().gelu_backward(cdinp.t, cx.t, cdout.t, n);
         std::vector<float> ref = cdinp.values();
 
         DeviceBuffer dx(n, dtype, offset), ddout(n, dtype, offset), ddinp(n, dtype, offset);
         dx.upload(x);
         ddout.upload(dout);
-        ddinp.upload(dinp0);
+        ddinp.poison();
         pt::gpu::gelu_backward(dtype, ddinp.data(), dx.data(), ddout.data(), n);
         pt::cuda_synchronize();
         expect_close("dinp", ddinp.download(), ref, tolerance(dtype));

@@ -2,7 +2,8 @@
 // fresh random inputs of awkward sizes: N = 37 rows, C = 771 channels (rows not 16-byte aligned:
 // the scalar paths) next to C = 768 (the 128-bit paths). Outputs are poisoned (NaN) before each
 // forward, so an element a kernel forgets to write fails; every backward runs twice, from zero
-// gradients and from nonzero ones (of the reference gradient's size), so "+=" is checked too.
+// gradients and from nonzero ones (of the reference gradient's size), so "+=" is checked too
+// (and that matmul_backward's and gelu_backward's dinp are overwritten, as CpuOps's are).
 // Deterministic kernels are run twice more and compared bitwise. Tolerances: gpu_test_support.h.
 //
 // Runs only on a GPU machine: catch_main_gpu exits 77 (skipped) when no device is visible.
@@ -378,6 +379,8 @@ TEST_CASE("matmul_forward and matmul_backward match CpuOps", "[gpu][ops][matmul]
         const std::vector<float> dout = rounded(mode, random_normal(NO, 1.0f, 24));
         Tensor cdout = c.make(dout, DType::f32), gdout = g.make(dout, mode);
         double scale_dx = 1, scale_dw = 1, scale_db = 1;
+        // dw and dbias accumulate; dinp is overwritten (Ops::matmul_backward), so from nonzero
+        // start values the CPU's dinp is the plain product and the GPU's must be too.
         for (bool accumulate : {false, true}) {
           INFO("accumulate " << accumulate);
           const std::vector<float> dx0 = start_values(accumulate, NI, scale_dx, mode, 25);

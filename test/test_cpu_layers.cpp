@@ -275,9 +275,10 @@ TEST_CASE("matmul: forward matches a double reference, backward matches finite d
       if (with_bias)
         require_close(bufs.read(db), numeric_grad([&](const std::vector<double>& v) { return dot(matmul_ref(xd, wd, v, N, IC, OC), R); }, bd),
                       1e-5, 1e-5, "dbias");
-      std::vector<Tensor> grads = {dx, dw};
+      std::vector<Tensor> grads = {dw};  // parameter gradients accumulate, dinp is overwritten
       if (with_bias) grads.push_back(db);
       check_accumulates(ops, bufs, grads, backward);
+      check_overwrites(ops, bufs, {dx}, backward);
     }
   }
 

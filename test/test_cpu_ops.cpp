@@ -101,7 +101,7 @@ TEST_CASE("gelu: forward is GPT-2's tanh approximation, backward matches finite 
   const double h = 1e-5;
   for (size_t i = 0; i < x.size(); i++) dwant[i] = R[i] * (gelu(x[i] + h) - gelu(x[i] - h)) / (2 * h);
   require_close(bufs.read(dx), dwant, 1e-5, 1e-4, "dinp");
-  check_accumulates(ops, bufs, {dx}, backward);
+  check_overwrites(ops, bufs, {dx}, backward);
 }
 
 TEST_CASE("add and scale", "[cpu][elementwise]") {

@@ -2,7 +2,7 @@
 //  gelu(x)  = 0.5 x (1 + tanh(u)),  u = sqrt(2/pi) (x + 0.044715 x^3)
 //  gelu'(x) = 0.5 (1 + tanh(u)) + 0.5 x (1 - tanh(u)^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2)
 // Cost per element: GELU ~10 FLOPs + one tanh, add 1 FLOP, scale 1 FLOP; all memory-bound:
-// gelu_forward 8 bytes, gelu_backward 16 (read inp, dout, read-modify-write dinp), add 12, scale 8.
+// gelu_forward 8 bytes, gelu_backward 12 (read inp, dout, write dinp), add 12, scale 8.
 // Each element is independent, so the parallel split cannot change any result.
 #include <cmath>
 
@@ -42,7 +42,7 @@ void CpuOps::gelu_backward(Tensor dinp, Tensor inp, Tensor dout, size_t n) {
     float th = std::tanh(kGeluScale * (xi + kGeluCubic * xi * xi * xi));
     float du = kGeluScale * (1.0f + 3.0f * kGeluCubic * xi * xi);
     float grad = 0.5f * (1.0f + th) + 0.5f * xi * (1.0f - th * th) * du;
-    dx[i] += grad * dy[i];
+    dx[i] = grad * dy[i];
   }
 }
 

@@ -1,5 +1,5 @@
 // The linear layer, out[N, OC] = inp[N, IC] @ w[OC, IC]^T + bias, and its backward:
-// dinp += dout @ w, dw += dout^T @ inp, dbias += sum_n dout.
+// dinp = dout @ w, dw += dout^T @ inp, dbias += sum_n dout.
 // FLOPs: 2*N*IC*OC forward, 4*N*IC*OC backward (dinp and dw). Bytes: each operand once plus
 // the output (tiny next to the FLOPs at training shapes): this op is compute-bound.
 //
@@ -154,7 +154,7 @@ void CpuOps::matmul_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, 
   const float* dy = cpu::f32_arg(dout, size_t(N) * OC, "matmul_backward", "dout");
   if (dx) {
     const float* wt = cpu::f32_arg(w, size_t(OC) * IC, "matmul_backward", "w");
-    gemm(dx, IC, N, IC, OC, Strided{dy, OC, 1}, Strided{wt, IC, 1}, nullptr, /*accumulate=*/true);
+    gemm(dx, IC, N, IC, OC, Strided{dy, OC, 1}, Strided{wt, IC, 1}, nullptr, /*accumulate=*/false);
   }
   if (dwt) {
     const float* x = cpu::f32_arg(inp, size_t(N) * IC, "matmul_backward", "inp");

@@ -338,7 +338,6 @@ double Gpt2Stage::forward(MicroSlot at, const int32_t* tokens, const int32_t* ta
     // gradient of the last block's output is kept for backward(slot).
     hooks_->acquire_grads(embeddings);
     hooks_->acquire_grads(final_norm);
-    ops_.zero(dbtc_);
     tp_->column_backward(dbtc_, store_.grad("wte"), Tensor{}, logits_, lnf_, store_.param("wte"), N, C, d.Vl);
     ops_.zero(in.dres);
     layernorm_backward(in.dres, store_.grad("ln_f.weight"), store_.grad("ln_f.bias"), dbtc_, x,
@@ -377,20 +376,17 @@ void Gpt2Stage::backward(MicroSlot at) {
     const LayerActs a = buffers(s, l);
     const Tensor x = block_input(in, s, l);
     recompute_block(a, p, x);
-    // MLP branch: res3 = res2 + fcproj(gelu(fc(ln2(res2))))
-    ops_.zero(dfch_gelu_);
+    // MLP branch: res3 = res2 + fcproj(gelu(fc(ln2(res2)))). The matmuls' and GELU's input
+    // gradients are overwritten (Ops), so only the residual stream and attention's dqkv (+=)
+    // start from zeros.
     tp_->row_backward(dfch_gelu_, g.fcprojw, g.fcprojb, dres, a.fch_gelu, p.fcprojw, N, d.Fl, C);
-    ops_.zero(dfch_);
     ops_.gelu_backward(dfch_, a.fch, dfch_gelu_, size_t(N) * d.Fl);
-    ops_.zero(dln);
     tp_->column_backward(dln, g.fcw, g.fcb, dfch_, a.ln2, p.fcw, N, C, d.Fl);
     layernorm_backward(dres, g.ln2w, g.ln2b, dln, a.res2, p.ln2w, a.ln2_mean, a.ln2_rstd);
     // Attention branch: res2 = x + proj(attention(qkv(ln1(x))))
-    ops_.zero(datty);
     tp_->row_backward(datty, g.projw, g.projb, dres, a.atty, p.projw, N, d.Cl, C);
     ops_.zero(dqkv_);
     attention_->backward(dqkv_, datty, a.qkv, a.atty, a.lse);
-    ops_.zero(dln);
     tp_->column_backward(dln, g.qkvw, g.qkvb, dqkv_, a.ln1, p.qkvw, N, C, 3 * d.Cl);
     layernorm_backward(dres, g.ln1w, g.ln1b, dln, x, p.ln1w, a.ln1_mean, a.ln1_rstd);
     hooks_->release_params(l);

@@ -49,7 +49,7 @@ void TensorParallel::column_forward(Tensor out, Tensor inp, Tensor w, Tensor bia
 
 void TensorParallel::column_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, int N,
                                      int IC, int OC_local) {
-  if (tp_.size() == 1)  // one rank: the plain layer (dinp += as matmul_backward does)
+  if (tp_.size() == 1)  // one rank: the plain layer (dinp overwritten, as matmul_backward does)
     return ops_.matmul_backward(dinp, dw, dbias, dout, inp, w, N, IC, OC_local);
   Tensor x = inp;
   if (sp_ && dw) {  // the weight gradient needs every token's input again (not kept from forward)
@@ -58,18 +58,16 @@ void TensorParallel::column_backward(Tensor dinp, Tensor dw, Tensor dbias, Tenso
   }
   ops_.matmul_backward(Tensor{}, dw, dbias, dout, x, w, N, IC, OC_local);
   if (!dinp) return;
-  // This rank's share of the input gradient, summed over the group, then added to dinp (which
-  // may already hold another branch's gradient, the same on every rank: it must not be summed).
+  // This rank's share of the input gradient, summed over the group into dinp (overwritten).
   Tensor partial = scratch(kPartial, size_t(N) * IC, dout.dtype);
-  ops_.zero(partial);
   ops_.matmul_backward(partial, Tensor{}, Tensor{}, dout, x, w, N, IC, OC_local);
   if (sp_) {
     Tensor shard = scratch(kShard, size_t(outer_rows(N)) * IC, dout.dtype);
     reduce_scatter_tokens(shard, partial, N, IC);
-    ops_.add(dinp, dinp, shard, shard.numel);
+    ops_.copy(dinp, shard, shard.numel);
   } else {
     tp_.all_reduce(partial);
-    ops_.add(dinp, dinp, partial, partial.numel);
+    ops_.copy(dinp, partial, partial.numel);
   }
 }
 

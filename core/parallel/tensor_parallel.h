@@ -50,14 +50,16 @@ class TensorParallel {
   // out [N, OC_local] = inp @ w^T + bias, inp [outer_rows(N), IC] (all-gathered under SP),
   // w [OC_local, IC], bias [OC_local] or null.
   void column_forward(Tensor out, Tensor inp, Tensor w, Tensor bias, int N, int IC, int OC_local);
-  // dw, dbias += this rank's; dinp [outer_rows(N), IC] += the input gradient summed over the
-  // group (all-reduce, or reduce-scatter under SP). Any gradient may be null.
+  // dw, dbias += this rank's; dinp [outer_rows(N), IC] = the input gradient summed over the
+  // group (all-reduce, or reduce-scatter under SP; overwritten, as Ops::matmul_backward does).
+  // Any gradient may be null.
   void column_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, int N, int IC,
                        int OC_local);
   // out [outer_rows(N), OC] = sum over ranks of inp @ w^T, + bias; inp [N, IC_local],
   // w [OC, IC_local], bias [OC] (replicated) or null.
   void row_forward(Tensor out, Tensor inp, Tensor w, Tensor bias, int N, int IC_local, int OC);
-  // dinp [N, IC_local], dw, dbias += from dout [outer_rows(N), OC] (all-gathered under SP).
+  // dinp [N, IC_local] = (overwritten), dw, dbias += from dout [outer_rows(N), OC] (all-gathered
+  // under SP).
   void row_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, int N, int IC_local,
                     int OC);
 
