@@ -11,15 +11,12 @@ ParamStore::ParamStore(const ParamTable& table, const ShardLayout& layout, Ops& 
   const DType compute = ops.compute_dtype();
   if (layout.params_resident()) params_ = alloc(arena, compute);
   if (layout.grads_resident()) grads_ = alloc(arena, DType::f32);
-  if (layout.zero_stage() == 0) {
-    // One shard: the optimizer state is the full arena; with an f32 compute dtype a separate
-    // master copy would only duplicate params.
-    master_ = compute == DType::f32 ? params_ : alloc(arena, DType::f32);
-    grad_shard_ = grads_;
-  } else {
-    master_ = alloc(shard, DType::f32);
-    grad_shard_ = alloc(shard, DType::f32);
-  }
+  // One shard (ZeRO-0, or any stage over a shard group of one rank): the shard is the whole
+  // arena, unpadded and at the same offsets, so a resident arena holding the same values serves
+  // as it. A second copy would only duplicate it: the f32 params are the master weights, and
+  // the full gradient is the reduced one (ZeRO 0-1: GradSync reduces the arena in place).
+  master_ = layout.master_is_params(compute) ? params_ : alloc(shard, DType::f32);
+  grad_shard_ = layout.grad_shard_is_arena() ? grads_ : alloc(shard, DType::f32);
   m_ = alloc(shard, DType::f32);
   v_ = alloc(shard, DType::f32);
   if (!layout.params_resident()) param_shard_ = compute == DType::f32 ? master_ : alloc(shard, compute);

@@ -7,9 +7,11 @@
 //    a layer's gradient lives in a working buffer attached for its backward and is
 //    reduce-scattered into the shard as soon as it is final.
 //  - the shard (fp32, layout().shard_numel() elements): master weights, Adam moments and the
-//    reduced gradient the optimizer reads. Under ZeRO-0 (one shard) these are the full arenas,
-//    and on a backend whose compute dtype is f32 the master weights ARE the params.
-// With one rank and ZeRO-0 everything is resident and in the ParamTable's own flat order.
+//    reduced gradient the optimizer reads.
+// With one shard (ZeRO-0, or any stage over a shard group of one rank) the shard is the whole
+// model in the ParamTable's own flat order, and no resident arena is duplicated for it: the
+// reduced gradient IS the gradient arena (ZeRO 0-1), and with an f32 compute dtype the master
+// weights ARE the params (ZeRO 0-2) or the parameter shard (ZeRO-3).
 #pragma once
 #include <vector>
 
@@ -54,9 +56,9 @@ class ParamStore {
   const ShardLayout& layout() const { return layout_; }
   bool master_is_params() const { return master_.data == params_.data; }
   // True when this rank's shard is the whole model (one shard: ZeRO-0 or a shard group of one).
-  bool holds_whole_shard() const { return layout_.shard_count() == 1; }
+  bool holds_whole_shard() const { return layout_.single_shard(); }
 
-  // ---- the shard (layout().shard_numel() fp32 elements each; the full arenas under ZeRO-0) ----
+  // ---- the shard (layout().shard_numel() fp32 elements each; with one shard, see above) ----
   Tensor master_shard() const { return master_; }
   Tensor adam_m_shard() const { return m_; }
   Tensor adam_v_shard() const { return v_; }
@@ -69,7 +71,8 @@ class ParamStore {
   Tensor param_piece(const ShardPiece& piece) const;
 
   // ---- working buffers (ZeRO-3 parameters, ZeRO-2/3 gradients) ----
-  // While attached, `buf` holds the whole (padded) bucket of `layer`; the caller owns it.
+  // While attached, `buf` holds the whole (padded) bucket of `layer`; the caller owns it (with
+  // one shard it is the layer's range of this store's own shard: ParamGather, GradSync).
   void attach_params(int layer, Tensor buf) { attached(params_at_, layer) = buf; }
   void detach_params(int layer) { attached(params_at_, layer) = Tensor{}; }
   void attach_grads(int layer, Tensor buf) { attached(grads_at_, layer) = buf; }

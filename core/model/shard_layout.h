@@ -20,12 +20,15 @@
 // The arena. Buffers that hold every parameter (params under ZeRO 0-2, gradients under ZeRO
 // 0-1) use the padded arena: each bucket starts at arena_offset and spans `padded` elements, so
 // a bucket's reduce-scatter input and all-gather output are one contiguous range. With S = 1
-// nothing is padded and the arena is the table's own flat order.
+// nothing is padded, the arena is the table's own flat order, and the shard is the whole arena
+// at the same offsets: whatever the stage, one buffer can serve as both (ParamStore, GradSync
+// and ParamGather allocate and copy nothing twice then).
 #pragma once
 #include <cstddef>
 #include <vector>
 
 #include "core/model/param_table.h"
+#include "core/tensor/tensor.h"
 
 namespace pt {
 
@@ -58,9 +61,16 @@ class ShardLayout {
   int zero_stage() const { return stage_; }
   int shard_count() const { return shards_; }
   int shard_rank() const { return rank_; }
+  // One shard (ZeRO-0, or a shard group of one rank): shard and arena coincide (see above).
+  bool single_shard() const { return shards_ == 1; }
   // What a rank holds in full (the rest it holds only as its shard).
   bool params_resident() const { return stage_ < 3; }
   bool grads_resident() const { return stage_ < 2; }
+  // Where one shard lets a resident arena serve as a shard buffer (ParamStore allocates, the
+  // memory plan counts, by these): f32 params as the master weights, the gradient arena as the
+  // reduced gradient.
+  bool master_is_params(DType compute) const { return single_shard() && params_resident() && compute == DType::f32; }
+  bool grad_shard_is_arena() const { return single_shard() && grads_resident(); }
 
   const std::vector<Bucket>& buckets() const { return buckets_; }  // in arena (table) order
   const Bucket& bucket_of_layer(int layer) const;

@@ -10,6 +10,11 @@
 //          during that layer's backward, is reduce-scattered into the rank's fp32 shard
 //          accumulator as soon as the layer is done (every micro-step) and freed. Replicas
 //          all-reduce the accumulated shard once, after the last micro-step.
+//  One shard (a shard group of one rank) under ZeRO 1-3: the shard is the whole gradient
+//          (ShardLayout::single_shard), so nothing is scattered or copied. ZeRO-1 reduces like
+//          ZeRO-0 (the arena is the shard); ZeRO-2/3 attach each layer's range of the shard
+//          itself as its working buffer. Every stage then holds ZeRO-0's buffers and computes
+//          its bits.
 //
 // Order and overlap. Buckets are whole layers filled from the last layer down (ShardLayout),
 // and each is launched the moment backward reports its last layer final (LayerHooks::
@@ -51,6 +56,8 @@ class GradSync {
   void reduce_bucket(size_t b);  // ZeRO 0-1
   void reduce_layer(int layer);  // ZeRO 2-3
   size_t bucket_index(int layer) const;
+  Tensor& working(int layer);
+  void drop_working(int layer);  // detaches the layer's gradient buffer and frees it if it is ours
 
   ParamStore& store_;
   Ops& ops_;
@@ -60,7 +67,7 @@ class GradSync {
   std::vector<int> layers_left_;  // per bucket: layers not yet final in this micro-step
   std::vector<bool> launched_;    // per bucket: reduced in this step (ZeRO 0-1)
   std::vector<Tensor> working_;   // per layer: its gradient buffer while attached (ZeRO 2-3)
-  Tensor piece_sum_;              // ZeRO 2-3: one reduce-scatter's result before it is accumulated
+  Tensor piece_sum_;              // ZeRO 2-3 over S > 1: one reduce-scatter's result before it is accumulated
 };
 
 }  // namespace pt

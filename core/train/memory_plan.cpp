@@ -46,35 +46,22 @@ MemoryPlan plan_memory(const ShardLayout& layout, DType compute, size_t activati
   p.shard_count = layout.shard_count();
   const size_t c = dtype_size(compute), f = sizeof(float);
   const size_t arena = layout.arena_numel(), shard = layout.shard_numel();
-  const size_t working = peak_working_elements(layout);
-  const bool f32_compute = compute == DType::f32;
-  switch (layout.zero_stage()) {
-    case 0:
-      p.params = c * arena;
-      p.grads = f * arena;
-      p.master = f32_compute ? 0 : f * arena;
-      break;
-    case 1:
-      p.params = c * arena;
-      p.grads = f * (arena + shard);
-      p.master = f * shard;
-      break;
-    case 2:
-      p.params = c * arena;
-      p.grads = f * shard;
-      p.master = f * shard;
-      break;
-    default:  // 3
-      p.params = f32_compute ? 0 : c * shard;
-      p.params_working = c * working;
-      p.grads = f * shard;
-      p.master = f * shard;
-      break;
-  }
-  if (layout.zero_stage() >= 2) {
-    size_t largest_piece = 0;
-    for (const auto& b : layout.buckets()) largest_piece = std::max(largest_piece, layout.piece_numel(b));
-    p.grads_working = f * (working + largest_piece);
+  const bool params_full = layout.params_resident(), grads_full = layout.grads_resident();
+  // What ParamStore allocates: the resident arenas, and the shard's buffers except where one
+  // shard lets a resident arena serve as them.
+  p.params = params_full ? c * arena : compute == DType::f32 ? 0 : c * shard;  // ZeRO-3: the shard, or the master
+  p.master = layout.master_is_params(compute) ? 0 : f * shard;
+  p.grads = (grads_full ? f * arena : 0) + (layout.grad_shard_is_arena() ? 0 : f * shard);
+  // ZeRO-2/3's working buffers (ParamGather, GradSync); with one shard the layers are used in
+  // place in the shard, so there are none.
+  if (!layout.single_shard()) {
+    const size_t working = peak_working_elements(layout);
+    if (!params_full) p.params_working = c * working;
+    if (!grads_full) {
+      size_t largest_piece = 0;
+      for (const auto& b : layout.buckets()) largest_piece = std::max(largest_piece, layout.piece_numel(b));
+      p.grads_working = f * (working + largest_piece);
+    }
   }
   p.optimizer = 2 * f * shard;
   p.activations = activation_bytes;
@@ -84,13 +71,17 @@ MemoryPlan plan_memory(const ShardLayout& layout, DType compute, size_t activati
 std::string MemoryPlan::describe() const {
   std::string s = "ZeRO-" + std::to_string(zero_stage);
   if (zero_stage > 0) s += " over " + std::to_string(shard_count) + (shard_count == 1 ? " shard" : " shards");
+  // With one shard every stage holds ZeRO-0's buffers (the shard is the full arena).
+  const bool sharded = shard_count > 1;
   s += ": params " + format_mib(params + params_working);
-  if (zero_stage == 3)
+  if (zero_stage == 3 && sharded)
     s += std::string(params == 0 ? " (the shard is the master;" : " (shard +") + " layers gathered for use: " +
          format_mib(params_working) + ")";
+  else if (params == 0)
+    s += " (= master)";
   s += ", grads " + format_mib(grads + grads_working);
-  if (zero_stage == 1) s += " (full + reduced shard)";
-  if (zero_stage >= 2) s += " (shard + per-layer buffers: " + format_mib(grads_working) + ")";
+  if (zero_stage == 1 && sharded) s += " (full + reduced shard)";
+  if (zero_stage >= 2 && sharded) s += " (shard + per-layer buffers: " + format_mib(grads_working) + ")";
   s += ", master " + (master == 0 ? std::string("(= params)") : format_mib(master));
   s += ", adam " + format_mib(optimizer) + ", activations " + format_mib(activations) + "; total " + format_mib(total());
   return s;

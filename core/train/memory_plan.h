@@ -9,6 +9,9 @@
 //   ZeRO-2  params cΨ, grads 4Ψ/S (+ working layers), master 4Ψ/S, Adam 8Ψ/S
 //   ZeRO-3  params cΨ/S (+ working layers; 0 extra when c = 4: the shard is the master),
 //           grads 4Ψ/S (+ working layers), master 4Ψ/S, Adam 8Ψ/S
+// With S = 1 every stage is ZeRO-0's line: the shard is the whole arena, so ParamStore keeps no
+// second copy of it (no reduced shard, no f32 master beside f32 params) and ZeRO-2/3 use each
+// layer in place in the shard (no working layers).
 // "Working layers" are the layers ZeRO-2/3 hold in full at the peak: the embeddings (the tied
 // LM head keeps them from the end of forward to the start of backward, and their gradient
 // lives through all of backward) plus the largest other layer. Ψ/S is padded up to whole

@@ -16,8 +16,13 @@ void ParamGather::acquire(int layer) {
   Tensor& w = working_[static_cast<size_t>(layer - layout_.first_layer())];
   if (w) return;
   const Bucket& b = layout_.bucket_of_layer(layer);
-  w = ops_.alloc(b.padded, ops_.compute_dtype());
-  shard_.all_gather(store_.param_shard().slice(b.shard_offset, layout_.piece_numel(b)), w);
+  const Tensor piece = store_.param_shard().slice(b.shard_offset, layout_.piece_numel(b));
+  if (layout_.single_shard()) {
+    w = piece;  // one shard: the piece is the whole layer, used where it is
+  } else {
+    w = ops_.alloc(b.padded, ops_.compute_dtype());
+    shard_.all_gather(piece, w);
+  }
   store_.attach_params(layer, w);
 }
 
@@ -25,11 +30,13 @@ void ParamGather::release(int layer) {
   Tensor& w = working_[static_cast<size_t>(layer - layout_.first_layer())];
   if (!w) return;
   store_.detach_params(layer);
-  ops_.release(w);
+  if (layout_.single_shard()) w = Tensor{};  // a view of the shard, not ours to free
+  else ops_.release(w);
 }
 
 void ParamGather::gather_updated() {
-  if (layout_.zero_stage() == 0 || !layout_.params_resident()) return;
+  // One shard: the optimizer updated every parameter in place; nothing to gather.
+  if (layout_.single_shard() || !layout_.params_resident()) return;
   const Tensor params = store_.all_params();
   for (const auto& b : layout_.buckets()) {
     const size_t q = layout_.piece_numel(b);

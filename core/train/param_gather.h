@@ -7,6 +7,9 @@
 //            the tied LM head reads at the end of forward and the start of backward, and one
 //            other), which is what the memory plan counts.
 //  ZeRO-0    nothing is sharded; every call is a no-op.
+//  One shard (any stage over a shard group of one rank): nothing is gathered either; ZeRO-3's
+//            acquire attaches the layer's range of the parameter shard (the whole layer) instead
+//            of a gathered copy, so no working buffer is allocated.
 // Blocking on the CPU backend; the NCCL backend will prefetch the next layer while one computes.
 #pragma once
 #include <vector>
@@ -33,7 +36,7 @@ class ParamGather {
   Ops& ops_;
   Comm& shard_;
   const ShardLayout& layout_;
-  std::vector<Tensor> working_;  // per layer, while gathered (ZeRO-3)
+  std::vector<Tensor> working_;  // per layer, while gathered (ZeRO-3; with one shard a view of the shard)
 };
 
 }  // namespace pt
