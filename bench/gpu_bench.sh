@@ -13,8 +13,8 @@
 #   7. picotrain train, GPT-2 1.5B (configs/gpt2-1.5b.json), B 8 x 16, STEPS_15B steps: MFU
 #   8. bench/bench_summary.py: the summary
 # Every step runs under `timeout`, capped by what is left of the budget; a step that no longer fits
-# is skipped and says so, so one hang cannot eat the device call. Steps 5-7 use zero_stage 0 (one
-# GPU: ZeRO-1 would keep a second fp32 gradient copy) and no validation, sampling or checkpoints.
+# is skipped and says so, so one hang cannot eat the device call. Steps 5-7 use zero_stage 0 (on one
+# GPU every stage runs as ZeRO-0 anyway) and no validation, sampling or checkpoints.
 # Made for a GPU machine with nvcc, CMake, Ninja and PyTorch but no package manager: libraries it
 # lacks come from .deps/ (scripts/fetch_deps.sh, then carry .deps along), as for gpu_check.sh.
 #
