@@ -119,15 +119,22 @@ auto with_threads(int n, F f) {
   return result;
 }
 
+// Runs `backward` once with `grads` zeroed and returns what they then hold.
+inline std::vector<std::vector<float>> backward_from_zero(Ops& ops, Buffers& bufs, const std::vector<Tensor>& grads,
+                                                          const std::function<void()>& backward) {
+  for (Tensor g : grads) ops.zero(g);
+  backward();
+  std::vector<std::vector<float>> result;
+  for (Tensor g : grads) result.push_back(bufs.read(g));
+  return result;
+}
+
 // Checks that `backward` accumulates into each of `grads`: run from zeroed buffers once and
 // then once more, the second result must be twice the first (rtol 1e-6: a sum of two equal
 // floats is exact, the slack covers ops that add per-contribution, like a scatter-add).
 inline void check_accumulates(Ops& ops, Buffers& bufs, const std::vector<Tensor>& grads,
                               const std::function<void()>& backward) {
-  for (Tensor g : grads) ops.zero(g);
-  backward();
-  std::vector<std::vector<float>> once;
-  for (Tensor g : grads) once.push_back(bufs.read(g));
+  const std::vector<std::vector<float>> once = backward_from_zero(ops, bufs, grads, backward);
   backward();
   for (size_t i = 0; i < grads.size(); i++) {
     std::vector<double> twice(once[i].begin(), once[i].end());
@@ -140,10 +147,7 @@ inline void check_accumulates(Ops& ops, Buffers& bufs, const std::vector<Tensor>
 // the result from buffers holding NaN must equal, bit for bit, the result from zeroed buffers.
 inline void check_overwrites(Ops& ops, Buffers& bufs, const std::vector<Tensor>& grads,
                              const std::function<void()>& backward) {
-  for (Tensor g : grads) ops.zero(g);
-  backward();
-  std::vector<std::vector<float>> from_zero;
-  for (Tensor g : grads) from_zero.push_back(bufs.read(g));
+  const std::vector<std::vector<float>> from_zero = backward_from_zero(ops, bufs, grads, backward);
   for (Tensor g : grads) {
     const std::vector<float> nan(g.numel, std::numeric_limits<float>::quiet_NaN());
     ops.upload(g, nan.data(), DType::f32, g.numel);
