@@ -181,6 +181,11 @@ fi
   printf '| %-22s | %-4s | %6s | %s\n' "check" "ok?" "s" "detail"
   printf '|%s|%s|%s|%s\n' "------------------------" "------" "--------" "--------------------------------"
   for r in "${ROWS[@]}"; do echo "$r"; done
+  # The training run's measured memory and where its step's time went on the GPU (README "The log").
+  if [ -f "$OUT/train.log" ]; then
+    echo
+    grep -E '^(memory    \| step|phases    \|)' "$OUT/train.log" | sed 's/^/gpt2-124m /'
+  fi
   echo
   if [ $FAILED -eq 0 ]; then echo "RESULT: all checks passed"; else echo "RESULT: FAILED (logs in $OUT)"; fi
 } | tee "$OUT/summary.txt"
