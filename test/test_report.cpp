@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
@@ -16,6 +17,7 @@
 #include "ckpt_test_support.h"
 #include "core/cpu/cpu_ops.h"
 #include "core/dist/timed_comm.h"
+#include "core/metrics/peak_probe.h"
 #include "core/metrics/step_timeline.h"
 #include "core/report/report_plots.h"
 #include "core/report/run_report.h"
@@ -108,6 +110,15 @@ TEST_CASE("the step timeline gives each phase the time from its mark to the next
   CHECK_THAT(line, Contains("backward "));
   CHECK_THAT(line, !Contains("pp_comm"));
   CHECK_THAT(line, Contains("data 2.5 ms"));
+}
+
+TEST_CASE("the CPU's MFU peak probe measures a 512^3 matmul rate", "[report]") {
+  CpuOps ops;
+  const PeakProbe probe = measure_matmul_peak(ops);
+  CHECK(probe.size == 512);
+  REQUIRE(std::isfinite(probe.tflops));
+  CHECK(probe.tflops > 0.0);
+  CHECK(ops.memory_use().live == 0);  // its matrices are released
 }
 
 TEST_CASE("stalls are steps slower than 3x the median; the first step never is one", "[report]") {

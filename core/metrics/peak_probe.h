@@ -1,6 +1,6 @@
 // Measures a backend's matmul throughput, used as the MFU peak when none is configured and
-// the device is not in the GPU table (the CPU backend): a square fp32 matmul timed for about
-// a quarter of a second after one warm-up call.
+// the device is not in the GPU table (the CPU backend): a square fp32 matmul called repeatedly
+// for about a quarter of a second after one warm-up call; the fastest call gives the peak.
 #pragma once
 #include "core/ops/ops.h"
 
