@@ -4,6 +4,8 @@
 // and the command line says what it does.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -221,6 +223,21 @@ TEST_CASE("plan says which layouts do not fit and why", "[plan]") {
   CHECK_FALSE(plan.layouts[0].fits);
   CHECK_THAT(plan.layouts[0].why_not, Contains("GiB on stage 0"));
   CHECK_THAT(format_plan(plan, hw, cfg.path), Contains("do not fit:"));
+  // One rank has nothing for ZeRO to shard over: a higher zero_stage is never its remedy, while
+  // with dp = 2 it is. (Tiny activations, so master weights and Adam's moments are the most.)
+  const std::vector<std::string> small_acts = {"recompute.mode=full", "batch.micro_batch_size=1"};
+  const Plan one = make_plan(cfg.path, small_acts, 1, hw);
+  REQUIRE(one.layouts.size() == 1);
+  CHECK_THAT(one.layouts[0].why_not, Contains("Adam"));
+  CHECK_THAT(one.layouts[0].why_not, Contains("more data-parallel ranks for ZeRO"));
+  CHECK_THAT(one.layouts[0].why_not, !Contains("zero_stage="));
+  CHECK_THAT(one.layouts[0].why_not, !Contains("higher parallel.zero_stage"));
+  const Plan two = make_plan(cfg.path, small_acts, 2, hw);
+  const auto dp2 = std::find_if(two.layouts.begin(), two.layouts.end(),
+                                [](const LayoutPlan& l) { return l.layout.name() == "dp2 tp1 pp1 cp1"; });
+  REQUIRE(dp2 != two.layouts.end());
+  CHECK_THAT(dp2->why_not, Contains("Adam"));
+  CHECK_THAT(dp2->why_not, Contains("a higher parallel.zero_stage"));
 }
 
 TEST_CASE("picotrain plan: help names every option and default; bad input exits 2", "[plan]") {

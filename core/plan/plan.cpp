@@ -13,18 +13,24 @@ namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
-// What is too big, largest first, and what would shrink it.
-std::string why_it_does_not_fit(const MemoryPlan& p, int stage, double limit_gib) {
+// What is too big, largest first, and what would shrink it. zero_ranks: the ranks ZeRO would
+// shard over in this layout (dp / dp_replicate x cp); with one, every zero_stage holds the whole
+// model (ShardLayout::single_shard), so a higher stage is no remedy.
+std::string why_it_does_not_fit(const MemoryPlan& p, int stage, double limit_gib, int zero_ranks) {
   struct Part {
     double bytes;
     const char* what;
     const char* remedy;
   };
+  const bool one = zero_ranks == 1;
+  const char* more_ranks = "more data-parallel ranks for ZeRO to shard them over (with one, every zero_stage holds "
+                           "the whole model), or more tp or pp";
   std::vector<Part> parts = {
       {double(p.activations), "activations", "recompute.mode=selective or full, or a smaller batch.micro_batch_size"},
-      {double(p.master + p.optimizer), "master weights and Adam moments", "a higher parallel.zero_stage (1 shards them)"},
-      {double(p.grads + p.grads_working), "gradients", "parallel.zero_stage=2 or 3"},
-      {double(p.params + p.params_working), "parameters", "parallel.zero_stage=3, or more tp or pp"},
+      {double(p.master + p.optimizer), "master weights and Adam moments",
+       one ? more_ranks : "a higher parallel.zero_stage (1 shards them)"},
+      {double(p.grads + p.grads_working), "gradients", one ? more_ranks : "parallel.zero_stage=2 or 3"},
+      {double(p.params + p.params_working), "parameters", one ? "more tp or pp" : "parallel.zero_stage=3, or more tp or pp"},
   };
   std::sort(parts.begin(), parts.end(), [](const Part& a, const Part& b) { return a.bytes > b.bytes; });
   return format("needs %.3g GiB on stage %d > %g GiB; the most is %s (%.3g GiB): try %s", p.total() / kGiB, stage,
@@ -51,7 +57,9 @@ Plan make_plan(const std::string& config_path, const std::vector<std::string>& o
     for (size_t s = 0; s < lp.memory.size(); s++)
       if (lp.memory[s].plan.total() > lp.peak().total()) lp.peak_stage = static_cast<int>(s);
     lp.fits = lp.peak().total() <= hw.gpu_memory_gib * kGiB;
-    if (!lp.fits) lp.why_not = why_it_does_not_fit(lp.peak(), lp.peak_stage, hw.gpu_memory_gib);
+    const auto& par = c.cfg.parallel;
+    if (!lp.fits)
+      lp.why_not = why_it_does_not_fit(lp.peak(), lp.peak_stage, hw.gpu_memory_gib, par.dp / par.dp_replicate * par.cp);
     lp.time = estimate_step_time(c.cfg, model, hw);
     lp.layout = std::move(c);
     plan.layouts.push_back(std::move(lp));
