@@ -1,15 +1,12 @@
 #include "core/report/run_summary.h"
 
 #include <algorithm>
-#include <numeric>
 
 namespace pt {
 
 double TimeBreakdown::compute() const { return std::max(0.0, steps - comm - bubble - data); }
 
 double TimeBreakdown::other() const { return std::max(0.0, wall - steps - checkpoint - eval - sample); }
-
-double TimeBreakdown::phases_total() const { return std::accumulate(phases.begin(), phases.end(), 0.0); }
 
 std::vector<double> TimeBreakdown::to_vector() const {
   std::vector<double> v = {wall, steps, comm, bubble, data, checkpoint, eval, sample, double(step_count), double(checkpoints)};

@@ -28,7 +28,6 @@ struct TimeBreakdown {
   // another cut of `steps`, which also holds what lies outside the device timeline (data reading,
   // host overhead before the step's first mark).
   std::array<double, kStepPhases> phases{};
-  double phases_total() const;
   // Steps minus what is accounted for inside them (never below 0).
   double compute() const;
   // Wall minus everything above: start-up, the MFU probe, logging.

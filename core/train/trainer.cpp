@@ -182,7 +182,6 @@ StepResult Trainer::step() {
   double sums[2] = {ps.loss_sum, ps.tokens};  // this rank's loss sum and tokens with a target
   groups_.dp_cp->all_reduce(sums, 2);         // the token-weighted mean over dp x cp
   StepResult r;
-  if (pp > 1) groups_.pp->all_reduce(sums, 2);  // the loss lives on the last stage
   cursor_ = (cursor_ + static_cast<uint64_t>(sequences_per_step()) * T) % train_data_->total_tokens();
 
   r.lr = lr_at(cfg_.optim, cfg_.schedule, step_);
@@ -191,15 +190,18 @@ StepResult Trainer::step() {
       adamw_step(ops_, *store_, cfg_.optim, r.lr, step_ + 1, groups_.shard.get(), norm_scope_);
   gather_->gather_updated();  // ZeRO-1/2: every rank's updated piece back into the full params
   r.grad_norm = s.grad_norm;
-  r.loss = sums[0] / sums[1];
   r.phases = timeline_.finish();
   if (pp > 1) {
-    // The bubble and the waits on the device's clock, averaged over the stages.
-    double pipe[2] = {pipeline_bubble_of(r.phases), r.phases[StepPhase::pp_comm]};
-    groups_.pp->all_reduce(pipe, 2);
-    r.pp_bubble = pipe[0] / pp;
-    r.pp_wait_ms = pipe[1] / pp;
+    // The loss lives on the last stage; the bubble and the waits (on the device's clock, so known
+    // only now) are averaged over the stages: one reduction for all four.
+    double pipe[4] = {sums[0], sums[1], pipeline_bubble_of(r.phases), r.phases[StepPhase::pp_comm]};
+    groups_.pp->all_reduce(pipe, 4);
+    sums[0] = pipe[0];
+    sums[1] = pipe[1];
+    r.pp_bubble = pipe[2] / pp;
+    r.pp_wait_ms = pipe[3] / pp;
   }
+  r.loss = sums[0] / sums[1];
   step_++;
   return r;
 }
