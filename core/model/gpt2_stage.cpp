@@ -133,7 +133,7 @@ Gpt2Stage::Gpt2Stage(const ModelSection& model, ParamStore& store, Ops& ops, int
   attention_ = std::make_unique<CpAttention>(ops, mp.cp, mp.cp_impl, d.B, d.T, d.Cl, d.NHl, act);
   activation_bytes_ += CpAttention::scratch_bytes(mp.cp_impl, d.cp, d.B, d.T, d.Cl, d.NHl, act);
   // The tensor-parallel buffers grow during the first step; counted now, at the size they reach.
-  activation_bytes_ += TensorParallel::scratch_bytes(d.tp, d.sp, d.N, d.rows, d.C, act);
+  activation_bytes_ += TensorParallel::scratch_bytes(d.tp, d.sp, d.N, d.C, act);
   if (vocab_ce_) activation_bytes_ += VocabParallelCrossEntropy::scratch_bytes(d.tp, d.N);
 }
 

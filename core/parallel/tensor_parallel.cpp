@@ -49,26 +49,22 @@ void TensorParallel::column_forward(Tensor out, Tensor inp, Tensor w, Tensor bia
 
 void TensorParallel::column_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, int N,
                                      int IC, int OC_local) {
-  if (tp_.size() == 1)  // one rank: the plain layer (dinp overwritten, as matmul_backward does)
-    return ops_.matmul_backward(dinp, dw, dbias, dout, inp, w, N, IC, OC_local);
+  // dinp is overwritten (as matmul_backward does): each rank's share of the input gradient is
+  // summed over the group straight into it.
+  if (!sp_) {
+    ops_.matmul_backward(dinp, dw, dbias, dout, inp, w, N, IC, OC_local);
+    if (dinp && tp_.size() > 1) tp_.all_reduce(dinp.slice(0, size_t(N) * IC));
+    return;
+  }
   Tensor x = inp;
-  if (sp_ && dw) {  // the weight gradient needs every token's input again (not kept from forward)
+  if (dw) {  // the weight gradient needs every token's input again (not kept from forward)
     x = scratch(kGathered, size_t(N) * IC, inp.dtype);
     gather_tokens(x, inp, N, IC);
   }
-  ops_.matmul_backward(Tensor{}, dw, dbias, dout, x, w, N, IC, OC_local);
-  if (!dinp) return;
-  // This rank's share of the input gradient, summed over the group into dinp (overwritten).
-  Tensor partial = scratch(kPartial, size_t(N) * IC, dout.dtype);
-  ops_.matmul_backward(partial, Tensor{}, Tensor{}, dout, x, w, N, IC, OC_local);
-  if (sp_) {
-    Tensor shard = scratch(kShard, size_t(outer_rows(N)) * IC, dout.dtype);
-    reduce_scatter_tokens(shard, partial, N, IC);
-    ops_.copy(dinp, shard, shard.numel);
-  } else {
-    tp_.all_reduce(partial);
-    ops_.copy(dinp, partial, partial.numel);
-  }
+  // The share covers every token; each rank keeps the sum over its own tokens' rows.
+  const Tensor partial = dinp ? scratch(kPartial, size_t(N) * IC, dout.dtype) : Tensor{};
+  ops_.matmul_backward(partial, dw, dbias, dout, x, w, N, IC, OC_local);
+  if (dinp) reduce_scatter_tokens(dinp, partial, N, IC);
 }
 
 void TensorParallel::row_forward(Tensor out, Tensor inp, Tensor w, Tensor bias, int N, int IC_local, int OC) {

@@ -32,12 +32,12 @@ class TensorParallel {
   TensorParallel(Ops& ops, Comm& tp, bool sequence_parallel);
   ~TensorParallel();
   // Bytes of the communication buffers once a forward and a backward have run over N tokens of
-  // C channels (rows: this rank's residual rows; 0 for one rank): the partial sums, [N, C], and
-  // under sequence parallel also the gathered tokens, [N, C], and a reduce-scattered shard,
-  // [rows, C], in the activation dtype. They grow on first use; the memory plan counts them.
-  static size_t scratch_bytes(int tp, bool sequence_parallel, size_t N, size_t rows, size_t C, DType dtype) {
-    if (tp <= 1) return 0;
-    return (N * C + (sequence_parallel ? N * C + rows * C : 0)) * dtype_size(dtype);
+  // C channels: under sequence parallel the partial sums before a reduce-scatter, [N, C], and the
+  // gathered tokens, [N, C], in the activation dtype; none without it (the all-reduces work in
+  // place) or on one rank. They grow on first use; the memory plan counts them.
+  static size_t scratch_bytes(int tp, bool sequence_parallel, size_t N, size_t C, DType dtype) {
+    if (tp <= 1 || !sequence_parallel) return 0;
+    return 2 * N * C * dtype_size(dtype);
   }
   TensorParallel(const TensorParallel&) = delete;
   TensorParallel& operator=(const TensorParallel&) = delete;
@@ -69,7 +69,7 @@ class TensorParallel {
   void reduce_scatter_tokens(Tensor shard, Tensor full, int N, int C);
 
  private:
-  enum Slot { kGathered, kPartial, kShard, kSlots };
+  enum Slot { kGathered, kPartial, kSlots };
   Tensor scratch(Slot slot, size_t n, DType dtype);
 
   Ops& ops_;
