@@ -310,7 +310,7 @@ void bench_model(Bench& b, Ops& ops, const ModelShape& m) {
     b.run({sec, "add (residual)", nshape, false, NC * 3 * s, "N*C*3s", 0},
           [&] { ops.add(out, x, dout, NC); });
     // Backward zeroes only the residual stream's gradient (once per micro-batch, at the head): the
-    // matmuls' and GELU's input gradients are overwritten, not accumulated (Ops).
+    // matmuls', GELU's and attention's input gradients are overwritten, not accumulated (Ops).
     b.run({sec, "zero (memset)", nshape, false, NC * s, "N*C*s", A}, [&] { ops.zero(out); });
   }
   buf.clear();
@@ -358,7 +358,7 @@ void bench_model(Bench& b, Ops& ops, const ModelShape& m) {
   }
   buf.clear();
 
-  // ---- GELU, and the memset of attention's dqkv (its backward accumulates)
+  // ---- GELU
   {
     const size_t n = size_t(N) * F;
     Tensor x = buf.rand(n, bf, 2), y = buf.zeros(n, bf), dy = buf.rand(n, bf, 1), dx = buf.zeros(n, bf);
@@ -366,9 +366,6 @@ void bench_model(Bench& b, Ops& ops, const ModelShape& m) {
     b.run({sec, "gelu_forward", shape, false, 2.0 * n * s, "2ns", A * L}, [&] { ops.gelu_forward(y, x, n); });
     b.run({sec, "gelu_backward", shape, false, 3.0 * n * s, "3ns (inp, dout, dinp)", A * L},
           [&] { ops.gelu_backward(dx, x, dy, n); });
-    const size_t n3 = NC * 3;
-    b.run({sec, "zero (memset)", "n=N*3C=" + std::to_string(n3), false, n3 * s, "n*s", A * L},
-          [&] { ops.zero(dx.slice(0, n3)); });
   }
   buf.clear();
 

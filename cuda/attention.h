@@ -7,9 +7,9 @@
 //    and the bf16 fallback for other head sizes.
 // Both read qkv [B, T, 3C] (q | k | v, head h at channels [h*HS, (h+1)*HS) of each), write
 // out [B, T, C] and lse [B, NH, T] (fp32, natural log), and never hold a T x T matrix.
-// Backward ACCUMULATES into dqkv and needs D = rowsum(dout * out) per (b, h, t) first
-// (attention_row_dot, into fp32 scratch of B*NH*T floats). Same stream conventions as the other
-// launchers.
+// Backward OVERWRITES dqkv (every element, whatever it held) and needs D = rowsum(dout * out)
+// per (b, h, t) first (attention_row_dot, into fp32 scratch of B*NH*T floats). Same stream
+// conventions as the other launchers.
 #pragma once
 #include "core/tensor/tensor.h"
 

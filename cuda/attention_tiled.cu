@@ -5,8 +5,8 @@
 // Computes (scale = 1/sqrt(HS), query i attends to keys j <= i), per (b, h):
 //   forward:  lse_i = log sum_j exp(scale q_i.k_j),  out_i = sum_j exp(scale q_i.k_j - lse_i) v_j
 //   backward: P_ij = exp(scale q_i.k_j - lse_i), dP_ij = dO_i.v_j, dS_ij = P_ij (dP_ij - D_i)
-//             with D_i = dO_i.O_i (attention_row_dot);  dq_i += scale sum_j dS_ij k_j,
-//             dk_j += scale sum_i dS_ij q_i,  dv_j += sum_i P_ij dO_i.
+//             with D_i = dO_i.O_i (attention_row_dot);  dq_i = scale sum_j dS_ij k_j,
+//             dk_j = scale sum_i dS_ij q_i,  dv_j = sum_i P_ij dO_i  (dqkv overwritten).
 //
 // Algorithm: flash-attention tiling with kTile = 32 rows per block and one thread per row, tiles
 // in fp32 shared memory; nothing T x T is ever stored.
@@ -21,7 +21,7 @@
 //    products per head instead of the 5 of a single pass with atomic dq).
 // Rows a thread owns are stored with an odd stride (HS | 1) so the 32 threads hit 32 different
 // banks; tiles every thread reads at the same address (broadcast) are unpadded. Loads and the
-// final read-modify-writes go through shared memory so global accesses are coalesced.
+// final stores go through shared memory so global accesses are coalesced.
 // Shared memory grows with HS (fp32 tiles): ~0.5 KB * HS forward, ~0.75 KB * HS backward; a head
 // size beyond the device's per-block limit throws.
 //
@@ -57,15 +57,12 @@ __device__ void load_rows(float* dst, int ld, const T* src, size_t src_stride, i
   }
 }
 
-// dst row (row0 + r) += src[r * ld + c] for rows < T (or = when !accumulate), cooperative.
+// dst row (row0 + r) = src[r * ld + c] for rows < T, cooperative.
 template <typename T>
-__device__ void store_rows(T* dst, size_t dst_stride, const float* src, int ld, int row0, int T_, int HS,
-                           bool accumulate) {
+__device__ void store_rows(T* dst, size_t dst_stride, const float* src, int ld, int row0, int T_, int HS) {
   for (int e = threadIdx.x; e < kTile * HS; e += kTile) {
     const int r = e / HS, c = e % HS, t = row0 + r;
-    if (t >= T_) continue;
-    T* p = dst + static_cast<size_t>(t) * dst_stride + c;
-    *p = from_float<T>((accumulate ? to_float(*p) : 0.0f) + src[r * ld + c]);
+    if (t < T_) dst[static_cast<size_t>(t) * dst_stride + c] = from_float<T>(src[r * ld + c]);
   }
 }
 
@@ -122,7 +119,7 @@ __global__ void __launch_bounds__(kTile)
   for (int c = 0; c < HS; ++c) o_s[i * ld + c] *= inv;
   if (qi < L.T) lse[L.l(b, h, qi)] = m + logf(l);
   __syncthreads();
-  store_rows(out + L.o(b, 0, h), L.C, o_s, ld, qt * kTile, L.T, HS, false);
+  store_rows(out + L.o(b, 0, h), L.C, o_s, ld, qt * kTile, L.T, HS);
 }
 
 template <typename T>
@@ -176,8 +173,8 @@ __global__ void __launch_bounds__(kTile)
   }
   for (int c = 0; c < HS; ++c) dk_s[j * ld + c] *= scale;
   __syncthreads();
-  store_rows(dqkv + L.q(b, 0, h) + L.C, L.row3, dk_s, ld, kt * kTile, L.T, HS, true);
-  store_rows(dqkv + L.q(b, 0, h) + 2 * L.C, L.row3, dv_s, ld, kt * kTile, L.T, HS, true);
+  store_rows(dqkv + L.q(b, 0, h) + L.C, L.row3, dk_s, ld, kt * kTile, L.T, HS);
+  store_rows(dqkv + L.q(b, 0, h) + 2 * L.C, L.row3, dv_s, ld, kt * kTile, L.T, HS);
 }
 
 template <typename T>
@@ -222,7 +219,7 @@ __global__ void __launch_bounds__(kTile)
   }
   for (int c = 0; c < HS; ++c) dq_s[i * ld + c] *= scale;
   __syncthreads();
-  store_rows(dqkv + L.q(b, 0, h), L.row3, dq_s, ld, qt * kTile, L.T, HS, true);
+  store_rows(dqkv + L.q(b, 0, h), L.row3, dq_s, ld, qt * kTile, L.T, HS);
 }
 
 // One warp per (b, t, h) row: D = dout . out over the head's channels.

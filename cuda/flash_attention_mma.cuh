@@ -103,11 +103,9 @@ __device__ __forceinline__ void load_tile(bf16* dst, const bf16* src, size_t src
   }
 }
 
-// p[0..1] += (x, y), rounding once to bf16 (the "+=" of the gradient outputs).
-__device__ __forceinline__ void add_pair(bf16* p, float x, float y) {
-  __nv_bfloat162 old = *reinterpret_cast<__nv_bfloat162*>(p);
-  *reinterpret_cast<__nv_bfloat162*>(p) =
-      __floats2bfloat162_rn(__low2float(old) + x, __high2float(old) + y);
+// p[0..1] = (x, y) rounded to bf16, one 32-bit store (the gradient outputs).
+__device__ __forceinline__ void store_pair(bf16* p, float x, float y) {
+  *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(x, y);
 }
 
 }  // namespace pt::gpu::flash

@@ -2,9 +2,10 @@
 // against CpuOps on random inputs of awkward sizes: T not a multiple of any tile (1, 33, 40, 65,
 // 67, 129, 200), head sizes 64 and 128 in bf16 (the tensor-core kernels), and 32, 5, 64, 128 in
 // fp32 plus 32 in bf16 (the CUDA-core kernels), and a qkv slice that is not 16-byte aligned (bf16
-// at HS 64 then falls back to the CUDA-core kernels). Forward outputs are poisoned first; the backward runs from zero and
-// from nonzero dqkv (checking "+="), from the reference's out and lse so that only the backward
-// is measured, and once more to check it is bitwise deterministic. A last case chains the GPU's
+// at HS 64 then falls back to the CUDA-core kernels). Every output is poisoned first, dqkv too
+// (the backward overwrites it, so an element it leaves unwritten or adds to fails); the backward
+// runs from the reference's out and lse so that only the backward is measured, and once more
+// to check it is bitwise deterministic. A last case chains the GPU's
 // own forward into its backward. Tolerances: gpu_test_support.h (lse is fp32: 1e-4 in bf16 mode).
 //
 // Runs only on a GPU machine: catch_main_gpu exits 77 (skipped) when no device is visible.
@@ -66,38 +67,33 @@ TEST_CASE("attention_forward and attention_backward match CpuOps", "[gpu][attent
     const std::vector<float> dout = rounded(mode, random_normal(nout, 1.0f, 72));
     Tensor cout_r = c.make(out, DType::f32), cdout = c.make(dout, DType::f32);
     Tensor gout_r = g.make(out, mode), glse_r = g.make(lse, DType::f32), gdout = g.make(dout, mode);
-    double scale = 1.0;
-    for (bool accumulate : {false, true}) {
-      INFO("accumulate " << accumulate);
-      const std::vector<float> d0 = accumulate ? rounded(mode, random_normal(nqkv, static_cast<float>(scale), 73))
-                                               : std::vector<float>(nqkv, 0.0f);
-      Tensor cd = c.make(d0, DType::f32), gd = g.make(d0, mode);
+    {
+      Tensor cd = c.zeros(nqkv, DType::f32), gd = g.zeros(nqkv, mode);
+      g.poison(gd);
       cpu().attention_backward(cd, cdout, cqkv, cout_r, clse, B, T, C, NH);
       ops.attention_backward(gd, gdout, gqkv, gout_r, glse_r, B, T, C, NH);
       const std::vector<float> ref = c.read(cd), got = g.read(gd);
       expect_close("dqkv", got, ref, tolerance(mode, mode));
-      if (!accumulate) {
-        scale = rms(ref);
-        // The q, k and v parts separately (a bug in one part could hide in the total).
-        std::vector<float> part_got[3], part_ref[3];
-        for (size_t r = 0; r < BT; ++r)
-          for (int p = 0; p < 3; ++p)
-            for (int i = 0; i < C; ++i) {
-              part_got[p].push_back(got[r * 3 * C + size_t(p) * C + i]);
-              part_ref[p].push_back(ref[r * 3 * C + size_t(p) * C + i]);
-            }
-        expect_close("dq", part_got[0], part_ref[0], tolerance(mode, mode));
-        expect_close("dk", part_got[1], part_ref[1], tolerance(mode, mode));
-        expect_close("dv", part_got[2], part_ref[2], tolerance(mode, mode));
-        // Deterministic: the same backward again gives the same bits.
-        Tensor gd2 = g.zeros(nqkv, mode);
-        ops.attention_backward(gd2, gdout, gqkv, gout_r, glse_r, B, T, C, NH);
-        CHECK(bitwise_equal(g.read(gd2), got));
-      }
+      // The q, k and v parts separately (a bug in one part could hide in the total).
+      std::vector<float> part_got[3], part_ref[3];
+      for (size_t r = 0; r < BT; ++r)
+        for (int p = 0; p < 3; ++p)
+          for (int i = 0; i < C; ++i) {
+            part_got[p].push_back(got[r * 3 * C + size_t(p) * C + i]);
+            part_ref[p].push_back(ref[r * 3 * C + size_t(p) * C + i]);
+          }
+      expect_close("dq", part_got[0], part_ref[0], tolerance(mode, mode));
+      expect_close("dk", part_got[1], part_ref[1], tolerance(mode, mode));
+      expect_close("dv", part_got[2], part_ref[2], tolerance(mode, mode));
+      // Deterministic and overwriting: the same backward again, into the previous result, gives
+      // the same bits.
+      ops.attention_backward(gd, gdout, gqkv, gout_r, glse_r, B, T, C, NH);
+      CHECK(bitwise_equal(g.read(gd), got));
     }
 
     // The GPU's own forward feeding its backward, against the CPU doing the same.
     Tensor cd = c.zeros(nqkv, DType::f32), gd = g.zeros(nqkv, mode);
+    g.poison(gd);
     cpu().attention_backward(cd, cdout, cqkv, cout, clse, B, T, C, NH);
     ops.attention_backward(gd, gdout, gqkv, gout, glse, B, T, C, NH);
     expect_close("dqkv after the GPU forward", g.read(gd), c.read(cd), mode == DType::f32 ? 1e-5 : 2e-2);
@@ -137,6 +133,7 @@ TEST_CASE("attention on a misaligned qkv slice falls back to the CUDA-core kerne
   Tensor cd = c.zeros(nqkv, DType::f32);
   cpu().attention_backward(cd, c.make(dout, DType::f32), cqkv, c.make(out, DType::f32), clse, B, T, C, NH);
   Tensor gd = g.zeros(nqkv + 1, mode).slice(1, nqkv);  // misaligned gradient too
+  g.poison(gd);
   ops.attention_backward(gd, g.make(dout, mode), gqkv, g.make(out, mode), g.make(c.read(clse), DType::f32), B, T, C,
                          NH);
   expect_close("dqkv", g.read(gd), c.read(cd), tolerance(mode, mode));

@@ -1,13 +1,14 @@
 // Context parallelism over real MPI (run under mpirun with 2, 3 and 4 ranks, the cp group being
 // the world, see test/CMakeLists.txt; 3 makes an odd ring, where the send/recv order matters):
 // ring attention on zigzag chunks and Ulysses on contiguous ones, forward (out, lse) and
-// backward (dqkv, accumulated onto a nonzero start) against CpuOps attention over the unsplit
+// backward (dqkv, which it overwrites: the buffers start as NaN) against CpuOps attention over the unsplit
 // sequence computed on every rank. A group of one (each rank alone) checks the cp = 1
 // degenerate case. Tolerance: atol 1e-6 + rtol 1e-5 (the merge and the regrouped sums
 // reassociate float additions).
 #include <mpi.h>
 
 #include <catch2/catch.hpp>
+#include <limits>
 #include <vector>
 
 #include "core/cpu/cpu_ops.h"
@@ -24,8 +25,12 @@ using namespace pt::test;
 namespace {
 
 struct Unsplit {
-  std::vector<float> qkv, dout, d0, out, lse, dqkv;
+  std::vector<float> qkv, dout, out, lse, dqkv;
 };
+
+// A gradient buffer's starting contents: NaN, so an element the backward leaves unwritten (or
+// adds to) shows up in the comparison.
+std::vector<float> nan_start(size_t n) { return std::vector<float>(n, std::numeric_limits<float>::quiet_NaN()); }
 
 // Attention over the whole sequence on one rank (the same on every rank: the same seeds).
 Unsplit unsplit(CpuOps& ops, int B, int T, int C, int NH, uint32_t seed) {
@@ -33,10 +38,9 @@ Unsplit unsplit(CpuOps& ops, int B, int T, int C, int NH, uint32_t seed) {
   Unsplit u;
   u.qkv = random_floats(size_t(B) * T * 3 * C, seed, -2.0f, 2.0f);
   u.dout = random_floats(size_t(B) * T * C, seed + 1);
-  u.d0 = random_floats(u.qkv.size(), seed + 2);
   Tensor qkv = bufs.f32(u.qkv), out = bufs.zeros(size_t(B) * T * C), lse = bufs.zeros(size_t(B) * NH * T);
   ops.attention_forward(out, lse, qkv, B, T, C, NH);
-  Tensor dqkv = bufs.f32(u.d0);
+  Tensor dqkv = bufs.f32(nan_start(u.qkv.size()));
   ops.attention_backward(dqkv, bufs.f32(u.dout), qkv, out, lse, B, T, C, NH);
   u.out = bufs.read(out);
   u.lse = bufs.read(lse);
@@ -60,7 +64,7 @@ void check_against_unsplit(Comm& cp, CpSplitKind kind, int B, int T, int C, int 
   require_close(bufs.read(out), split.take(u.out, B, r, C), 1e-6, 1e-5, "out");
   if (compare_lse) require_close(bufs.read(lse), split.take(u.lse, B * NH, r), 1e-6, 1e-5, "lse");
 
-  Tensor dqkv = bufs.f32(split.take(u.d0, B, r, 3 * C));  // += onto a nonzero start
+  Tensor dqkv = bufs.f32(nan_start(size_t(B) * Tl * 3 * C));  // overwritten
   impl.backward(dqkv, bufs.f32(split.take(u.dout, B, r, C)), qkv, out, lse);
   require_close(bufs.read(dqkv), split.take(u.dqkv, B, r, 3 * C), 1e-6, 1e-5, "dqkv");
 }

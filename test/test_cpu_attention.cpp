@@ -75,7 +75,7 @@ TEST_CASE("attention: forward, lse and backward against a naive full-softmax ref
   auto loss = [&](const std::vector<double>& v) { return dot(attention_ref(v, B, T, C, NH).out, R); };
   require_close(bufs.read(dqkv), numeric_grad(loss, qkvd), 1e-5, 1e-4, "dqkv");
 
-  check_accumulates(ops, bufs, {dqkv}, backward);
+  check_overwrites(ops, bufs, {dqkv}, backward);
   ops.attention_backward(Tensor{}, t_R, t_qkv, out, lse, B, T, C, NH);  // null: skipped
   CHECK_THROWS_AS(ops.attention_forward(out, lse, t_qkv, B, T, C, 4), RuntimeError);  // 4 does not divide 15
 }

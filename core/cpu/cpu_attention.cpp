@@ -174,6 +174,9 @@ void CpuOps::attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out
   float* x = cpu::f32_arg(qkv, BT * 3 * C, "attention_backward", "qkv");
   float* y = cpu::f32_arg(out, BT * C, "attention_backward", "out");
   const float* l = cpu::f32_arg(lse, size_t(B) * NH * T, "attention_backward", "lse");
+  // Overwritten (Ops): the rows kernel accumulates, as the blockwise op needs, so start it from
+  // zeros; 0 + x == x, so the result is the same bits as accumulating into a zeroed buffer.
+  std::fill(dx, dx + BT * 3 * C, 0.0f);
   cpu::attention_rows_backward(a.p, a.part(dx, 0), a.part(dx, 1), a.part(dx, 2), a.plain(dy), a.part(x, 0),
                                a.part(x, 1), a.part(x, 2), a.plain(y), l);
 }

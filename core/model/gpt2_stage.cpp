@@ -376,16 +376,15 @@ void Gpt2Stage::backward(MicroSlot at) {
     const LayerActs a = buffers(s, l);
     const Tensor x = block_input(in, s, l);
     recompute_block(a, p, x);
-    // MLP branch: res3 = res2 + fcproj(gelu(fc(ln2(res2)))). The matmuls' and GELU's input
-    // gradients are overwritten (Ops), so only the residual stream and attention's dqkv (+=)
-    // start from zeros.
+    // MLP branch: res3 = res2 + fcproj(gelu(fc(ln2(res2)))). The matmuls', GELU's and
+    // attention's input gradients are overwritten (Ops), so only the residual stream (+=)
+    // starts from zeros.
     tp_->row_backward(dfch_gelu_, g.fcprojw, g.fcprojb, dres, a.fch_gelu, p.fcprojw, N, d.Fl, C);
     ops_.gelu_backward(dfch_, a.fch, dfch_gelu_, size_t(N) * d.Fl);
     tp_->column_backward(dln, g.fcw, g.fcb, dfch_, a.ln2, p.fcw, N, C, d.Fl);
     layernorm_backward(dres, g.ln2w, g.ln2b, dln, a.res2, p.ln2w, a.ln2_mean, a.ln2_rstd);
     // Attention branch: res2 = x + proj(attention(qkv(ln1(x))))
     tp_->row_backward(datty, g.projw, g.projb, dres, a.atty, p.projw, N, d.Cl, C);
-    ops_.zero(dqkv_);
     attention_->backward(dqkv_, datty, a.qkv, a.atty, a.lse);
     tp_->column_backward(dln, g.qkvw, g.qkvb, dqkv_, a.ln1, p.qkvw, N, C, 3 * d.Cl);
     layernorm_backward(dres, g.ln1w, g.ln1b, dln, x, p.ln1w, a.ln1_mean, a.ln1_rstd);

@@ -133,6 +133,8 @@ class Ops {
   // backward can recompute probabilities without storing the T x T matrix and context
   // parallelism can merge partial results. Scale 1/sqrt(HS); position j attends to i <= j.
   virtual void attention_forward(Tensor out, Tensor lse, Tensor qkv, int B, int T, int C, int NH) = 0;
+  // dqkv[B, T, 3C] = the gradient of out (given dout, forward's out and lse), overwritten like
+  // matmul_backward's dinp: every element is written, whatever the buffer held. May be null.
   virtual void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B, int T,
                                   int C, int NH) = 0;
 

@@ -42,10 +42,10 @@ void CpAttention::backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Ten
 size_t CpAttention::scratch_bytes(CpImpl impl, int cp, int B, int T_local, int C, int NH, DType dtype) {
   if (cp <= 1) return 0;
   const size_t act = static_cast<size_t>(B) * T_local * C;  // one [B, T_local, C] activation
-  if (impl == CpImpl::ulysses) return 17 * act * dtype_size(dtype);  // see UlyssesAttention's constructor
-  // RingAttention's: 31 chunk-major halves of B*T_local*C/2 and 3 halves of the lse rows.
+  if (impl == CpImpl::ulysses) return 14 * act * dtype_size(dtype);  // see UlyssesAttention's constructor
+  // RingAttention's: 25 chunk-major halves of B*T_local*C/2 and 3 halves of the lse rows.
   const size_t half = act / 2, lse_half = static_cast<size_t>(B) * NH * (T_local / 2);
-  return 31 * half * dtype_size(dtype) + 3 * lse_half * sizeof(float);
+  return 25 * half * dtype_size(dtype) + 3 * lse_half * sizeof(float);
 }
 
 }  // namespace pt

@@ -33,7 +33,8 @@ class CpAttention {
   CpAttention& operator=(const CpAttention&) = delete;
 
   void forward(Tensor out, Tensor lse, Tensor qkv);
-  // dqkv += the gradient of forward's out (out and lse are forward's).
+  // dqkv = the gradient of forward's out (out and lse are forward's), overwritten like
+  // Ops::attention_backward's.
   void backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse);
 
   // Bytes of scratch the context-parallel implementation holds (0 without cp); the formula,

@@ -21,12 +21,11 @@ RingAttention::RingAttention(Ops& ops, Comm& cp, int B, int T_local, int C, int 
   dout_ = ops.alloc(2 * act_, dtype);
   dq_ = ops.alloc(2 * act_, dtype);
   for (Tensor& t : dkv_) t = ops.alloc(4 * act_, dtype);
-  dqkv_ = ops.alloc(6 * act_, dtype);
 }
 
 RingAttention::~RingAttention() {
   for (Tensor* t :
-       {&q_, &out_, &lse_, &part_out_, &part_lse_, &kv_[0], &kv_[1], &dout_, &dq_, &dkv_[0], &dkv_[1], &dqkv_})
+       {&q_, &out_, &lse_, &part_out_, &part_lse_, &kv_[0], &kv_[1], &dout_, &dq_, &dkv_[0], &dkv_[1]})
     if (*t) ops_.release(*t);
 }
 
@@ -142,14 +141,13 @@ void RingAttention::backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, T
       cur = 1 - cur;
     }
   }
-  // dqkv += [dq | dk | dv], reassembled in the packed zigzag layout.
+  // dqkv = [dq | dk | dv], reassembled in the packed zigzag layout (every element written).
   const int W = 3 * C_;
   for (int h = 0; h < 2; h++) {
-    pack(dqkv_, W, 0, h, half(dq_, h));
-    pack(dqkv_, W, C_, h, half(dkv_[cur], h));
-    pack(dqkv_, W, 2 * C_, h, half(dkv_[cur], 2 + h));
+    pack(dqkv, W, 0, h, half(dq_, h));
+    pack(dqkv, W, C_, h, half(dkv_[cur], h));
+    pack(dqkv, W, 2 * C_, h, half(dkv_[cur], 2 + h));
   }
-  ops_.add(dqkv, dqkv, dqkv_, dqkv_.numel);
 }
 
 }  // namespace pt

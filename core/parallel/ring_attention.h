@@ -30,7 +30,7 @@ namespace pt {
 
 class RingAttention {
  public:
-  // Allocates the scratch for these shapes (about 16 * B*T_local*C activations plus lse rows)
+  // Allocates the scratch for these shapes (about 12.5 * B*T_local*C activations plus lse rows)
   // on `ops` in `dtype` (the activations' dtype). T_local must be even (two zigzag chunks).
   RingAttention(Ops& ops, Comm& cp, int B, int T_local, int C, int NH, DType dtype);
   ~RingAttention();
@@ -39,8 +39,8 @@ class RingAttention {
 
   // out, lse <- causal attention of the local queries against the whole sequence's keys.
   void forward(Tensor out, Tensor lse, Tensor qkv);
-  // dqkv += the gradient of forward's out (dqkv's k and v parts get every rank's contribution
-  // to the local keys and values). out and lse are forward's.
+  // dqkv = the gradient of forward's out, overwritten (its k and v parts hold every rank's
+  // contribution to the local keys and values). out and lse are forward's.
   void backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse);
 
  private:
@@ -65,7 +65,7 @@ class RingAttention {
   size_t act_;   // B * Tc * C: one chunk-major half
   size_t rows_;  // B * NH * Tc: one half of lse
   // [2 halves] each unless noted; kv buffers are [k half 0, k half 1, v half 0, v half 1].
-  Tensor q_, out_, lse_, part_out_, part_lse_, kv_[2], dout_, dq_, dkv_[2], dqkv_;
+  Tensor q_, out_, lse_, part_out_, part_lse_, kv_[2], dout_, dq_, dkv_[2];
 };
 
 }  // namespace pt

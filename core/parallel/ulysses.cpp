@@ -20,11 +20,10 @@ UlyssesAttention::UlyssesAttention(Ops& ops, Comm& cp, int B, int T_local, int C
   out_h_ = ops.alloc(act_, dtype);
   dout_h_ = ops.alloc(act_, dtype);
   dqkv_h_ = ops.alloc(3 * act_, dtype);
-  dqkv_ = ops.alloc(3 * act_, dtype);
 }
 
 UlyssesAttention::~UlyssesAttention() {
-  for (Tensor* t : {&send_, &recv_, &qkv_h_, &out_h_, &dout_h_, &dqkv_h_, &dqkv_})
+  for (Tensor* t : {&send_, &recv_, &qkv_h_, &out_h_, &dout_h_, &dqkv_h_})
     if (*t) ops_.release(*t);
 }
 
@@ -73,10 +72,8 @@ void UlyssesAttention::backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out
   seq_to_heads(qkv_h_, qkv, 3);
   seq_to_heads(out_h_, out, 1);
   seq_to_heads(dout_h_, dout, 1);
-  ops_.zero(dqkv_h_);
   ops_.attention_backward(dqkv_h_, dout_h_, qkv_h_, out_h_, lse, B_, T_, Cd_, NH_ / P_);
-  heads_to_seq(dqkv_, dqkv_h_, 3);
-  ops_.add(dqkv, dqkv, dqkv_, 3 * act_);
+  heads_to_seq(dqkv, dqkv_h_, 3);  // writes every element: dqkv is overwritten
 }
 
 }  // namespace pt

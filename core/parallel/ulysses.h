@@ -20,7 +20,7 @@ namespace pt {
 class UlyssesAttention {
  public:
   // Local shapes: B rows of T_local tokens, C channels and NH heads (this rank's, after any TP
-  // split); NH % cp.size() == 0. Allocates scratch (about 14 * B*T_local*C activations) on ops.
+  // split); NH % cp.size() == 0. Allocates scratch (14 * B*T_local*C activations) on ops.
   UlyssesAttention(Ops& ops, Comm& cp, int B, int T_local, int C, int NH, DType dtype);
   ~UlyssesAttention();
   UlyssesAttention(const UlyssesAttention&) = delete;
@@ -30,7 +30,7 @@ class UlyssesAttention {
   // out [B, T_local, C]; lse holds B*NH*T_local f32 like attention_forward's, but in the
   // head-sharded layout [B, NH/cp, T] (pass forward's to backward; it is not per local token).
   void forward(Tensor out, Tensor lse, Tensor qkv);
-  // dqkv += the gradient of forward's out.
+  // dqkv = the gradient of forward's out (overwritten).
   void backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse);
 
   // The all-to-alls by themselves, for `parts` interleaved [B, T, C]-shaped parts (3 for qkv):
@@ -43,7 +43,7 @@ class UlyssesAttention {
   Comm& cp_;
   int B_, T_local_, T_, C_, NH_, P_, Cd_;
   size_t act_;  // B * T_local * C
-  Tensor send_, recv_, qkv_h_, out_h_, dout_h_, dqkv_h_, dqkv_;
+  Tensor send_, recv_, qkv_h_, out_h_, dout_h_, dqkv_h_;
 };
 
 }  // namespace pt
