@@ -53,6 +53,7 @@ Loaded load() {
   resolve(lib, "ncclCommSplit", a.CommSplit, missing);
   resolve(lib, "ncclCommDestroy", a.CommDestroy, missing);
   resolve(lib, "ncclCommAbort", a.CommAbort, missing);
+  resolve(lib, "ncclCommGetAsyncError", a.CommGetAsyncError, missing);
   resolve(lib, "ncclAllReduce", a.AllReduce, missing);
   resolve(lib, "ncclReduceScatter", a.ReduceScatter, missing);
   resolve(lib, "ncclAllGather", a.AllGather, missing);

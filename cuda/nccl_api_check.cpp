@@ -24,6 +24,10 @@ struct Header<ncclResult_t> {
   using type = ::ncclResult_t;
 };
 template <>
+struct Header<ncclResult_t*> {  // ncclCommGetAsyncError's out-parameter
+  using type = ::ncclResult_t*;
+};
+template <>
 struct Header<ncclDataType_t> {
   using type = ::ncclDataType_t;
 };
@@ -80,6 +84,7 @@ static_assert(std::is_same_v<decltype(&::ncclCommSplit),
                              ::ncclResult_t (*)(::ncclComm_t, int, int, ::ncclComm_t*, ::ncclConfig_t*)>);
 static_assert(same_signature<decltype(Api::CommDestroy), decltype(&::ncclCommDestroy)>);
 static_assert(same_signature<decltype(Api::CommAbort), decltype(&::ncclCommAbort)>);
+static_assert(same_signature<decltype(Api::CommGetAsyncError), decltype(&::ncclCommGetAsyncError)>);
 static_assert(same_signature<decltype(Api::AllReduce), decltype(&::ncclAllReduce)>);
 static_assert(same_signature<decltype(Api::ReduceScatter), decltype(&::ncclReduceScatter)>);
 static_assert(same_signature<decltype(Api::AllGather), decltype(&::ncclAllGather)>);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
 
 #include "cuda/cuda_common.h"
 #include "cuda/cuda_ops.h"
@@ -39,6 +40,16 @@ cudaStream_t compute_stream_of(Ops& ops) {
   return static_cast<cudaStream_t>(cuda->stream());
 }
 
+// Every communicator alive in this process, for async_error(); guarded by live_mutex().
+std::mutex& live_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::vector<nccl::ncclComm_t>& live_comms() {
+  static std::vector<nccl::ncclComm_t> comms;
+  return comms;
+}
+
 }  // namespace
 
 struct NcclComm::State {
@@ -55,8 +66,15 @@ struct NcclComm::State {
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     CUDA_CHECK(cudaEventCreateWithFlags(&inputs_ready, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventCreateWithFlags(&outputs_ready, cudaEventDisableTiming));
+    std::lock_guard<std::mutex> lock(live_mutex());
+    live_comms().push_back(comm);
   }
   ~State() {
+    {
+      std::lock_guard<std::mutex> lock(live_mutex());
+      auto& live = live_comms();
+      live.erase(std::remove(live.begin(), live.end(), comm), live.end());
+    }
     // No throwing here: a failed teardown (e.g. after a peer died) must not hide the first error.
     if (stream) cudaStreamSynchronize(stream);
     if (comm) nccl::api().CommDestroy(comm);
@@ -225,6 +243,20 @@ void NcclComm::recv(Tensor x, int peer) {
   ordered("ncclRecv", [&](cudaStream_t st) {
     return api.Recv(x.data, x.numel, nccl_type(x.dtype), peer, state_->comm, st);
   });
+}
+
+std::string NcclComm::async_error() {
+  std::lock_guard<std::mutex> lock(live_mutex());
+  if (live_comms().empty()) return "";
+  const nccl::Api& api = nccl::api();  // loaded: a communicator exists
+  for (nccl::ncclComm_t comm : live_comms()) {
+    nccl::ncclResult_t state = nccl::ncclSuccess;
+    if (api.CommGetAsyncError(comm, &state) != nccl::ncclSuccess) continue;
+    if (state != nccl::ncclSuccess && state != nccl::ncclInProgress)
+      return std::string("NCCL reported an asynchronous error: ") + api.GetErrorString(state) +
+             " (a peer or the network failed; NCCL_DEBUG=WARN prints NCCL's own explanation)";
+  }
+  return "";
 }
 
 void NcclComm::barrier() {

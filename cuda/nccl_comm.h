@@ -31,6 +31,7 @@
 // No CUDA or NCCL headers here: core (g++) includes it to build the process groups.
 #pragma once
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/dist/comm.h"
@@ -68,6 +69,11 @@ class NcclComm final : public Comm {
   void start_all_reduce(Tensor x) override;
   void start_reduce_scatter(Tensor send, Tensor recv) override;
   void wait_started() override;
+
+  // The first asynchronous error a live communicator of this process reports, "" when none:
+  // NCCL's network and peer failures, which otherwise show only as a collective that never
+  // ends. Thread-safe: the progress watchdog (core/train/progress_watchdog.h) polls it.
+  static std::string async_error();
 
  private:
   struct State;  // the ncclComm_t, streams, events (kept out of this header: no CUDA types)

@@ -2,7 +2,8 @@
 // every collective, in f32, bf16 and i32, and a group split from it. With one rank each result
 // is known exactly (the identity, a copy, a block move), which checks the wiring: the dtypes and
 // counts handed to NCCL, the in-place cases, and the ordering against the compute stream (each
-// result is read by a download queued right after the call, with no explicit synchronisation).
+// result is read by a download queued right after the call, with no explicit synchronisation),
+// and that live communicators report no asynchronous error.
 //
 // NCCL is loaded at run time: without it (no PICOTRAIN_NCCL_LIB and no libnccl.so.2 on the
 // loader's path) the test says so and checks nothing; with PICOTRAIN_NCCL_LIB set it must load.
@@ -101,5 +102,13 @@ TEST_CASE("NcclComm of one rank: every collective", "[gpu][nccl]") {
     Tensor ints = ops->alloc(4, DType::i32);
     CHECK_THROWS_AS(world->all_reduce(ints), RuntimeError);  // reductions are f32 only
     for (Tensor* t : {&x, &wrong, &ints}) ops->release(*t);
+  }
+  SECTION("healthy communicators report no asynchronous error (the watchdog's probe)") {
+    const std::unique_ptr<NcclComm> group = world->split({0});
+    Tensor x = upload(values);
+    group->all_reduce(x);
+    ops->synchronize();
+    CHECK(NcclComm::async_error().empty());
+    ops->release(x);
   }
 }

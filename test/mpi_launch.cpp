@@ -2,14 +2,19 @@
 // mpirun; see test/CMakeLists.txt): bad layouts are config errors printed by every rank, with
 // the numbers, and exit 2 without hanging (each launch runs under `timeout`); a good multi-rank
 // run logs and writes its run directory from rank 0 only; a checkpoint saved under one layout
-// resumes under another on the same trajectory.
+// resumes under another on the same trajectory; a rank that stops responding ends the run
+// through the other's watchdog instead of hanging it.
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cmath>
 #include <map>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <random>
 #include <sstream>
 #include <string>
@@ -224,4 +229,65 @@ TEST_CASE("a checkpoint saved under dp=4/ZeRO-1 resumes under dp=2/ZeRO-3 and dp
     REQUIRE(master.size() == want_master.size());
     CHECK(relative_l2(master, want_master) < 1e-5);
   }
+}
+
+namespace {
+
+// The pids of the picotrain processes (argv[0] is the binary, so not mpirun) whose command line
+// mentions `marker`.
+std::vector<pid_t> picotrain_ranks(const std::string& marker) {
+  std::vector<pid_t> pids;
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(entry.path() / "cmdline", std::ios::binary);
+    const std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::string argv0 = cmdline.substr(0, cmdline.find('\0'));
+    if (argv0 == PICOTRAIN_BIN && cmdline.find(marker) != std::string::npos) pids.push_back(std::stoi(name));
+  }
+  return pids;
+}
+
+}  // namespace
+
+TEST_CASE("a rank that stops responding ends the run after run.hang_timeout_s instead of hanging it", "[mpi]") {
+  // Two ranks train a run far too long to finish; once three steps are logged one rank is
+  // stopped (SIGSTOP: as a rank stuck in a driver call, it neither fails nor answers). The
+  // other waits for it in a collective until its watchdog ends it (exit code 1, the reason on
+  // stderr), and mpirun then ends the stopped one. `timeout` would give 124 if it hung.
+  const TempRun run;
+  const std::string config = (run.dir / "c.json").string();
+  const std::string cmd = "timeout 120 " + std::string(PICOTRAIN_MPIEXEC) + " -np 2 " + PICOTRAIN_MPIEXEC_FLAGS + " " +
+                          PICOTRAIN_BIN + " " +
+                          run.train("--set schedule.total_steps=1000000 --set run.hang_timeout_s=2 "
+                                    "--set logging.every_steps=1 --set checkpoint.every_steps=0") +
+                          " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  std::string output;
+  char line[4096];
+  int steps = 0;
+  while (steps < 3 && std::fgets(line, sizeof line, p)) {
+    output += line;
+    if (std::string(line).rfind("step ", 0) == 0) steps++;
+  }
+  INFO(output);
+  REQUIRE(steps == 3);
+  const std::vector<pid_t> ranks = picotrain_ranks(config);
+  REQUIRE(ranks.size() == 2);
+  const auto stopped_at = std::chrono::steady_clock::now();
+  REQUIRE(kill(ranks[1], SIGSTOP) == 0);
+  while (size_t n = std::fread(line, 1, sizeof line, p)) output.append(line, n);
+  const int status = pclose(p);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped_at).count();
+  for (pid_t pid : picotrain_ranks(config)) kill(pid, SIGKILL);  // nothing may outlive the test
+  INFO(output);
+  const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  CHECK(code != 0);
+  CHECK(code != 124);  // it ended by itself
+  CHECK(seconds >= 2.0);
+  CHECK_THAT(output, Contains("no progress for") && Contains("has not finished") &&
+                         Contains("run.hang_timeout_s") && Contains("Ending this rank (exit code 1)"));
+  CHECK_THAT(output, Contains("watchdog  | a rank without progress for 2 s"));
 }

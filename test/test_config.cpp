@@ -88,6 +88,7 @@ TEST_CASE("every rule names its key and the offending value", "[config]") {
       // run
       {{"run.name="}, 1, {"run.name=\"\"", "must not be empty"}},
       {{"run.seed=-1"}, 1, {"run.seed=-1", ">= 0"}},
+      {{"run.hang_timeout_s=-2"}, 1, {"run.hang_timeout_s=-2", "must be -1", "0 (off)"}},
       // model
       {{"model.arch=llama"}, 1, {"model.arch=\"llama\"", "gpt2"}},
       {{"model.n_layers=0"}, 1, {"model.n_layers=0", ">= 1"}},
@@ -214,6 +215,7 @@ TEST_CASE("defaults are GPT-2 124M", "[config]") {
   auto c = pt::config_from_json(json{{"data", {{"train", "x_*.bin"}}}}, {}, 1);
   CHECK(c.run.name == "picotrain");
   CHECK(c.run.seed == 1337);
+  CHECK(c.run.hang_timeout_s == -1);
   CHECK(c.model.arch == "gpt2");
   CHECK(c.model.n_layers == 12);
   CHECK(c.model.d_model == 768);

@@ -164,6 +164,10 @@ auto not_empty = [](const std::string& v) { return v.empty() ? std::string("must
 
 auto dp_rule = [](int v) { return v == -1 || v >= 1 ? std::string() : std::string("must be -1 (derived) or >= 1"); };
 
+auto hang_timeout_rule = [](double v) {
+  return v == -1 || v >= 0 ? std::string() : std::string("must be -1 (600 with several ranks, off with one), 0 (off) or > 0");
+};
+
 auto betas_rule = [](const std::array<double, 2>& b) {
   bool ok = std::all_of(b.begin(), b.end(), [](double x) { return x >= 0 && x < 1; });
   return ok ? std::string() : std::string("must each be in [0, 1)");
@@ -221,7 +225,8 @@ std::vector<ConfigKey> build_table() {
   SectionKeys(k, "run", &RunConfig::run)
       .add("name", &RunSection::name, not_empty)
       .add("out_dir", &RunSection::out_dir)  // "": runs/<name>
-      .add("seed", &RunSection::seed);       // uint64: negative values are rejected when read
+      .add("seed", &RunSection::seed)        // uint64: negative values are rejected when read
+      .add("hang_timeout_s", &RunSection::hang_timeout_s, hang_timeout_rule);
 
   SectionKeys(k, "model", &RunConfig::model)
       .add("arch", &ModelSection::arch, one_of({"gpt2"}))

@@ -19,6 +19,9 @@ struct RunSection {
   std::string name = "picotrain";
   std::string out_dir;  // default: runs/<name>
   uint64_t seed = 1337;
+  // Seconds without progress after which a rank ends itself (core/train/progress_watchdog.h);
+  // 0: never; -1: 600 when the run has several ranks, never for one.
+  double hang_timeout_s = -1;
 };
 
 struct ModelSection {

@@ -64,4 +64,12 @@ GroupCommMaker nccl_group_maker(Comm& host_world, Ops& ops) {
 #endif
 }
 
+std::string nccl_async_error() {
+#ifdef PICOTRAIN_WITH_CUDA
+  return NcclComm::async_error();
+#else
+  return "";
+#endif
+}
+
 }  // namespace pt

@@ -42,4 +42,8 @@ using GroupCommMaker = std::function<std::unique_ptr<Comm>(const std::vector<int
 // maker that splits it; the maker keeps the NCCL world alive. Throws without CUDA.
 GroupCommMaker nccl_group_maker(Comm& host_world, Ops& ops);
 
+// The first asynchronous error of this process's NCCL communicators (NcclComm::async_error),
+// "" when there is none, no communicator, or no CUDA in this build. Thread-safe.
+std::string nccl_async_error();
+
 }  // namespace pt

@@ -296,6 +296,8 @@ void Trainer::print_startup() const {
 }
 
 std::string Trainer::save_checkpoint() {
+  // Writing may take long on a slow file system; that is not a hang.
+  const ProgressWatchdog::Pause pause(watchdog_.get());
   const auto t0 = Clock::now();
   const std::string path = ckpt_->save({step_, cursor_}, *store_, ops_, train_data_->total_tokens());
   const double seconds = seconds_since(t0);
@@ -401,8 +403,13 @@ void Trainer::run() {
     if (finished) final_sample_ = std::move(sample);
     time_.sample += seconds_since(t0);
   };
+  watchdog_ = start_rank_watchdog(cfg_.run.hang_timeout_s, world_);
+  if (watchdog_ && lead)
+    std::printf("watchdog  | a rank without progress for %.0f s (or 4x its slowest step) ends the run "
+                "(run.hang_timeout_s)\n", watchdog_->limit_s());
   bool stopped = false;
   while (step_ < total) {
+    if (watchdog_) watchdog_->beat("step " + std::to_string(step_ + 1));
     if ((stopped = checkpoint_if_due(false))) break;  // for the step just done
     if (step_ > first_step) print_sample(false);
     const double comm_before = groups_.comm_stats->collective_seconds();
@@ -458,6 +465,7 @@ void Trainer::run() {
     m.comm_ms = comm * 1e3;
     m.phases = r.phases;
     if (do_val) {
+      if (watchdog_) watchdog_->beat("the validation after step " + std::to_string(step_));
       const auto te = Clock::now();
       m.val_loss = evaluate();
       time_.eval += seconds_since(te);
@@ -468,9 +476,11 @@ void Trainer::run() {
     }
     if (log) log->log(m);
   }
+  if (watchdog_) watchdog_->beat("the end of the run (final checkpoint, sample and report)");
   if (!stopped && !(stopped = checkpoint_if_due(true))) print_sample(true);
   time_.wall = seconds_since(session_start);
   write_session_report(std::move(summary), step_ms, sessions ? &*sessions : nullptr, metrics_path);
+  watchdog_.reset();
   if (lead && !stopped)
     std::printf("done      | %d steps in %s, metrics in %s\n", step_, format_duration(seconds_since(run_start)).c_str(),
               metrics_path.c_str());

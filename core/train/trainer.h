@@ -42,6 +42,7 @@
 #include "core/train/optimizer.h"
 #include "core/train/param_gather.h"
 #include "core/train/pipeline_executor.h"
+#include "core/train/progress_watchdog.h"
 #include "core/train/zero_hooks.h"
 
 namespace pt {
@@ -127,6 +128,8 @@ class Trainer {
   std::vector<int32_t> inputs_, targets_;  // host staging for one step's micro-batches (this rank's tokens)
   std::vector<int32_t> global_inputs_, global_targets_;  // one whole micro-batch (context parallel)
   std::unique_ptr<CpSplit> cp_split_;
+  // Ends this rank when the run stops making progress (run.hang_timeout_s); lives during run().
+  std::unique_ptr<ProgressWatchdog> watchdog_;
   int step_ = 0;         // optimizer steps done
   uint64_t cursor_ = 0;  // global token position of the next step's first token
 
