@@ -50,7 +50,10 @@ class Comm {
   // x on every rank = x on `root`.
   virtual void broadcast(Tensor x, int root) = 0;
 
-  // Point-to-point (pipeline stages): blocking, matched by order between the two ranks.
+  // Point-to-point (pipeline stages, ring attention): blocking, matched by order between the two
+  // ranks. A send may wait until its receive is posted (NCCL's always does), so callers must
+  // order them so that no rank sends to a peer that is itself sending first, in a cycle;
+  // MpiComm's synchronous send makes the CPU tests prove that.
   virtual void send(Tensor x, int peer) = 0;
   virtual void recv(Tensor x, int peer) = 0;
 

@@ -186,12 +186,15 @@ void MpiComm::broadcast(Tensor x, int root) {
 }
 
 void MpiComm::send(Tensor x, int peer) {
+  // Synchronous (MPI_Ssend: returns only once the receive has started), like NCCL's send, which
+  // buffers nothing: a schedule that only works because MPI buffered a small message would
+  // deadlock on GPUs, and with Ssend it deadlocks in the CPU tests instead.
   HostViews v(staging_.get(), {x});
   v.fetch(0);
   const size_t elem = dtype_size(x.dtype);
   for (size_t off = 0; off < x.numel; off += kPiece) {
     const int n = static_cast<int>(std::min(kPiece, x.numel - off));
-    mpi_check(MPI_Send(v.host(0) + off * elem, n, mpi_type(x.dtype), peer, 0, handle_->comm), "Send");
+    mpi_check(MPI_Ssend(v.host(0) + off * elem, n, mpi_type(x.dtype), peer, 0, handle_->comm), "Ssend");
   }
 }
 

@@ -9,8 +9,9 @@
 //   forward          into a fresh activation set (embedding chunk: and a fresh I/O slot, from
 //                    the micro-batch's tokens); head chunk: the loss (summed here) and the
 //                    head's backward;
-//   send_activation  the chunk's output buffer, which is free again when send returns (MPI_Send
-//                    returns once the buffer may be reused; the schedule's ordering rule puts the
+//   send_activation  the chunk's output buffer, which is free again when send returns (MpiComm's
+//                    synchronous send returns once the receive has started, NcclComm's send is
+//                    stream-ordered before the next op; the schedule's ordering rule puts the
 //                    send before this rank's next computation, which is checked);
 //   recv_grad        into the slot's gradient buffer;
 //   backward         accumulates into the parameter gradients (ZeRO hooks per layer), then frees
