@@ -12,6 +12,8 @@
 
 #include "core/ckpt/llmc_model_file.h"
 #include "core/common/error.h"
+#include "core/config/config_keys.h"
+#include "core/config/config_reference.h"
 #include "core/config/run_config.h"
 #include "core/data/prepare.h"
 #include "core/model/sample_run.h"
@@ -42,7 +44,8 @@ struct TrainArgs {
 
 void add_train_command(CLI::App& app, TrainArgs& a) {
   CLI::App* cmd = app.add_subcommand("train", "Train a model from a JSON run config");
-  cmd->add_option("--config,-c", a.config, "Run config (JSON); every key is listed in README.md")
+  cmd->add_option("--config,-c", a.config,
+                  "Run config (JSON); `picotrain keys` explains every key (README.md: Configuration reference)")
       ->required()
       ->check(CLI::ExistingFile);
   cmd->add_option("--set,-s", a.overrides,
@@ -222,6 +225,34 @@ void add_plan_command(CLI::App& app, PlanArgs& a) {
       ->capture_default_str();
 }
 
+struct KeysArgs {
+  std::string filter;
+};
+
+void add_keys_command(CLI::App& app, KeysArgs& a) {
+  CLI::App* cmd = app.add_subcommand(
+      "keys", "Explain the run config's keys: each one's type, default and meaning (README.md's reference)");
+  cmd->add_option("filter", a.filter,
+                  "Only these keys: a section (e.g. parallel), a key (parallel.zero_stage) or any part of a key's "
+                  "name (timeout). Default: every key");
+}
+
+int run_keys(const KeysArgs& a) {
+  const std::vector<pt::config::KeyDoc> docs = pt::config::parse_config_reference(pt::config::built_in_config_reference());
+  const std::string text = pt::config::format_key_help(docs, a.filter);
+  if (text.empty()) {
+    std::string sections;
+    for (const std::string& s : pt::config::config_sections()) sections += (sections.empty() ? "" : ", ") + s;
+    throw pt::ConfigError("no config key matches '" + a.filter + "'; the sections are " + sections);
+  }
+  std::fputs(text.c_str(), stdout);
+  if (a.filter.empty())
+    std::puts("\nSet a key with `picotrain train --config FILE --set section.key=value` (the value is read as JSON "
+              "when it parses, else as text). README.md's \"Configuration reference\" has the rules shared by "
+              "every key (unknown keys, derived keys, the resolved config.json).");
+  return 0;
+}
+
 int run_plan(const PlanArgs& a) {
   const pt::Plan plan = pt::make_plan(a.config, a.overrides, a.gpus, a.hw);
   std::fputs(pt::format_plan(plan, a.hw, a.config).c_str(), stdout);
@@ -289,6 +320,8 @@ int main(int argc, char** argv) {
   add_sample_command(app, sample_args);
   PlanArgs plan_args;
   add_plan_command(app, plan_args);
+  KeysArgs keys_args;
+  add_keys_command(app, keys_args);
 
   try {
     app.parse(argc, argv);
@@ -311,6 +344,7 @@ int main(int argc, char** argv) {
     else if (app.got_subcommand("convert")) rc = run_convert(convert_args);
     else if (app.got_subcommand("sample")) rc = run_sample(sample_args);
     else if (app.got_subcommand("plan")) rc = run_plan(plan_args);
+    else if (app.got_subcommand("keys")) rc = run_keys(keys_args);
     pt::finalize_world();
     return rc;
   } catch (const pt::ConfigError& e) {

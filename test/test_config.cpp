@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <sstream>
 #include <string>
@@ -18,6 +19,7 @@
 
 #include "core/common/error.h"
 #include "core/config/config_keys.h"
+#include "core/config/config_reference.h"
 #include "core/config/run_config.h"
 
 using Catch::Matchers::Contains;
@@ -471,34 +473,49 @@ TEST_CASE("the shipped configs load", "[config]") {
 
 // README.md's configuration reference has a table per section, one row per key:
 // | `key` | type | `default as JSON` | meaning |. Keeping it in step is part of adding a key.
-TEST_CASE("README documents every key with its default", "[config]") {
+// The binary carries the same section (`picotrain keys`), compiled in from README.md.
+TEST_CASE("README documents every key with its default, and the binary carries that reference", "[config]") {
   std::ifstream in(std::string(PICOTRAIN_SOURCE_DIR) + "/README.md");
   REQUIRE(in);
-  std::map<std::string, std::vector<std::string>> rows;  // "section.key" -> cells
-  std::string section;
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind("### ", 0) == 0) {
-      section = line.substr(4);
-      std::erase(section, '`');
-    }
-    if (line.rfind("## ", 0) == 0) section.clear();
-    if (section.empty() || line.rfind("| `", 0) != 0) continue;
-    std::vector<std::string> cells;
-    std::stringstream s(line.substr(1));
-    for (std::string cell; std::getline(s, cell, '|');) {
-      auto b = cell.find_first_not_of(' '), e = cell.find_last_not_of(' ');
-      cells.push_back(b == std::string::npos ? "" : cell.substr(b, e - b + 1));
-    }
-    if (cells.size() >= 4) rows[section + "." + cells[0].substr(1, cells[0].size() - 2)] = cells;
+  const std::string readme((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string_view built_in = pt::config::built_in_config_reference();
+  CHECK(readme.find(built_in) != std::string::npos);  // the build's copy is the README's section
+  std::map<std::string, pt::config::KeyDoc> rows;
+  for (const auto& d : pt::config::parse_config_reference(built_in)) {
+    INFO(d.path());
+    CHECK(rows.emplace(d.path(), d).second);  // one row per key
+    CHECK_NOTHROW(pt::config::find_key(d.section, d.key));  // no row for a key that does not exist
   }
   const pt::RunConfig defaults;
   for (const auto& k : pt::config::config_keys()) {
     INFO("README.md row for " << k.path());
     auto it = rows.find(k.path());
     REQUIRE(it != rows.end());
-    CHECK(it->second[1] == k.type);
-    CHECK(it->second[2] == "`" + k.write(defaults).dump() + "`");
+    CHECK(it->second.type == k.type);
+    CHECK(it->second.default_json == k.write(defaults).dump());
+    CHECK_FALSE(it->second.meaning.empty());
   }
+  CHECK(rows.size() == pt::config::config_keys().size());
+}
+
+TEST_CASE("the key help: a section, a key, a part of a name, or every key", "[config]") {
+  const auto docs = pt::config::parse_config_reference(
+      "intro\n### run\n| key | type | default | meaning |\n|---|---|---|---|\n"
+      "| `seed` | integer | `1337` | Seed of `every` random stream, with enough words to need a second line. |\n"
+      "### optim\n| `lr` | number | `0.0006` | Peak learning rate. |\n| `seed_like` | number | `1.0` | Made up. |\n"
+      "## Next\n| `ignored` | x | `1` | after the reference |\n");
+  REQUIRE(docs.size() == 3);
+  CHECK(docs[0].path() == "run.seed");
+  CHECK(docs[0].default_json == "1337");
+  const std::string all = pt::config::format_key_help(docs, "", 40);
+  CHECK(all ==
+        "run\n  run.seed  (integer, default 1337)\n      Seed of every random stream, with\n      enough words to "
+        "need a second\n      line.\n\noptim\n  optim.lr  (number, default 0.0006)\n      Peak learning rate.\n  "
+        "optim.seed_like  (number, default 1.0)\n      Made up.\n");
+  CHECK_THAT(pt::config::format_key_help(docs, "optim"), Contains("optim.lr") && Contains("optim.seed_like"));
+  const std::string seed = pt::config::format_key_help(docs, "seed");  // a part of two names
+  CHECK_THAT(seed, Contains("run.seed") && Contains("optim.seed_like") && !Contains("optim.lr"));
+  CHECK(pt::config::format_key_help(docs, "nothing").empty());
 }
 
 // Needs the picotrain binary (app/main.cpp): run alone with `test_config "[cli]"`.
@@ -543,4 +560,26 @@ TEST_CASE("a bad config exits 2 with one error line naming the key", "[cli]") {
     REQUIRE(lines.size() == 1);
     CHECK_THAT(lines[0], Contains("nope.json"));
   }
+}
+
+TEST_CASE("picotrain keys explains the keys; a filter that matches none exits 2", "[cli]") {
+  REQUIRE(fs::exists(PICOTRAIN_BIN));
+  TempDir tmp;
+  const fs::path out = tmp.path / "out.txt";
+  auto run = [&](const std::string& args) {
+    const std::string cmd = std::string("'") + PICOTRAIN_BIN + "' keys " + args + " >'" + out.string() + "' 2>&1";
+    const int status = std::system(cmd.c_str());
+    REQUIRE(WIFEXITED(status));
+    std::ifstream in(out);
+    return std::pair{WEXITSTATUS(status), std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>())};
+  };
+  const auto [all_code, all] = run("");
+  CHECK(all_code == 0);
+  for (const auto& k : pt::config::config_keys()) CHECK_THAT(all, Contains("  " + k.path() + "  ("));
+  const auto [code, parallel] = run("parallel");
+  CHECK(code == 0);
+  CHECK_THAT(parallel, Contains("parallel.zero_stage  (integer, default 0)") && !Contains("optim.lr"));
+  const auto [bad_code, bad] = run("no_such_key");
+  CHECK(bad_code == 2);
+  CHECK_THAT(bad, Contains("error: no config key matches 'no_such_key'; the sections are run, model"));
 }
