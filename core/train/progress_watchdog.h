@@ -59,6 +59,7 @@ class ProgressWatchdog {
 
   // The current limit in seconds: max(timeout, slow_factor * the longest gap between beats).
   double limit_s() const;
+  double slow_factor() const { return slow_factor_; }
   // Whether on_hang has been called.
   bool fired() const;
 

@@ -405,8 +405,8 @@ void Trainer::run() {
   };
   watchdog_ = start_rank_watchdog(cfg_.run.hang_timeout_s, world_);
   if (watchdog_ && lead)
-    std::printf("watchdog  | a rank without progress for %.0f s (or 4x its slowest step) ends the run "
-                "(run.hang_timeout_s)\n", watchdog_->limit_s());
+    std::printf("watchdog  | a rank without progress for %.0f s (or %gx its slowest step) ends the run "
+                "(run.hang_timeout_s)\n", watchdog_->limit_s(), watchdog_->slow_factor());
   bool stopped = false;
   while (step_ < total) {
     if (watchdog_) watchdog_->beat("step " + std::to_string(step_ + 1));
