@@ -122,8 +122,8 @@ std::unique_ptr<ProgressWatchdog> start_rank_watchdog(double hang_timeout_s, con
   if (timeout <= 0) return nullptr;
   const std::string who = world.size > 1 ? "rank " + std::to_string(world.rank) + ": " : "";
   return std::make_unique<ProgressWatchdog>(timeout, nccl_async_error, [who](const std::string& reason) {
-    std::fflush(stdout);
-    // One write, so the lines of several ranks sharing a terminal do not interleave.
+    // No fflush(stdout): the stuck thread may hold stdout's lock (a full pipe), and this must not
+    // wait on it. One write, so the lines of several ranks sharing a terminal do not interleave.
     std::cerr << ("error: " + who + reason +
                   ". Ending this rank (exit code 1); continue from the newest checkpoint with --set "
                   "checkpoint.resume=auto\n")
