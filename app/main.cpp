@@ -240,11 +240,9 @@ void add_keys_command(CLI::App& app, KeysArgs& a) {
 int run_keys(const KeysArgs& a) {
   const std::vector<pt::config::KeyDoc> docs = pt::config::parse_config_reference(pt::config::built_in_config_reference());
   const std::string text = pt::config::format_key_help(docs, a.filter);
-  if (text.empty()) {
-    std::string sections;
-    for (const std::string& s : pt::config::config_sections()) sections += (sections.empty() ? "" : ", ") + s;
-    throw pt::ConfigError("no config key matches '" + a.filter + "'; the sections are " + sections);
-  }
+  if (text.empty())
+    throw pt::ConfigError("no config key matches '" + a.filter + "'; the sections are " +
+                          pt::config::join_names(pt::config::config_sections()));
   std::fputs(text.c_str(), stdout);
   if (a.filter.empty())
     std::puts("\nSet a key with `picotrain train --config FILE --set section.key=value` (the value is read as JSON "

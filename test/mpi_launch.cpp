@@ -264,20 +264,16 @@ TEST_CASE("a rank that stops responding ends the run after run.hang_timeout_s in
                           " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   REQUIRE(p != nullptr);
-  std::string output;
-  char line[4096];
   int steps = 0;
-  while (steps < 3 && std::fgets(line, sizeof line, p)) {
-    output += line;
-    if (std::string(line).rfind("step ", 0) == 0) steps++;
-  }
+  std::string output = pt::test::read_until_step_lines(p, 3, &steps);
   INFO(output);
   REQUIRE(steps == 3);
   const std::vector<pid_t> ranks = picotrain_ranks(config);
   REQUIRE(ranks.size() == 2);
   const auto stopped_at = std::chrono::steady_clock::now();
   REQUIRE(kill(ranks[1], SIGSTOP) == 0);
-  while (size_t n = std::fread(line, 1, sizeof line, p)) output.append(line, n);
+  char buf[4096];
+  while (size_t n = std::fread(buf, 1, sizeof buf, p)) output.append(buf, n);
   const int status = pclose(p);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped_at).count();

@@ -66,12 +66,13 @@ inline Child start_train(const std::string& cfg, const std::vector<std::string>&
   return {pid, fdopen(fds[0], "r")};
 }
 
-// The child's stdout up to and including its `steps`-th step line (fewer if it ends first).
-inline std::string read_until_step_lines(Child& c, int steps, int* seen) {
+// A run's stdout (`out`: a Child's, or a popen'd launcher's) up to and including its
+// `steps`-th step line (fewer if it ends first).
+inline std::string read_until_step_lines(FILE* out, int steps, int* seen) {
   std::string log;
   *seen = 0;
   char line[1024];
-  while (*seen < steps && std::fgets(line, sizeof line, c.out)) {
+  while (*seen < steps && std::fgets(line, sizeof line, out)) {
     log += line;
     if (std::string(line).rfind("step ", 0) == 0) ++*seen;
   }

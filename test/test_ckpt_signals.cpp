@@ -88,7 +88,7 @@ TEST_CASE("SIGTERM mid-run: exit 0 with a checkpoint at that step; the resumed r
   // Stopped by SIGTERM once the third step is logged.
   Child run = start_train(cfg, {}, err);
   int steps_seen = 0;
-  std::string log = read_until_step_lines(run, 3, &steps_seen);
+  std::string log = read_until_step_lines(run.out, 3, &steps_seen);
   REQUIRE(steps_seen == 3);
   kill(run.pid, SIGTERM);
   log += drain(run.out);

@@ -21,6 +21,7 @@
 #include "core/config/config_keys.h"
 #include "core/config/config_reference.h"
 #include "core/config/run_config.h"
+#include "run_test_support.h"
 
 using Catch::Matchers::Contains;
 using nlohmann::json;
@@ -564,22 +565,14 @@ TEST_CASE("a bad config exits 2 with one error line naming the key", "[cli]") {
 
 TEST_CASE("picotrain keys explains the keys; a filter that matches none exits 2", "[cli]") {
   REQUIRE(fs::exists(PICOTRAIN_BIN));
-  TempDir tmp;
-  const fs::path out = tmp.path / "out.txt";
-  auto run = [&](const std::string& args) {
-    const std::string cmd = std::string("'") + PICOTRAIN_BIN + "' keys " + args + " >'" + out.string() + "' 2>&1";
-    const int status = std::system(cmd.c_str());
-    REQUIRE(WIFEXITED(status));
-    std::ifstream in(out);
-    return std::pair{WEXITSTATUS(status), std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>())};
-  };
-  const auto [all_code, all] = run("");
-  CHECK(all_code == 0);
-  for (const auto& k : pt::config::config_keys()) CHECK_THAT(all, Contains("  " + k.path() + "  ("));
-  const auto [code, parallel] = run("parallel");
-  CHECK(code == 0);
-  CHECK_THAT(parallel, Contains("parallel.zero_stage  (integer, default 0)") && !Contains("optim.lr"));
-  const auto [bad_code, bad] = run("no_such_key");
-  CHECK(bad_code == 2);
-  CHECK_THAT(bad, Contains("error: no config key matches 'no_such_key'; the sections are run, model"));
+  auto keys = [](const std::string& args) { return pt::test::run_command(std::string(PICOTRAIN_BIN) + " keys " + args); };
+  const pt::test::Launch all = keys("");
+  CHECK(all.exit_code == 0);
+  for (const auto& k : pt::config::config_keys()) CHECK_THAT(all.output, Contains("  " + k.path() + "  ("));
+  const pt::test::Launch parallel = keys("parallel");
+  CHECK(parallel.exit_code == 0);
+  CHECK_THAT(parallel.output, Contains("parallel.zero_stage  (integer, default 0)") && !Contains("optim.lr"));
+  const pt::test::Launch bad = keys("no_such_key");
+  CHECK(bad.exit_code == 2);
+  CHECK_THAT(bad.output, Contains("error: no config key matches 'no_such_key'; the sections are run, model"));
 }

@@ -345,7 +345,7 @@ TEST_CASE("a run stopped by SIGTERM reports the stop; resumed, it reports the wh
   const std::string err = (fx.dir / "stderr.txt").string();
   Child run = start_train(cfg, {}, err);
   int seen = 0;
-  read_until_step_lines(run, 3, &seen);
+  read_until_step_lines(run.out, 3, &seen);
   REQUIRE(seen == 3);
   kill(run.pid, SIGTERM);
   const std::string log = drain(run.out);
@@ -380,7 +380,7 @@ TEST_CASE("a crashed run (SIGKILL) counts as a crashed session once resumed", "[
   const std::string err = (fx.dir / "stderr.txt").string();
   Child run = start_train(cfg, {}, err);
   int seen = 0;
-  read_until_step_lines(run, 9, &seen);  // past the checkpoint of step 8
+  read_until_step_lines(run.out, 9, &seen);  // past the checkpoint of step 8
   REQUIRE(seen == 9);
   kill(run.pid, SIGKILL);
   drain(run.out);

@@ -145,9 +145,7 @@ auto in_interval(double lo, double hi, const char* brackets) {
 auto one_of(std::vector<std::string> allowed) {
   return [allowed](const std::string& v) {
     if (std::find(allowed.begin(), allowed.end(), v) != allowed.end()) return std::string();
-    std::string list;
-    for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
-    return "must be one of " + list;
+    return "must be one of " + join_names(allowed);
   };
 }
 
@@ -306,13 +304,13 @@ std::vector<ConfigKey> build_table() {
   return k;
 }
 
+}  // namespace
+
 std::string join_names(const std::vector<std::string>& names) {
   std::string out;
   for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
   return out;
 }
-
-}  // namespace
 
 const std::vector<ConfigKey>& config_keys() {
   static const std::vector<ConfigKey> keys = build_table();

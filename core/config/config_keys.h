@@ -33,6 +33,9 @@ const std::vector<ConfigKey>& config_keys();
 // The section names, in order.
 const std::vector<std::string>& config_sections();
 
+// "a, b, c": names listed in messages.
+std::string join_names(const std::vector<std::string>& names);
+
 // Throws ConfigError listing the valid sections when `section` is not one of them.
 void check_section(const std::string& section);
 
