@@ -10,7 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "app/number_flags.h"
 #include "core/ckpt/llmc_model_file.h"
+#include "core/common/console.h"
 #include "core/common/error.h"
 #include "core/config/config_keys.h"
 #include "core/config/config_reference.h"
@@ -74,13 +76,13 @@ void add_prepare_command(CLI::App& app, pt::PrepareOptions& o) {
       ->required();
   cmd->add_option("--name", o.name, "Shard name prefix")->capture_default_str();
   cmd->add_option("--val-fraction", o.val_fraction, "Fraction of tokens held out for validation")
-      ->check(CLI::Range(0.0, 0.5))
+      ->check(pt::cli::between(0.0, 0.5))
       ->capture_default_str();
   cmd->add_option("--shard-tokens", o.shard_tokens, "Maximum tokens per shard file")
-      ->check(CLI::PositiveNumber)
+      ->check(pt::cli::whole_at_least(1))
       ->capture_default_str();
   cmd->add_option("--threads", o.threads, "Encoding threads; 0: one per core (the output is the same for any count)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(pt::cli::whole_at_least(0, "0: one per core"))
       ->capture_default_str();
 }
 
@@ -112,27 +114,14 @@ int run_convert(const ConvertArgs& a) {
   if (fs::is_directory(a.from)) {
     const auto dtype = a.dtype == "bf16" ? pt::ckpt::LlmcDtype::bf16 : pt::ckpt::LlmcDtype::f32;
     const std::string src = pt::ckpt::export_llmc(a.from, a.to, dtype);
-    std::printf("exported %s to %s (llm.c model file, %s)\n", src.c_str(), a.to.c_str(), a.dtype.c_str());
+    pt::print_linef(pt::Stream::out, "exported %s to %s (llm.c model file, %s)", src.c_str(), a.to.c_str(), a.dtype.c_str());
     return 0;
   }
   if (a.dtype_option->count() > 0)
     throw pt::ConfigError("convert --dtype applies to export only (an llm.c file's own version says its dtype)");
   const std::string dst = pt::ckpt::import_llmc(a.from, a.to);
-  std::printf("imported %s into %s (weights only, step 0)\n", a.from.c_str(), dst.c_str());
+  pt::print_linef(pt::Stream::out, "imported %s into %s (weights only, step 0)", a.from.c_str(), dst.c_str());
   return 0;
-}
-
-// A number >= 0, with a message that says so (CLI11's NonNegativeNumber prints the range up to
-// DBL_MAX in full).
-CLI::Validator at_least_zero(const std::string& meaning) {
-  return CLI::Validator(
-      [meaning](std::string& v) -> std::string {
-        char* end = nullptr;
-        const double x = std::strtod(v.c_str(), &end);
-        if (v.empty() || *end != '\0') return "value " + v + " is not a number";
-        return x >= 0 ? std::string() : "value " + v + " must be >= 0 (" + meaning + ")";
-      },
-      "NUMBER >= 0");
 }
 
 struct SampleArgs {
@@ -154,16 +143,17 @@ void add_sample_command(CLI::App& app, SampleArgs& a) {
                   "scratch")
       ->capture_default_str();
   cmd->add_option("-n,--tokens", c.options.max_new_tokens, "Tokens to sample")
-      ->check(at_least_zero("0: print the prompt alone"))
+      ->check(pt::cli::whole_at_least(0, "0: print the prompt alone"))
       ->capture_default_str();
   cmd->add_option("--temperature,-t", c.options.temperature,
                   "Softmax temperature; 0: greedy (always the most likely token)")
-      ->check(at_least_zero("0: greedy"))
+      ->check(pt::cli::at_least(0, "0: greedy"))
       ->capture_default_str();
   cmd->add_option("--top-k,-k", c.options.top_k, "Sample among the K most likely tokens; 0: all of them")
-      ->check(at_least_zero("0: all tokens"))
+      ->check(pt::cli::whole_at_least(0, "0: all tokens"))
       ->capture_default_str();
   cmd->add_option("--seed", c.options.seed, "Seed of the sampling stream: the same seed gives the same text")
+      ->check(pt::cli::whole_at_least(0))
       ->capture_default_str();
   cmd->add_option("--tokenizer", c.tokenizer,
                   "bytes or gpt2; default: by the model's vocabulary (256: bytes, 50257: gpt2)")
@@ -178,7 +168,7 @@ void add_sample_command(CLI::App& app, SampleArgs& a) {
 int run_sample(SampleArgs a) {
   a.cmd.device = resolve_device(a.device);
   a.cmd.stop_at_eot = !a.ignore_eot;
-  pt::run_sample_command(a.cmd, stdout, stderr);
+  pt::run_sample_command(a.cmd, stdout);
   return 0;
 }
 
@@ -199,29 +189,29 @@ void add_plan_command(CLI::App& app, PlanArgs& a) {
                   "recompute.mode=selective); parallel.dp/tp/pp/cp are set by the plan for each layout");
   cmd->add_option("--gpus,-n", a.gpus, "GPUs (ranks) in all: every dp*tp*pp*cp = N is considered")
       ->required()
-      ->check(CLI::PositiveNumber);
+      ->check(pt::cli::whole_at_least(1));
   cmd->add_option("--gpus-per-node", a.hw.gpus_per_node,
                   "GPUs per node: a group whose ranks span nodes runs at --network-gbps (ranks fill nodes in order, "
                   "placed on the grid by parallel.order); layouts with tp inside a node are listed first")
-      ->check(CLI::PositiveNumber)
+      ->check(pt::cli::whole_at_least(1))
       ->capture_default_str();
   cmd->add_option("--gpu-memory-gib", a.hw.gpu_memory_gib,
                   "Memory of one GPU in GiB; a layout whose largest stage needs more does not fit (H100: 80)")
-      ->check(CLI::PositiveNumber)
+      ->check(pt::cli::above(0))
       ->capture_default_str();
   cmd->add_option("--nvlink-gbps", a.hw.nvlink_gbps,
                   "Bandwidth inside a node, GB/s (gigabytes) per GPU, one way (H100 NVLink 4: 450)")
-      ->check(CLI::PositiveNumber)
+      ->check(pt::cli::above(0))
       ->capture_default_str();
   cmd->add_option("--network-gbps", a.hw.network_gbps,
                   "Bandwidth between nodes, GB/s per GPU, one way (one 400 Gb/s InfiniBand NIC per GPU: 50)")
-      ->check(CLI::PositiveNumber)
+      ->check(pt::cli::above(0))
       ->capture_default_str();
   cmd->add_option("--peak-tflops", a.hw.peak_tflops, "Dense bf16 peak of one GPU in TFLOP/s (H100 SXM: 989.4)")
-      ->check(CLI::PositiveNumber)
+      ->check(pt::cli::above(0))
       ->capture_default_str();
   cmd->add_option("--mfu", a.hw.mfu, "Share of the peak the compute reaches, in (0, 1]; scales every compute time")
-      ->check(CLI::Range(1e-6, 1.0))
+      ->check(pt::cli::above_up_to(0.0, 1.0))
       ->capture_default_str();
 }
 
@@ -239,21 +229,21 @@ void add_keys_command(CLI::App& app, KeysArgs& a) {
 
 int run_keys(const KeysArgs& a) {
   const std::vector<pt::config::KeyDoc> docs = pt::config::parse_config_reference(pt::config::built_in_config_reference());
-  const std::string text = pt::config::format_key_help(docs, a.filter);
+  std::string text = pt::config::format_key_help(docs, a.filter);
   if (text.empty())
     throw pt::ConfigError("no config key matches '" + a.filter + "'; the sections are " +
                           pt::config::join_names(pt::config::config_sections()));
-  std::fputs(text.c_str(), stdout);
   if (a.filter.empty())
-    std::puts("\nSet a key with `picotrain train --config FILE --set section.key=value` (the value is read as JSON "
-              "when it parses, else as text). README.md's \"Configuration reference\" has the rules shared by "
-              "every key (unknown keys, derived keys, the resolved config.json).");
+    text += "\nSet a key with `picotrain train --config FILE --set section.key=value` (the value is read as JSON "
+            "when it parses, else as text). README.md's \"Configuration reference\" has the rules shared by "
+            "every key (unknown keys, derived keys, the resolved config.json).";
+  pt::print_line(pt::Stream::out, text);
   return 0;
 }
 
 int run_plan(const PlanArgs& a) {
   const pt::Plan plan = pt::make_plan(a.config, a.overrides, a.gpus, a.hw);
-  std::fputs(pt::format_plan(plan, a.hw, a.config).c_str(), stdout);
+  pt::print_line(pt::Stream::out, pt::format_plan(plan, a.hw, a.config));
   return 0;
 }
 
@@ -281,8 +271,9 @@ int run_train(const TrainArgs& a, const pt::World& world) {
 
 int run_prepare(const pt::PrepareOptions& o) {
   const pt::PrepareResult r = pt::prepare_dataset(o);
-  std::printf("prepared %llu train and %llu val tokens in %zu file(s) under %s (%llu documents, %.1f MB of text, "
-              "%.1f MB/s)\n",
+  pt::print_linef(pt::Stream::out,
+              "prepared %llu train and %llu val tokens in %zu file(s) under %s (%llu documents, %.1f MB of text, "
+              "%.1f MB/s)",
               static_cast<unsigned long long>(r.train_tokens), static_cast<unsigned long long>(r.val_tokens),
               r.files.size(), o.out_dir.c_str(), static_cast<unsigned long long>(r.documents),
               static_cast<double>(r.text_bytes) / 1e6,
@@ -297,9 +288,8 @@ int main(int argc, char** argv) {
   // Errors are printed by every rank, prefixed with the rank when there are several.
   const std::string who = world.size > 1 ? "rank " + std::to_string(world.rank) + ": " : "";
   auto fail = [&](const std::string& msg, int code) {
-    std::fflush(stdout);
-    // One write per line, so the lines of several ranks sharing a terminal do not interleave.
-    std::cerr << ("error: " + who + msg + "\n") << std::flush;
+    std::fflush(stdout);  // `picotrain sample` streams its text through stdio
+    pt::print_error(who + msg);
     // Once ranks wait on each other in collectives, the others would wait for this one forever.
     if (pt::ranks_in_lockstep()) pt::abort_world(code);
     pt::finalize_world();
@@ -332,7 +322,7 @@ int main(int argc, char** argv) {
     pt::finalize_world();
     return rc;
   } catch (const CLI::ParseError& e) {
-    return fail(e.what(), 2);
+    return fail(pt::cli::words_for(e), 2);
   }
 
   try {

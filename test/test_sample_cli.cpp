@@ -178,9 +178,9 @@ TEST_CASE("picotrain sample: bad arguments exit 2 with one error line", "[sample
   check_error("--checkpoint " + q((fx.dir / "nope").string()) + " --prompt x", "nope");
   check_error("--prompt x", "--checkpoint");
   check_error("--checkpoint " + q(fx.dir.string()) + " --prompt x", fx.dir.string());  // not a checkpoint
-  check_error("--checkpoint " + q(ckpt) + " --temperature -1", "--temperature: value -1 must be >= 0 (0: greedy)");
+  check_error("--checkpoint " + q(ckpt) + " --temperature -1", "--temperature must be >= 0, got -1 (0: greedy)");
   check_error("--checkpoint " + q(ckpt) + " --top-k -2", "--top-k");
-  check_error("--checkpoint " + q(ckpt) + " -n -5", "--tokens: value -5 must be >= 0");
+  check_error("--checkpoint " + q(ckpt) + " -n -5", "--tokens must be >= 0, got -5");
   check_error("--checkpoint " + q(ckpt) + " --tokenizer words", "--tokenizer");
   check_error("--checkpoint " + q(ckpt) + " --tokenizer gpt2 --tokenizer-dir " + q(gpt2_dir()), "50257");
 }

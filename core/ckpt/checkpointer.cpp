@@ -13,6 +13,7 @@
 #include "core/ckpt/tp_chunks.h"
 #include "core/dist/coordination.h"
 #include "core/train/lr_schedule.h"
+#include "core/common/console.h"
 
 namespace pt::ckpt {
 
@@ -66,10 +67,7 @@ void Checkpointer::set_ranks(Comm* world, bool writes_shard) {
 
 void Checkpointer::warn(const std::string& msg) {
   // Every rank sees the same directory and makes the same decisions: rank 0 speaks for them.
-  if (!world_ || world_->rank() == 0) {
-    std::fflush(stdout);
-    std::cerr << "warning: " << msg << std::endl;
-  }
+  if (!world_ || world_->rank() == 0) print_warning(msg);
   warnings_.push_back(msg);
 }
 

@@ -14,6 +14,7 @@
 #include "core/data/prepare_progress.h"
 #include "core/data/prepare_shard_writer.h"
 #include "core/data/shard.h"
+#include "core/common/console.h"
 
 namespace pt {
 
@@ -60,8 +61,8 @@ std::vector<std::optional<DocumentCount>> count_documents(const std::vector<Inpu
   }
   if (!need_all || to_read == 0) return counts;
   if (to_read > (uint64_t{64} << 20))
-    std::fprintf(stderr, "prepare: reading %.1f MB of .gz/JSONL input once to size the val split\n",
-                 static_cast<double>(to_read) / 1e6);
+    print_linef(Stream::err, "prepare: reading %.1f MB of .gz/JSONL input once to size the val split",
+                static_cast<double>(to_read) / 1e6);
   IgnoreDocuments ignore;
   for (size_t i = 0; i < files.size(); ++i)
     if (!counts[i]) counts[i] = read_documents(files[i], ignore);
@@ -149,8 +150,8 @@ PrepareResult prepare_dataset(const PrepareOptions& opts) {
   result.train_tokens = train.tokens();
   result.seconds = progress.seconds();
   if (result.train_tokens == 0)
-    std::fprintf(stderr, "prepare: warning: every token fell into val (the input is too small for the split); "
-                         "lower --val-fraction or add text\n");
+    print_line(Stream::err, "prepare: warning: every token fell into val (the input is too small for the split); "
+                            "lower --val-fraction or add text");
   return result;
 }
 

@@ -1,4 +1,5 @@
 #include "core/data/prepare_progress.h"
+#include "core/common/console.h"
 
 #include <unistd.h>
 
@@ -36,10 +37,9 @@ void PrepareProgress::print(uint64_t disk_done, uint64_t text_bytes, uint64_t to
   } else if (last) {
     std::snprintf(eta, sizeof(eta), " | %.1f s", secs);
   }
-  std::fprintf(stderr, "%sprepare: %3.0f%% of %.1f MB | %.1f MB text | %.2f M tokens | %.1f MB/s%s%s",
-               tty_ ? "\r" : "", 100.0 * frac, static_cast<double>(disk_total_) / 1e6, text_mb,
-               static_cast<double>(tokens) / 1e6, rate, eta, tty_ && !last ? "   " : "\n");
-  std::fflush(stderr);
+  print_text(Stream::err, format("%sprepare: %3.0f%% of %.1f MB | %.1f MB text | %.2f M tokens | %.1f MB/s%s%s",
+                                 tty_ ? "\r" : "", 100.0 * frac, static_cast<double>(disk_total_) / 1e6, text_mb,
+                                 static_cast<double>(tokens) / 1e6, rate, eta, tty_ && !last ? "   " : "\n"));
 }
 
 }  // namespace pt

@@ -5,6 +5,7 @@
 
 #include "core/common/error.h"
 #include "core/data/shard.h"
+#include "core/common/console.h"
 
 namespace pt {
 
@@ -59,7 +60,7 @@ void ShardWriter::remove_stale() const {
     const std::string digits = f.substr(prefix.size(), 6);
     if (!std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) continue;
     if (std::stoull(digits) < shards_) continue;
-    std::fprintf(stderr, "prepare: removing stale shard %s from an earlier run\n", p.c_str());
+    print_line(Stream::err, "prepare: removing stale shard " + p.string() + " from an earlier run");
     std::error_code rm;
     if (!fs::remove(p, rm) && rm)
       throw RuntimeError("prepare: cannot remove stale shard " + p.string() + ": " + rm.message());

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/common/error.h"
+#include "core/common/console.h"
 
 namespace pt {
 
@@ -64,7 +65,7 @@ std::string MetricsLog::step_line(const StepMetrics& m) const {
 }
 
 void MetricsLog::log(const StepMetrics& m) {
-  std::cout << step_line(m) << std::endl;
+  print_line(Stream::out, step_line(m));
   nlohmann::json j = {{"step", m.step},
                       {"loss", m.loss},
                       {"lr", m.lr},

@@ -11,6 +11,7 @@
 #include "core/model/gpt2_decoder.h"
 #include "core/model/param_table.h"
 #include "core/tokenizer/gpt2_tokenizer.h"
+#include "core/common/console.h"
 
 namespace pt {
 
@@ -51,7 +52,7 @@ std::string describe(const SampleOptions& o) {
 
 }  // namespace
 
-void run_sample_command(const SampleCommand& c, std::FILE* out, std::FILE* info) {
+void run_sample_command(const SampleCommand& c, std::FILE* out) {
   if (c.options.temperature < 0)
     throw ConfigError("sample --temperature " + std::to_string(c.options.temperature) + " must be >= 0 (0: greedy)");
   if (c.options.top_k < 0) throw ConfigError("sample --top-k " + std::to_string(c.options.top_k) + " must be >= 0 (0: all)");
@@ -75,11 +76,12 @@ void run_sample_command(const SampleCommand& c, std::FILE* out, std::FILE* info)
   o.stop_token = c.stop_at_eot ? end_of_text(*tok) : -1;
   const std::vector<int32_t> context = prompt_context(*tok, c.prompt);
   const auto ops = make_ops(c.device);
-  std::fprintf(info, "sample    | %s: gpt2, %d layers, d_model %d, %d heads, vocab %d, max_seq_len %d; %s tokenizer; "
-                     "%d tokens, %s; %s\n",
-               w.dir.c_str(), m.n_layers, m.d_model, m.n_heads, m.vocab_size, m.max_seq_len, name.c_str(),
-               o.max_new_tokens, describe(o).c_str(), ops->device_description().c_str());
-  std::fflush(info);
+  std::fflush(out);  // nothing of `out` may follow the info line out of order
+  print_linef(Stream::err,
+              "sample    | %s: gpt2, %d layers, d_model %d, %d heads, vocab %d, max_seq_len %d; %s tokenizer; "
+              "%d tokens, %s; %s",
+              w.dir.c_str(), m.n_layers, m.d_model, m.n_heads, m.vocab_size, m.max_seq_len, name.c_str(),
+              o.max_new_tokens, describe(o).c_str(), ops->device_description().c_str());
 
   Gpt2Decoder decoder(m, w.weights.data(), *ops);
   std::fwrite(c.prompt.data(), 1, c.prompt.size(), out);
@@ -108,14 +110,15 @@ std::shared_ptr<const Tokenizer> training_tokenizer(int vocab_size) {
   std::shared_ptr<const Tokenizer> tok;
   const std::string name = tokenizer_for_vocab(vocab_size);
   if (name.empty()) {
-    std::printf("warning   | logging.sample_every: model.vocab_size=%d is neither the byte tokenizer's (256) nor "
-                "GPT-2's (50257), so there is no tokenizer to print samples with; skipping them\n",
+    print_linef(Stream::out,
+                "warning   | logging.sample_every: model.vocab_size=%d is neither the byte tokenizer's (256) nor "
+                "GPT-2's (50257), so there is no tokenizer to print samples with; skipping them",
                 vocab_size);
   } else {
     try {
       tok = make_tokenizer(name);
     } catch (const std::exception& e) {
-      std::printf("warning   | logging.sample_every: skipping samples: %s\n", e.what());
+      print_line(Stream::out, std::string("warning   | logging.sample_every: skipping samples: ") + e.what());
     }
   }
   loaded[vocab_size] = tok;
@@ -131,8 +134,7 @@ void print_block(const std::string& header, const std::string& text) {
     out += "          | " + text.substr(at, end - at) + "\n";
     at = end + 1;
   } while (at <= text.size());
-  std::fwrite(out.data(), 1, out.size(), stdout);
-  std::fflush(stdout);
+  print_line(Stream::out, out);  // the whole block in one write
 }
 
 }  // namespace

@@ -33,10 +33,10 @@ struct SampleCommand {
 };
 
 // picotrain sample: loads the master weights of the checkpoint, prints a description of the
-// model and the sampling to `info`, then to `out` the prompt and each piece of the continuation
+// model and the sampling to stderr (one line), then to `out` the prompt and each piece of the continuation
 // as soon as it is a whole UTF-8 text (flushed per token), and a final newline. Throws
 // ConfigError for bad arguments (no checkpoint there, a tokenizer that does not fit the model).
-void run_sample_command(const SampleCommand& c, std::FILE* out, std::FILE* info);
+void run_sample_command(const SampleCommand& c, std::FILE* out);
 
 // The weights of the checkpoint at `path` (resolved as checkpoint.resume resolves a path):
 // the model shape from its manifest and the fp32 master weights in ParamTable order.

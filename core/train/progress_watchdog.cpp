@@ -7,6 +7,7 @@
 
 #include "core/common/error.h"
 #include "core/dist/gpu_comm.h"
+#include "core/common/console.h"
 
 namespace pt {
 
@@ -122,12 +123,11 @@ std::unique_ptr<ProgressWatchdog> start_rank_watchdog(double hang_timeout_s, con
   if (timeout <= 0) return nullptr;
   const std::string who = world.size > 1 ? "rank " + std::to_string(world.rank) + ": " : "";
   return std::make_unique<ProgressWatchdog>(timeout, nccl_async_error, [who](const std::string& reason) {
-    // No fflush(stdout): the stuck thread may hold stdout's lock (a full pipe), and this must not
-    // wait on it. One write, so the lines of several ranks sharing a terminal do not interleave.
-    std::cerr << ("error: " + who + reason +
-                  ". Ending this rank (exit code 1); continue from the newest checkpoint with --set "
-                  "checkpoint.resume=auto\n")
-              << std::flush;
+    // print_error takes no stdio lock: the stuck thread may hold stdout's (a full pipe), and this
+    // must not wait on it. One write, so the lines of several ranks sharing a terminal stay whole.
+    print_error(who + reason +
+                ". Ending this rank (exit code 1); continue from the newest checkpoint with --set "
+                "checkpoint.resume=auto");
     std::_Exit(1);
   });
 }

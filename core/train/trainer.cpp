@@ -4,9 +4,9 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <iostream>
 
 #include "core/ckpt/stop_signal.h"
+#include "core/common/console.h"
 #include "core/metrics/flops.h"
 #include "core/metrics/peak_probe.h"
 #include "core/model/sample_run.h"
@@ -241,58 +241,60 @@ double Trainer::evaluate() {
 void Trainer::print_startup() const {
   const auto& m = cfg_.model;
   const auto& b = cfg_.batch;
-  std::printf("picotrain | run %s -> %s\n", cfg_.run.name.c_str(), cfg_.run.out_dir.c_str());
-  std::printf("device    | %s\n", ops_.device_description().c_str());
+  const auto out = Stream::out;
+  print_linef(out, "picotrain | run %s -> %s", cfg_.run.name.c_str(), cfg_.run.out_dir.c_str());
+  print_linef(out, "device    | %s", ops_.device_description().c_str());
   if (world_.size > 1)
-    std::printf("comm      | %s: %s\n", comm_backend_name(groups_.backend.backend), groups_.backend.reason.c_str());
-  std::printf("model     | %s: %d layers, d_model %d, %d heads, vocab %d (padded %d), max_seq_len %d, %.2fM params\n",
+    print_linef(out, "comm      | %s: %s", comm_backend_name(groups_.backend.backend), groups_.backend.reason.c_str());
+  print_linef(out, "model     | %s: %d layers, d_model %d, %d heads, vocab %d (padded %d), max_seq_len %d, %.2fM params",
               m.arch.c_str(), m.n_layers, m.d_model, m.n_heads, m.vocab_size, m.padded_vocab, m.max_seq_len,
               table_.total_numel() / 1e6);
-  std::printf("batch     | %d x %d tokens per micro-batch, %d accumulation steps, %lld tokens per step\n",
+  print_linef(out, "batch     | %d x %d tokens per micro-batch, %d accumulation steps, %lld tokens per step",
               b.micro_batch_size, b.seq_len, b.grad_accum_steps, static_cast<long long>(sequences_per_step() * b.seq_len));
   // The layout: degrees, every rank's coordinates and the groups (compact, long lists elided).
   const std::string layout = grid_->describe();
   for (size_t at = 0, n = 0; at < layout.size(); n++) {
     const size_t end = std::min(layout.find('\n', at), layout.size());
-    std::printf("%s| %s\n", n == 0 ? "layout    " : "          ", layout.substr(at, end - at).c_str());
+    print_linef(out, "%s| %s", n == 0 ? "layout    " : "          ", layout.substr(at, end - at).c_str());
     at = end + 1;
   }
-  std::printf("          | ZeRO-%d, gradients reduced in %zu bucket(s) of <= %g MiB%s\n", store_->layout().zero_stage(),
+  print_linef(out, "          | ZeRO-%d, gradients reduced in %zu bucket(s) of <= %g MiB%s", store_->layout().zero_stage(),
               store_->layout().buckets().size(), cfg_.parallel.grad_bucket_mb,
               store_->layout().zero_stage() >= 2 ? " (one layer each under ZeRO-2/3)" : "");
   const auto& par = cfg_.parallel;
   const Recompute recompute = parse_recompute(cfg_.recompute.mode);
   if (par.pp > 1) {
     const PipeSchedule kind = parse_pipe_schedule(par.pp_schedule);
-    std::printf("pipeline  | %s over pp %d", par.pp_schedule.c_str(), par.pp);
-    if (par.pp_virtual_stages > 1) std::printf(" x %d virtual stages", par.pp_virtual_stages);
+    std::string line = format("pipeline  | %s over pp %d", par.pp_schedule.c_str(), par.pp);
+    if (par.pp_virtual_stages > 1) line += format(" x %d virtual stages", par.pp_virtual_stages);
     // The step line measures the bubble as a fraction of the step; the formula gives both.
-    std::printf(", %d micro-batches per step; bubble by the formula %.1f%% of compute time, %.1f%% of the step\n",
-                b.grad_accum_steps, 100.0 * pipeline_bubble_ratio(kind, par.pp, par.pp_virtual_stages, b.grad_accum_steps),
-                100.0 * pipeline_bubble_fraction(kind, par.pp, par.pp_virtual_stages, b.grad_accum_steps));
+    line += format(", %d micro-batches per step; bubble by the formula %.1f%% of compute time, %.1f%% of the step",
+                   b.grad_accum_steps, 100.0 * pipeline_bubble_ratio(kind, par.pp, par.pp_virtual_stages, b.grad_accum_steps),
+                   100.0 * pipeline_bubble_fraction(kind, par.pp, par.pp_virtual_stages, b.grad_accum_steps));
+    print_line(out, line);
   }
   // Every rank of a pipeline stage holds the same bytes (shards are padded to equal sizes); the
   // stages differ, so each gets a line, from the shapes alone (what `picotrain plan` prints).
   for (const StageMemory& st : plan_stage_memory(cfg_, table_, ops_.compute_dtype())) {
-    if (par.pp > 1) std::printf("stage %-4d| %s\n", st.pp_rank, st.chunks.c_str());
-    std::printf("memory    | %s%s, recompute %s\n",
+    if (par.pp > 1) print_linef(out, "stage %-4d| %s", st.pp_rank, st.chunks.c_str());
+    print_linef(out, "memory    | %s%s, recompute %s",
                 world_.size > 1 ? (par.pp > 1 ? "per rank of this stage, " : "per rank (all ranks equal), ") : "",
                 st.plan.describe().c_str(), to_string(recompute));
   }
-  std::printf("data      | train %zu file(s), %llu tokens", train_data_->files().size(),
-              static_cast<unsigned long long>(train_data_->total_tokens()));
+  std::string data = format("data      | train %zu file(s), %llu tokens", train_data_->files().size(),
+                            static_cast<unsigned long long>(train_data_->total_tokens()));
   if (val_data_)
-    std::printf("; val %zu file(s), %llu tokens", val_data_->files().size(),
-                static_cast<unsigned long long>(val_data_->total_tokens()));
-  std::printf("\n");
+    data += format("; val %zu file(s), %llu tokens", val_data_->files().size(),
+                   static_cast<unsigned long long>(val_data_->total_tokens()));
+  print_line(out, data);
   const auto& ck = cfg_.checkpoint;
   const std::string when =
       ck.every_steps > 0 ? "every " + std::to_string(ck.every_steps) + " steps and at the end" : "on stop signals only";
-  std::printf("checkpoint| %s into %s, keeping the newest %d", when.c_str(), ck.dir.c_str(), ck.keep_latest);
-  if (ck.keep_every > 0) std::printf(" and every multiple of %d", ck.keep_every);
+  std::string ckpt = format("checkpoint| %s into %s, keeping the newest %d", when.c_str(), ck.dir.c_str(), ck.keep_latest);
+  if (ck.keep_every > 0) ckpt += format(" and every multiple of %d", ck.keep_every);
   if (!ckpt_->resumed_from().empty())
-    std::printf("; resumed at step %d from %s", step_, ckpt_->resumed_from().c_str());
-  std::printf("\n");
+    ckpt += format("; resumed at step %d from %s", step_, ckpt_->resumed_from().c_str());
+  print_line(out, ckpt);
 }
 
 std::string Trainer::save_checkpoint() {
@@ -303,8 +305,7 @@ std::string Trainer::save_checkpoint() {
   const double seconds = seconds_since(t0);
   time_.checkpoint += seconds;
   time_.checkpoints++;
-  if (world_.rank == 0) std::printf("checkpoint| step %d saved to %s (%.2f s)\n", step_, path.c_str(), seconds);
-  std::fflush(stdout);
+  if (world_.rank == 0) print_linef(Stream::out, "checkpoint| step %d saved to %s (%.2f s)", step_, path.c_str(), seconds);
   return path;
 }
 
@@ -318,11 +319,11 @@ bool Trainer::checkpoint_if_due(bool run_finished) {
   if ((stop || final_save || ckpt_->due(step_)) && step_ > 0 && ckpt_->step_on_disk() != step_) save_checkpoint();
   if (stop && world_.rank == 0) {
     const int sig = ckpt::stop_signal();
-    std::printf("stopped   | %s after step %d/%d: the checkpoint of step %d is in %s; continue with --set "
-                "checkpoint.resume=auto\n",
+    print_linef(Stream::out,
+                "stopped   | %s after step %d/%d: the checkpoint of step %d is in %s; continue with --set "
+                "checkpoint.resume=auto",
                 sig ? ckpt::signal_name(sig) : "a signal to another rank", step_, cfg_.schedule.total_steps, step_,
                 cfg_.checkpoint.dir.c_str());
-    std::fflush(stdout);
   }
   return stop;
 }
@@ -355,17 +356,16 @@ void Trainer::run() {
   }
   const double flops_tok = flops_per_token(table_, cfg_.model, cfg_.batch.seq_len, lg.flops_formula);
   const std::string flops_formula = flops_formula_description(table_, cfg_.model, lg.flops_formula);
-  if (lead) std::printf("mfu       | %s; peak %.4f TFLOP/s (%s)\n", flops_formula.c_str(), peak, peak_source.c_str());
-  std::fflush(stdout);
+  if (lead) print_linef(Stream::out, "mfu       | %s; peak %.4f TFLOP/s (%s)", flops_formula.c_str(), peak, peak_source.c_str());
   const auto& par = cfg_.parallel;
   if (lead && par.pp > 1)
     if (const auto w = pipeline_bubble_warning(parse_pipe_schedule(par.pp_schedule), par.pp, par.pp_virtual_stages,
                                                cfg_.batch.grad_accum_steps))
-      std::cerr << "warning: " << *w << std::endl;
+      print_warning(*w);
   if (lead && par.pp > 1 && lg.sample_every > 0)
-    std::cerr << "warning: logging.sample_every=" << lg.sample_every
-              << ": in-training samples need the whole model on one rank and are skipped with parallel.pp="
-              << par.pp << " (sample from a checkpoint with `picotrain sample`)" << std::endl;
+    print_warning(format("logging.sample_every=%d: in-training samples need the whole model on one rank and are "
+                         "skipped with parallel.pp=%d (sample from a checkpoint with `picotrain sample`)",
+                         lg.sample_every, par.pp));
 
   const std::string metrics_path = (std::filesystem::path(cfg_.run.out_dir) / lg.metrics_file).string();
   // A resumed run continues its metrics file: the records up to the checkpoint's step are kept
@@ -405,8 +405,8 @@ void Trainer::run() {
   };
   watchdog_ = start_rank_watchdog(cfg_.run.hang_timeout_s, world_);
   if (watchdog_ && lead)
-    std::printf("watchdog  | a rank without progress for %.0f s (or %gx its slowest step) ends the run "
-                "(run.hang_timeout_s)\n", watchdog_->limit_s(), watchdog_->slow_factor());
+    print_linef(Stream::out, "watchdog  | a rank without progress for %.0f s (or %gx its slowest step) ends the run "
+                "(run.hang_timeout_s)", watchdog_->limit_s(), watchdog_->slow_factor());
   bool stopped = false;
   while (step_ < total) {
     if (watchdog_) watchdog_->beat("step " + std::to_string(step_ + 1));
@@ -432,12 +432,12 @@ void Trainer::run() {
       const size_t plan = plan_stage_memory(cfg_, table_, ops_.compute_dtype())[coord_.pp].plan.total();
       summary.memory_measured = "step " + std::to_string(step_) + (world_.size > 1 ? " on rank 0" : "") + ": " +
                                 describe_memory_use(ops_.memory_use(), plan);
-      std::printf("memory    | %s\n", summary.memory_measured.c_str());
+      print_line(Stream::out, "memory    | " + summary.memory_measured);
     }
     // The first step after warm-up: where a step's time goes on the device (every logged step's
     // split is in metrics.jsonl, the session's in the report).
     if (step_ == first_step + 2 && lead)
-      std::printf("phases    | step %d, %.1f ms: %s\n", step_, dt * 1e3,
+      print_linef(Stream::out, "phases    | step %d, %.1f ms: %s", step_, dt * 1e3,
                   describe_phases(r.phases, dt * 1e3, step_data_s_ * 1e3).c_str());
     if (step_ > first_step + 1) {
       timed_seconds += dt;
@@ -482,8 +482,8 @@ void Trainer::run() {
   write_session_report(std::move(summary), step_ms, sessions ? &*sessions : nullptr, metrics_path);
   watchdog_.reset();
   if (lead && !stopped)
-    std::printf("done      | %d steps in %s, metrics in %s\n", step_, format_duration(seconds_since(run_start)).c_str(),
-              metrics_path.c_str());
+    print_linef(Stream::out, "done      | %d steps in %s, metrics in %s", step_,
+                format_duration(seconds_since(run_start)).c_str(), metrics_path.c_str());
 }
 
 }  // namespace pt

@@ -13,6 +13,7 @@
 #include "core/report/run_report.h"
 #include "core/report/system_info.h"
 #include "core/train/trainer.h"
+#include "core/common/console.h"
 
 namespace pt {
 
@@ -123,11 +124,10 @@ void Trainer::write_session_report(RunSummary s, const std::vector<Stall>& step_
   try {
     if (sessions) sessions->end(s);
     if (sessions) write_run_report(s, metrics_path, *sessions);
-    std::printf("report    | %s\n", (std::filesystem::path(cfg_.run.out_dir) / "report.md").c_str());
+    print_line(Stream::out, "report    | " + (std::filesystem::path(cfg_.run.out_dir) / "report.md").string());
   } catch (const std::exception& e) {
-    std::cerr << "warning: the run report could not be written: " << e.what() << std::endl;
+    print_warning(std::string("the run report could not be written: ") + e.what());
   }
-  std::fflush(stdout);
 }
 
 }  // namespace pt
