@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "app/number_flags.h"
+#include "core/ckpt/hf_model_folder.h"
 #include "core/ckpt/llmc_model_file.h"
 #include "core/common/console.h"
 #include "core/common/error.h"
@@ -87,40 +88,71 @@ void add_prepare_command(CLI::App& app, pt::PrepareOptions& o) {
 }
 
 struct ConvertArgs {
-  std::string from, to, dtype = "fp32";
+  std::string from, to, dtype = "fp32", format;
   CLI::Option* dtype_option = nullptr;
 };
 
 void add_convert_command(CLI::App& app, ConvertArgs& a) {
-  CLI::App* cmd = app.add_subcommand(
-      "convert", "Move a model between picotrain checkpoints and llm.c model files (the direction follows --from)");
+  CLI::App* cmd = app.add_subcommand("convert",
+                                     "Move a model between picotrain checkpoints and llm.c model files or Hugging Face "
+                                     "model folders (the direction follows --from)");
   cmd->add_option("--from", a.from,
-                  "A picotrain checkpoint (a step_N directory, or a checkpoint directory: its latest) to export, or "
-                  "an llm.c model file (.bin, version 3 fp32 or 5 bf16) to import")
+                  "A picotrain checkpoint (a step_N directory, or a checkpoint directory: its latest) to export; an "
+                  "llm.c model file (.bin, version 3 fp32 or 5 bf16) or a Hugging Face folder (config.json + "
+                  "model.safetensors) to import")
       ->required()
       ->check(CLI::ExistingPath);
   cmd->add_option("--to", a.to,
-                  "Export: the llm.c model file to write. Import: a new checkpoint directory (a weights-only "
-                  "checkpoint at step 0; train from it with --set checkpoint.resume=DIR)")
+                  "Export: the llm.c model file or Hugging Face folder to write. Import: a new checkpoint directory "
+                  "(a weights-only checkpoint at step 0; train from it with --set checkpoint.resume=DIR)")
       ->required();
-  a.dtype_option = cmd->add_option("--dtype", a.dtype, "Export only: parameter dtype of the llm.c file, fp32 "
-                                                       "(version 3) or bf16 (version 5, rounded to nearest even)")
+  cmd->add_option("--format", a.format,
+                  "Export only: llmc (an llm.c model file; the default when --to ends in .bin) or hf (a Hugging Face "
+                  "folder: config.json + model.safetensors, for AutoModelForCausalLM.from_pretrained). Import reads "
+                  "what --from is")
+      ->check(CLI::IsMember({"llmc", "hf"}));
+  a.dtype_option = cmd->add_option("--dtype", a.dtype,
+                                   "Export only: parameter dtype, fp32 or bf16 (rounded to nearest even; llm.c "
+                                   "version 3 or 5, safetensors F32 or BF16)")
                        ->check(CLI::IsMember({"fp32", "bf16"}))
                        ->capture_default_str();
 }
 
+// The direction follows --from: a Hugging Face folder or an llm.c file is imported, a
+// checkpoint is exported. An export's format is --format, else llmc for a --to ending in
+// .bin; any other --to must say which, since a wrong guess writes a file the user's tools
+// cannot read.
 int run_convert(const ConvertArgs& a) {
   namespace fs = std::filesystem;
-  if (fs::is_directory(a.from)) {
-    const auto dtype = a.dtype == "bf16" ? pt::ckpt::LlmcDtype::bf16 : pt::ckpt::LlmcDtype::f32;
-    const std::string src = pt::ckpt::export_llmc(a.from, a.to, dtype);
-    pt::print_linef(pt::Stream::out, "exported %s to %s (llm.c model file, %s)", src.c_str(), a.to.c_str(), a.dtype.c_str());
+  namespace ck = pt::ckpt;
+  const bool hf_from = ck::is_hf_model_folder(a.from);
+  if (hf_from || !fs::is_directory(a.from)) {
+    const std::string what = hf_from ? "hf" : "llmc";
+    if (!a.format.empty() && a.format != what)
+      throw pt::ConfigError("convert --format " + a.format + ": --from " + a.from + " is " +
+                            (hf_from ? "a Hugging Face folder" : "an llm.c model file") + " (--format applies to export)");
+    if (a.dtype_option->count() > 0)
+      throw pt::ConfigError("convert --dtype applies to export only (an imported file's own dtype is read)");
+    const std::string dst = hf_from ? ck::import_hf(a.from, a.to) : ck::import_llmc(a.from, a.to);
+    pt::print_linef(pt::Stream::out, "imported %s into %s (weights only, step 0)", a.from.c_str(), dst.c_str());
     return 0;
   }
-  if (a.dtype_option->count() > 0)
-    throw pt::ConfigError("convert --dtype applies to export only (an llm.c file's own version says its dtype)");
-  const std::string dst = pt::ckpt::import_llmc(a.from, a.to);
-  pt::print_linef(pt::Stream::out, "imported %s into %s (weights only, step 0)", a.from.c_str(), dst.c_str());
+  std::string format = a.format;
+  if (format.empty()) {
+    if (!a.to.ends_with(".bin"))
+      throw pt::ConfigError("convert --to " + a.to + ": say --format hf (a Hugging Face folder) or --format llmc (an "
+                            "llm.c model file, the default for a --to ending in .bin)");
+    format = "llmc";
+  }
+  const bool bf16 = a.dtype == "bf16";
+  if (format == "hf") {
+    const std::string src = ck::export_hf(a.from, a.to, bf16 ? ck::HfDtype::bf16 : ck::HfDtype::f32);
+    pt::print_linef(pt::Stream::out, "exported %s to %s (Hugging Face folder: config.json, model.safetensors, %s)",
+                    src.c_str(), a.to.c_str(), a.dtype.c_str());
+    return 0;
+  }
+  const std::string src = ck::export_llmc(a.from, a.to, bf16 ? ck::LlmcDtype::bf16 : ck::LlmcDtype::f32);
+  pt::print_linef(pt::Stream::out, "exported %s to %s (llm.c model file, %s)", src.c_str(), a.to.c_str(), a.dtype.c_str());
   return 0;
 }
 

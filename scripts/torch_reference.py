@@ -35,6 +35,19 @@ and an LM head tied to the token embedding over the padded vocabulary (the loss 
 vocab_size columns). Weights are [out, in]: y = x @ W^T + b. Parameter names follow Hugging Face
 GPT-2 (wte, wpe, h.L.ln_1.weight, ..., ln_f.bias), as picotrain's checkpoints name them.
 
+Hugging Face folders (`picotrain convert --format hf`; --hf DIR, repeatable) are read with this
+script's own safetensors reader: an 8-byte little-endian header length, a JSON header giving
+each tensor's dtype, shape and data_offsets (counted from the end of the header), then the raw
+little-endian data. config.json must describe the checkpoint's model (GPT2LMHeadModel, n_embd,
+n_layer, n_head, n_positions, vocab_size, tanh GELU, LayerNorm eps 1e-5, tied head). Its
+tensors go into this GPT-2 by Hugging Face's names ("transformer." + picotrain's name, wte and
+wpe with ".weight"), the Conv1D weights (attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj, stored
+[in, out]) transposed back and the embedding's rows past vocab_size zero-padded. Then every
+weight must equal the checkpoint's bit for bit (rounded to bf16 first when torch_dtype is
+bfloat16), and the logits of the first dump's batch from the folder's weights must equal those
+from the checkpoint's exactly; an fp32 folder's logits must also be within --tol-fp32 of
+picotrain's in that dump.
+
 Chunk checksums are not recomputed here: reference_dump reads the same files through
 picotrain's reader, which verifies every one.
 
@@ -46,6 +59,7 @@ import argparse
 import json
 import math
 import os
+import struct
 import sys
 
 import numpy as np
@@ -193,6 +207,98 @@ def read_dump(path, manifest, shapes):
     return meta, tokens.reshape(B, T), targets.reshape(B, T), logits.reshape(N, Vp), grads
 
 
+# ---- a Hugging Face folder -------------------------------------------------------------------------
+
+SAFETENSORS_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+
+
+def read_safetensors(path):
+    """{name: float32 array} of a safetensors file, each tensor checked to fill its byte range."""
+    with open(path, "rb") as f:
+        blob = f.read()
+    if len(blob) < 8:
+        raise BadInput("%s: shorter than a safetensors header length" % path)
+    (n,) = struct.unpack("<Q", blob[:8])
+    try:
+        header = json.loads(blob[8:8 + n])
+    except ValueError as e:
+        raise BadInput("%s: the header is not JSON: %s" % (path, e))
+    data = blob[8 + n:]
+    tensors = {}
+    for name, e in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = e["data_offsets"]
+        dtype = SAFETENSORS_DTYPES.get(e["dtype"])
+        if dtype is None or end > len(data) or \
+                end - begin != int(np.prod(e["shape"], dtype=np.int64)) * torch.finfo(dtype).bits // 8:
+            raise BadInput("%s: tensor %s: dtype %s, shape %s and offsets %s do not agree with the file" %
+                           (path, name, e["dtype"], e["shape"], e["data_offsets"]))
+        t = torch.frombuffer(bytearray(data[begin:end]), dtype=dtype)
+        tensors[name] = t.to(torch.float32).reshape(e["shape"]).numpy()
+    return tensors
+
+
+def read_hf_folder(path, model):
+    """(config, {picotrain name: float32 array}) of a GPT2LMHeadModel folder for `model`."""
+    try:
+        with open(os.path.join(path, "config.json")) as f:
+            config = json.load(f)
+    except (OSError, ValueError) as e:
+        raise BadInput("cannot read %s/config.json: %s" % (path, e))
+    want = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": model["d_model"],
+            "n_layer": model["n_layers"], "n_head": model["n_heads"], "n_positions": model["max_seq_len"],
+            "vocab_size": model["vocab_size"], "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5,
+            "tie_word_embeddings": True}
+    wrong = ["%s=%r (want %r)" % (k, config.get(k), v) for k, v in want.items() if config.get(k) != v]
+    if wrong:
+        raise BadInput("%s/config.json does not describe the checkpoint's GPT-2: %s" % (path, ", ".join(wrong)))
+    weights = {}
+    for name, a in read_safetensors(os.path.join(path, "model.safetensors")).items():
+        if not name.startswith("transformer."):
+            raise BadInput("%s: unexpected tensor %s" % (path, name))
+        name = name[len("transformer."):]
+        if name in ("wte.weight", "wpe.weight"):
+            name = name[:-len(".weight")]
+        weights[name] = a.T.copy() if name.endswith(CONV1D) else a
+    if "wte" in weights:  # picotrain's padded vocabulary rows are zero
+        wte = weights["wte"]
+        weights["wte"] = np.concatenate([wte, np.zeros((model["padded_vocab"] - wte.shape[0], wte.shape[1]),
+                                                       dtype=np.float32)])
+    expected = gpt2_shapes(model)
+    bad = sorted(set(expected) ^ set(weights)) + [n for n in expected if n in weights and weights[n].shape != expected[n]]
+    if bad:
+        raise BadInput("%s: tensors missing, unexpected or of the wrong shape: %s" % (path, ", ".join(bad)))
+    return config, weights
+
+
+def compare_hf(path, config, hf_weights, ckpt_weights, model, dump, tol):
+    """Prints the folder's rows; returns the names of what differs."""
+    bf16 = config.get("torch_dtype") == "bfloat16"
+    tag = "hf %s" % ("bf16" if bf16 else "fp32")
+    want = {name: round_bf16(a) if bf16 else a for name, a in ckpt_weights.items()}
+    failed = ["weight " + name for name in want if not np.array_equal(hf_weights[name], want[name])]
+    print("%-10s %-40s %10s %10s %8s  %s" % (tag, "weights equal, bit for bit", "", "", "",
+                                               "ok" if not failed else "FAIL: %d differ" % len(failed)))
+    meta, tokens, _, logits, _ = dump
+    with torch.no_grad():
+        as64 = lambda w: {n: torch.tensor(a, dtype=torch.float64) for n, a in w.items()}
+        tok = torch.tensor(tokens, dtype=torch.long)
+        ref_hf = forward(as64(hf_weights), model, tok).view(tokens.size, -1).numpy()
+        ref_ckpt = forward(as64(want), model, tok).view(tokens.size, -1).numpy()
+    V = model["vocab_size"]
+    rows = [("logits vs checkpoint's (exact)", errors(ref_hf[:, :V], ref_ckpt[:, :V]), 0.0)]
+    if not bf16 and meta["compute_dtype"] == "fp32":
+        rows.append(("logits vs picotrain " + meta["tag"], errors(logits[:, :V], ref_hf[:, :V]), tol))
+    for name, (rel, peak), bound in rows:
+        ok = rel <= bound
+        print("%-10s %-40s %10.3e %10.3e %8.0e  %s" % (tag, name[:40], rel, peak, bound, "ok" if ok else "FAIL"))
+        if not ok:
+            failed.append(name)
+    return failed
+
+
 # ---- GPT-2 ------------------------------------------------------------------------------------------
 
 
@@ -286,12 +392,16 @@ def main():
     ap.add_argument("--tol-fp32", type=float, default=1e-5, help="bound for fp32 backends (default 1e-5)")
     ap.add_argument("--tol-bf16", type=float, default=2e-2, help="bound for the bf16 backend (default 2e-2)")
     ap.add_argument("--verbose", action="store_true", help="print every parameter, not only the worst")
+    ap.add_argument("--hf", action="append", default=[], metavar="DIR",
+                    help="a Hugging Face folder exported from the checkpoint (picotrain convert --format hf); "
+                         "repeatable")
     args = ap.parse_args()
 
     try:
         step_dir, manifest, weights = read_checkpoint(args.checkpoint)
         shapes = {name: a.shape for name, a in weights.items()}
         dumps = [read_dump(d, manifest, shapes) for d in args.dumps]
+        folders = [(d,) + read_hf_folder(d, manifest["model"]) for d in args.hf]
     except BadInput as e:
         print("torch_reference: %s" % e, file=sys.stderr)
         return 2
@@ -316,6 +426,11 @@ def main():
         if bad:
             failed.append(path)
             print("%-10s over the bound: %s" % (meta["tag"], ", ".join(bad)))
+    for path, config, hf_weights in folders:
+        bad = compare_hf(path, config, hf_weights, weights, model, dumps[0], args.tol_fp32)
+        if bad:
+            failed.append(path)
+            print("%-10s %s over the bound: %s" % ("hf", path, ", ".join(bad)))
     print("torch_reference: %s" % ("FAIL: " + ", ".join(failed) if failed else "all within bounds"))
     return 1 if failed else 0
 

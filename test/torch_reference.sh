@@ -6,7 +6,11 @@
 #   2. reference_dump on each backend from the latest checkpoint; the script must pass (exit 0);
 #   3. the first backend's dump with one gradient element moved by 10x the bound of its tensor's
 #      norm (1e-4 for fp32): the script must fail (exit 1) naming that tensor;
-#   4. a dump of the first checkpoint compared with the second: the script must refuse it (exit 2).
+#   4. a dump of the first checkpoint compared with the second: the script must refuse it (exit 2);
+#   5. `picotrain convert --format hf` to Hugging Face folders (fp32, bf16): the script reads them
+#      by Hugging Face's names and their weights and logits must equal the checkpoint's; one
+#      changed element must fail naming its tensor; the fp32 folder imported back with
+#      `picotrain convert` must be the checkpoint the dump was made from (same weight checksums).
 #
 #   test/torch_reference.sh PICOTRAIN REFERENCE_DUMP SOURCE_DIR
 #   TORCH_REFERENCE_BACKENDS="cpu:fp32 cuda:fp32 cuda:bf16" test/torch_reference.sh ...  # gpu_check.sh
@@ -101,5 +105,31 @@ expect 0 "reference_dump on the CPU from step 1" "$REFERENCE_DUMP" --checkpoint 
   --out "$WORK/step1" --device cpu
 expect 2 "torch_reference.py: a dump of step 1 against step 2" "$PY" "$SRC/scripts/torch_reference.py" \
   --checkpoint "$CKPT" "$WORK/step1"
+
+# 5. Hugging Face folders out and back in.
+expect 0 "convert --format hf" "$PICOTRAIN" convert --from "$CKPT" --to "$WORK/hf" --format hf
+expect 0 "convert --format hf --dtype bf16" "$PICOTRAIN" convert --from "$CKPT" --to "$WORK/hf16" --format hf \
+  --dtype bf16
+expect 0 "torch_reference.py --hf: fp32 and bf16 folders" "$PY" "$SRC/scripts/torch_reference.py" \
+  --checkpoint "$CKPT" --hf "$WORK/hf" --hf "$WORK/hf16" "${DUMPS[0]}"
+cp -r "$WORK/hf" "$WORK/hf_perturbed"
+"$PY" - "$WORK/hf_perturbed/model.safetensors" transformer.h.1.mlp.c_fc.weight <<'EOF'
+import json, struct, sys
+path, name = sys.argv[1], sys.argv[2]
+with open(path, "r+b") as f:
+    (n,) = struct.unpack("<Q", f.read(8))
+    begin = json.loads(f.read(n))[name]["data_offsets"][0]
+    f.seek(8 + n + begin + 4 * 5)
+    (x,) = struct.unpack("<f", f.read(4))
+    f.seek(-4, 1)
+    f.write(struct.pack("<f", x + 1e-3))
+EOF
+expect 1 "torch_reference.py --hf: a changed weight" "$PY" "$SRC/scripts/torch_reference.py" --checkpoint "$CKPT" \
+  --hf "$WORK/hf_perturbed" "${DUMPS[0]}"
+grep -q "weight h.1.mlp.c_fc.weight" "$WORK/out.log" ||
+  { echo "torch_reference: FAILED: the changed tensor h.1.mlp.c_fc.weight is not named"; exit 1; }
+expect 0 "convert the Hugging Face folder back" "$PICOTRAIN" convert --from "$WORK/hf" --to "$WORK/imported"
+expect 0 "torch_reference.py: the imported checkpoint is the dumped one" "$PY" "$SRC/scripts/torch_reference.py" \
+  --checkpoint "$WORK/imported" "${DUMPS[0]}"
 
 echo "torch_reference: passed"

@@ -115,6 +115,19 @@ void read_at(const std::string& path, int fd, uint64_t offset, void* out, size_t
   }
 }
 
+FileReader::FileReader(std::string path) : path_(std::move(path)) {
+  fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd_ < 0) throw_errno("cannot open", path_, errno);
+}
+
+FileReader::~FileReader() { ::close(fd_); }
+
+uint64_t FileReader::size() const {
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) throw_errno("cannot stat", path_, errno);
+  return static_cast<uint64_t>(st.st_size);
+}
+
 std::string read_small_file(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw_errno("cannot open", path, errno);

@@ -49,6 +49,23 @@ void write_file_atomic(const std::string& path, const std::string& text);
 
 // Reads exactly `bytes` at `offset`; throws naming the path on a short read or an error.
 void read_at(const std::string& path, int fd, uint64_t offset, void* out, size_t bytes);
+
+// A file opened read-only (model files being imported), closed when it goes out of scope.
+class FileReader {
+ public:
+  explicit FileReader(std::string path);  // throws naming the path when it cannot be opened
+  ~FileReader();
+  FileReader(const FileReader&) = delete;
+  FileReader& operator=(const FileReader&) = delete;
+
+  uint64_t size() const;
+  void read(uint64_t offset, void* out, size_t bytes) const { read_at(path_, fd_, offset, out, bytes); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
 std::string read_small_file(const std::string& path);  // whole file (a pointer, a manifest)
 
 // Removes a tree, never throwing: returns "" on success, else what went wrong.

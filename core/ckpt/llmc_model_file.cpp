@@ -1,18 +1,12 @@
 #include "core/ckpt/llmc_model_file.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <bit>
-#include <cerrno>
 #include <cstring>
 #include <filesystem>
 
-#include "core/ckpt/checkpoint_dir.h"
 #include "core/ckpt/checkpoint_reader.h"
-#include "core/ckpt/checkpoint_writer.h"
-#include "core/ckpt/checkpointer.h"
 #include "core/ckpt/durable_io.h"
+#include "core/ckpt/imported_checkpoint.h"
 #include "core/model/param_table.h"
 
 namespace pt::ckpt {
@@ -63,31 +57,15 @@ ModelSection model_from_header(const int32_t* h, const std::string& path) {
   return m;
 }
 
-// An owned read-only descriptor.
-struct InFile {
-  std::string path;
-  int fd = -1;
-  explicit InFile(std::string p) : path(std::move(p)) {
-    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) throw_errno("cannot open", path, errno);
-  }
-  ~InFile() { ::close(fd); }
-  uint64_t size() const {
-    const off_t end = ::lseek(fd, 0, SEEK_END);
-    if (end < 0) throw_errno("cannot seek in", path, errno);
-    return static_cast<uint64_t>(end);
-  }
-};
-
 }  // namespace
 
 LlmcFileInfo read_llmc_header(const std::string& path) {
-  InFile f(path);
+  const FileReader f(path);
   const uint64_t size = f.size();
   if (size < kLlmcHeaderBytes)
     throw RuntimeError(path + " is " + std::to_string(size) + " bytes, shorter than an llm.c header (1024 bytes)");
   int32_t h[256];
-  read_at(path, f.fd, 0, h, sizeof h);
+  f.read(0, h, sizeof h);
   if (h[0] != kLlmcModelMagic)
     throw RuntimeError(path + " is not an llm.c model file (magic " + std::to_string(h[0]) + ", expected " +
                        std::to_string(kLlmcModelMagic) + ")");
@@ -155,44 +133,30 @@ std::string export_llmc(const std::string& checkpoint, const std::string& out_fi
 
 std::string import_llmc(const std::string& in_file, const std::string& out_dir) {
   const LlmcFileInfo info = read_llmc_header(in_file);
-  const DirScan scan = scan_checkpoint_dir(out_dir);
-  if (!scan.committed.empty() || scan.latest_present)
-    throw ConfigError("convert --to " + out_dir + ": that directory already holds checkpoints; choose a new one");
+  refuse_nonempty_import_target(out_dir);
 
   const ParamTable table = build_gpt2_param_table(info.model);
   std::vector<float> weights(table.total_numel());
   {
-    InFile f(in_file);
+    const FileReader f(in_file);
     uint64_t offset = kLlmcHeaderBytes;
     std::vector<uint16_t> half;
     for (const auto& name : llmc_param_order(info.model.n_layers)) {
       const ParamSpec& p = table.get(name);
       float* dst = weights.data() + p.offset;
       if (info.dtype == LlmcDtype::f32) {
-        read_at(in_file, f.fd, offset, dst, p.numel * sizeof(float));
+        f.read(offset, dst, p.numel * sizeof(float));
         offset += p.numel * sizeof(float);
       } else {
         half.resize(p.numel);
-        read_at(in_file, f.fd, offset, half.data(), p.numel * sizeof(uint16_t));
+        f.read(offset, half.data(), p.numel * sizeof(uint16_t));
         offset += p.numel * sizeof(uint16_t);
         for (size_t i = 0; i < p.numel; i++) dst[i] = bf16_to_f32(half[i]);
       }
     }
   }
 
-  // The manifest's config is a default run config around the imported model: it documents
-  // the shape; a run that resumes from this checkpoint brings its own config.
-  RunConfig cfg;
-  cfg.model = info.model;
-  Manifest meta;
-  meta.step = 0;
-  meta.model = model_shape_json(info.model);
-  meta.layout = {{"world_size", 1}, {"imported_from", in_file}};
-  meta.config = config_to_json(cfg);
-  return write_checkpoint(out_dir, meta, [&](CheckpointWriter& w) {
-    for (const auto& p : table.specs())
-      w.add_chunk("master/" + p.name, p.global_shape, "master_r00000.bin", 0, weights.data() + p.offset, p.numel);
-  });
+  return write_imported_checkpoint(out_dir, info.model, table, weights, in_file);
 }
 
 }  // namespace pt::ckpt

@@ -1,0 +1,160 @@
+// GPT-2 as transformers' GPT2LMHeadModel (models/gpt2: configuration_gpt2.py, modeling_gpt2.py).
+//
+// Names: GPT2LMHeadModel holds the body as `transformer` (GPT2Model: wte, wpe, h.N, ln_f) and
+// a head tied to wte, which save_pretrained leaves out; so do we. picotrain's names are the
+// body's, so each rule adds the "transformer." prefix.
+// Layout: GPT-2's projections are Conv1D, y = x @ W + b with W stored [in, out], the transpose
+// of picotrain's (and llm.c's) [out, in]; LayerNorms, biases and embeddings are the same.
+#include <cmath>
+
+#include "core/ckpt/hf_architecture.h"
+#include "core/common/error.h"
+
+namespace pt::ckpt {
+
+namespace {
+
+std::vector<HfTensorRule> gpt2_rules() {
+  std::vector<HfTensorRule> rules = {
+      {"wte", "transformer.wte.weight", false, true},
+      {"wpe", "transformer.wpe.weight", false, false},
+  };
+  // (name in a block, a Conv1D weight)
+  const std::pair<const char*, bool> block[] = {
+      {"ln_1.weight", false},      {"ln_1.bias", false},         {"attn.c_attn.weight", true},
+      {"attn.c_attn.bias", false}, {"attn.c_proj.weight", true}, {"attn.c_proj.bias", false},
+      {"ln_2.weight", false},      {"ln_2.bias", false},         {"mlp.c_fc.weight", true},
+      {"mlp.c_fc.bias", false},    {"mlp.c_proj.weight", true},  {"mlp.c_proj.bias", false},
+  };
+  for (const auto& [name, conv1d] : block)
+    rules.push_back({std::string("h.{L}.") + name, std::string("transformer.h.{L}.") + name, conv1d, false});
+  rules.push_back({"ln_f.weight", "transformer.ln_f.weight", false, false});
+  rules.push_back({"ln_f.bias", "transformer.ln_f.bias", false, false});
+  return rules;
+}
+
+// GPT-2's tokenizer: <|endoftext|> (50256) begins and ends documents. Another vocabulary has
+// no such id, so the fields are null rather than GPT2Config's default 50256, which would
+// point past its embedding.
+constexpr int kGpt2Vocab = 50257;
+constexpr int kGpt2EndOfText = 50256;
+
+nlohmann::ordered_json gpt2_config_json(const ModelSection& m, HfDtype dtype) {
+  const nlohmann::ordered_json eot =
+      m.vocab_size == kGpt2Vocab ? nlohmann::ordered_json(kGpt2EndOfText) : nlohmann::ordered_json(nullptr);
+  return {
+      {"architectures", {"GPT2LMHeadModel"}},
+      {"model_type", "gpt2"},
+      {"vocab_size", m.vocab_size},  // unpadded: the padding rows are not exported
+      {"n_positions", m.max_seq_len},
+      {"n_ctx", m.max_seq_len},  // older transformers read the context length from here
+      {"n_embd", m.d_model},
+      {"n_layer", m.n_layers},
+      {"n_head", m.n_heads},
+      {"n_inner", nullptr},  // 4 * n_embd
+      // The tanh approximation of GELU, as picotrain (and OpenAI's GPT-2) compute it.
+      {"activation_function", "gelu_new"},
+      {"layer_norm_epsilon", 1e-5},
+      {"scale_attn_weights", true},  // 1/sqrt(head_dim)
+      {"scale_attn_by_inverse_layer_idx", false},
+      {"reorder_and_upcast_attn", false},
+      {"add_cross_attention", false},
+      // picotrain trains without dropout; training on in transformers continues the same model.
+      {"resid_pdrop", 0.0},
+      {"embd_pdrop", 0.0},
+      {"attn_pdrop", 0.0},
+      {"initializer_range", 0.02},
+      {"use_cache", true},
+      {"bos_token_id", eot},
+      {"eos_token_id", eot},
+      {"tie_word_embeddings", true},
+      {"torch_dtype", torch_dtype_name(dtype)},
+  };
+}
+
+// config.json -> ModelSection. A key left out takes GPT2Config's default, as transformers
+// would read the file; a value that changes what the model computes away from picotrain's
+// GPT-2 is refused with the key, instead of importing weights that would give other logits.
+ModelSection gpt2_model_from_config(const nlohmann::json& c, const std::string& path) {
+  auto fail = [&](const std::string& key, const std::string& why) -> RuntimeError {
+    return RuntimeError(path + ": \"" + key + "\": " + why);
+  };
+  auto whole = [&](const char* key, int def) {
+    if (!c.contains(key) || c[key].is_null()) return def;
+    const nlohmann::json& v = c[key];
+    if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > INT32_MAX)
+      throw fail(key, v.dump() + " is not a whole number >= 1");
+    return static_cast<int>(v.get<int64_t>());
+  };
+  auto flag = [&](const char* key, bool def) {
+    if (!c.contains(key) || c[key].is_null()) return def;
+    if (!c[key].is_boolean()) throw fail(key, c[key].dump() + " is not true or false");
+    return c[key].get<bool>();
+  };
+  auto require = [&](const char* key, bool got, bool want, const std::string& why) {
+    if (got != want) throw fail(key, std::string(got ? "true" : "false") + " is not supported: " + why);
+  };
+
+  ModelSection m;
+  m.arch = "gpt2";
+  m.vocab_size = whole("vocab_size", 50257);
+  m.max_seq_len = whole("n_positions", 1024);
+  m.d_model = whole("n_embd", 768);
+  m.n_layers = whole("n_layer", 12);
+  m.n_heads = whole("n_head", 12);
+  if (m.d_model % m.n_heads != 0)
+    throw fail("n_head", std::to_string(m.n_heads) + " does not divide n_embd=" + std::to_string(m.d_model));
+  if (c.contains("n_inner") && !c["n_inner"].is_null() && c["n_inner"] != nlohmann::json(4 * m.d_model))
+    throw fail("n_inner", c["n_inner"].dump() +
+                              " is not supported: picotrain's MLP is 4 * n_embd = " + std::to_string(4 * m.d_model));
+  std::string act = "gelu_new";
+  if (c.contains("activation_function")) {
+    if (!c["activation_function"].is_string())
+      throw fail("activation_function", c["activation_function"].dump() + " is not a string");
+    act = c["activation_function"].get<std::string>();
+  }
+  if (act != "gelu_new" && act != "gelu_pytorch_tanh")
+    throw fail("activation_function", "\"" + act +
+                                          "\" is not supported: picotrain computes tanh-approximate GELU "
+                                          "(gelu_new, gelu_pytorch_tanh)");
+  if (c.contains("layer_norm_epsilon")) {
+    const nlohmann::json& eps = c["layer_norm_epsilon"];
+    if (!eps.is_number() || eps.get<double>() != 1e-5)
+      throw fail("layer_norm_epsilon", eps.dump() + " is not supported: picotrain's GPT-2 LayerNorm uses 1e-5");
+  }
+  require("scale_attn_weights", flag("scale_attn_weights", true), true,
+          "picotrain scales attention by 1/sqrt(head_dim)");
+  require("scale_attn_by_inverse_layer_idx", flag("scale_attn_by_inverse_layer_idx", false), false,
+          "picotrain does not scale attention by layer");
+  require("add_cross_attention", flag("add_cross_attention", false), false, "picotrain's GPT-2 is decoder-only");
+  require("tie_word_embeddings", flag("tie_word_embeddings", true), true,
+          "picotrain's GPT-2 ties its head to the token embedding");
+  // Padding as picotrain's configs pad by default (50257 -> 50304, llm.c's).
+  m.pad_vocab_multiple = ModelSection{}.pad_vocab_multiple;
+  m.padded_vocab = (m.vocab_size + m.pad_vocab_multiple - 1) / m.pad_vocab_multiple * m.pad_vocab_multiple;
+  return m;
+}
+
+}  // namespace
+
+const HfArchitecture& hf_gpt2() {
+  static const HfArchitecture a = [] {
+    HfArchitecture h;
+    h.arch = "gpt2";
+    h.model_type = "gpt2";
+    h.class_name = "GPT2LMHeadModel";
+    h.rules = gpt2_rules();
+    h.param_table = &build_gpt2_param_table;
+    h.config_json = &gpt2_config_json;
+    h.model_from_config = &gpt2_model_from_config;
+    h.base_prefix = "transformer.";
+    // The causal mask (and its fill value) were persistent buffers before transformers 4.31.
+    h.ignored_suffixes = {".attn.bias", ".attn.masked_bias"};
+    h.tied_head = "lm_head.weight";
+    h.tied_to = "transformer.wte.weight";
+    return h;
+  }();
+  return a;
+}
+
+}  // namespace pt::ckpt
