@@ -343,7 +343,7 @@ void bench_model(Bench& b, Ops& ops, const ModelShape& m) {
     buf.clear();
   }
 
-  // ---- attention at the model's shape
+  // ---- attention at the model's shape (GPT-2: multi-head, n_kv_heads = n_heads)
   {
     const int hd = C / NH;
     Tensor qkv = buf.rand(NC * 3, bf, 1), out = buf.zeros(NC, bf), lse = buf.zeros(size_t(B) * NH * T, f32);
@@ -352,9 +352,9 @@ void bench_model(Bench& b, Ops& ops, const ModelShape& m) {
     const std::string shape = "B=" + std::to_string(B) + " NH=" + std::to_string(NH) + " T=" + std::to_string(T) +
                               " hd=" + std::to_string(hd);
     b.run({sec, "attention_forward", shape, true, fl, "4*B*NH*T^2*hd/2 (causal)", A * L},
-          [&] { ops.attention_forward(out, lse, qkv, B, T, C, NH); });
+          [&] { ops.attention_forward(out, lse, qkv, B, T, C, NH, NH); });
     b.run({sec, "attention_backward", shape, true, 2.5 * fl, "2.5 x forward", A * L},
-          [&] { ops.attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH); });
+          [&] { ops.attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH, NH); });
   }
   buf.clear();
 
@@ -416,7 +416,7 @@ void bench_model(Bench& b, Ops& ops, const ModelShape& m) {
   buf.clear();
 }
 
-// Attention at the shapes bench/attention_sdpa.py runs PyTorch's flash SDPA on.
+// Attention at the shapes bench/attention_sdpa.py runs PyTorch's flash SDPA on (multi-head).
 void bench_attention(Bench& b, Ops& ops, int tokens, int hidden, const std::vector<int>& seq_lens) {
   Buffers buf(ops);
   const DType act = ops.compute_dtype();
@@ -431,12 +431,12 @@ void bench_attention(Bench& b, Ops& ops, int tokens, int hidden, const std::vect
       const std::string shape = "B=" + std::to_string(B) + " NH=" + std::to_string(NH) + " T=" + std::to_string(T) +
                                 " hd=" + std::to_string(hd);
       b.run({"attention", "attention_forward", shape, true, fl, "4*B*NH*T^2*hd/2"},
-            [&] { ops.attention_forward(out, lse, qkv, B, T, C, NH); });
+            [&] { ops.attention_forward(out, lse, qkv, B, T, C, NH, NH); });
       b.run({"attention", "attention_backward", shape, true, 2.5 * fl, "2.5 x fwd"},
-            [&] { ops.attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH); });
+            [&] { ops.attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH, NH); });
       b.run({"attention", "attention_fwd+bwd", shape, true, 3.5 * fl, "3.5 x fwd"}, [&] {
-        ops.attention_forward(out, lse, qkv, B, T, C, NH);
-        ops.attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH);
+        ops.attention_forward(out, lse, qkv, B, T, C, NH, NH);
+        ops.attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH, NH);
       });
       buf.clear();
     }

@@ -5,11 +5,14 @@
 //  - attention_*_tiled (attention_tiled.cu): CUDA-core tiled kernels for f32 or bf16 and any
 //    head size, fp32 math throughout: the fp32 backend's kernel (it matches CpuOps to ~1e-6)
 //    and the bf16 fallback for other head sizes.
-// Both read qkv [B, T, 3C] (q | k | v, head h at channels [h*HS, (h+1)*HS) of each), write
-// out [B, T, C] and lse [B, NH, T] (fp32, natural log), and never hold a T x T matrix.
-// Backward OVERWRITES dqkv (every element, whatever it held) and needs D = rowsum(dout * out)
-// per (b, h, t) first (attention_row_dot, into fp32 scratch of B*NH*T floats). Same stream
-// conventions as the other launchers.
+// Both read qkv [B, T, (NH + 2 NKV) HS] (q: NH heads | k: NKV heads | v: NKV heads, head h at
+// channels [h*HS, (h+1)*HS) of each part; grouped-query attention: query head h reads key/value
+// head h / (NH / NKV), NKV == NH is multi-head), write out [B, T, NH*HS] and lse [B, NH, T]
+// (fp32, natural log), and never hold a T x T matrix nor repeat a K/V head.
+// Backward OVERWRITES dqkv (every element, whatever it held; a key/value head's gradient sums
+// its group's query heads, deterministically) and needs D = rowsum(dout * out) per (b, h, t)
+// first (attention_row_dot, into fp32 scratch of B*NH*T floats). Same stream conventions as
+// the other launchers.
 #pragma once
 #include "core/tensor/tensor.h"
 
@@ -18,26 +21,27 @@ namespace pt::gpu {
 // True when the tensor-core kernels handle this call: bf16, HS 64 or 128, 16-byte aligned tensors.
 bool flash_attention_supported(DType dtype, int HS, const void* qkv, const void* out_or_dout, const void* dqkv);
 
-void flash_attention_forward_bf16(void* out, float* lse, const void* qkv, int B, int T, int NH, int HS,
+void flash_attention_forward_bf16(void* out, float* lse, const void* qkv, int B, int T, int NH, int NKV, int HS,
                                   void* stream = nullptr);
 void flash_attention_backward_bf16(void* dqkv, const void* dout, const void* qkv, const float* lse, const float* D,
-                                   int B, int T, int NH, int HS, void* stream = nullptr);
+                                   int B, int T, int NH, int NKV, int HS, void* stream = nullptr);
 
-void attention_forward_tiled(DType dtype, void* out, float* lse, const void* qkv, int B, int T, int NH, int HS,
+void attention_forward_tiled(DType dtype, void* out, float* lse, const void* qkv, int B, int T, int NH, int NKV, int HS,
                              void* stream = nullptr);
 void attention_backward_tiled(DType dtype, void* dqkv, const void* dout, const void* qkv, const float* lse,
-                              const float* D, int B, int T, int NH, int HS, void* stream = nullptr);
+                              const float* D, int B, int T, int NH, int NKV, int HS, void* stream = nullptr);
 
-// Attention of Tq queries against Tk keys/values in separate [B, T, C] tensors with position
-// offsets (attention_block.cu; CUDA cores, f32 or bf16, any head size): see
-// Ops::attention_block_forward/backward. Backward ACCUMULATES into dq, dk, dv (each may be null)
-// and needs D = rowsum(dout * out) of the FINAL out (attention_row_dot with T = Tq).
+// Attention of Tq queries against Tk keys/values in separate tensors with position offsets
+// (attention_block.cu; CUDA cores, f32 or bf16, any head size): q, out [B, Tq, NH*HS], k, v
+// [B, Tk, NKV*HS]; see Ops::attention_block_forward/backward. Backward ACCUMULATES into dq, dk,
+// dv (each may be null; dk/dv sum the group's query heads) and needs D = rowsum(dout * out) of
+// the FINAL out (attention_row_dot with T = Tq).
 void attention_block_forward_tiled(DType dtype, void* out, float* lse, const void* q, const void* k, const void* v,
-                                   int B, int Tq, int Tk, int NH, int HS, int q_pos0, int k_pos0, bool causal,
+                                   int B, int Tq, int Tk, int NH, int NKV, int HS, int q_pos0, int k_pos0, bool causal,
                                    void* stream = nullptr);
 void attention_block_backward_tiled(DType dtype, void* dq, void* dk, void* dv, const void* dout, const void* q,
                                     const void* k, const void* v, const float* lse, const float* D, int B, int Tq,
-                                    int Tk, int NH, int HS, int q_pos0, int k_pos0, bool causal,
+                                    int Tk, int NH, int NKV, int HS, int q_pos0, int k_pos0, bool causal,
                                     void* stream = nullptr);
 // out_acc, lse_acc <- the log-sum-exp weighted merge with out_part, lse_part (Ops::merge_attention_partials).
 void merge_attention_partials_gpu(DType dtype, void* out_acc, float* lse_acc, const void* out_part,

@@ -1,15 +1,19 @@
-// Attention of Tq queries against Tk keys/values held in separate [B, T, C] tensors (a KV
-// cache, another context-parallel rank's block), on CUDA cores with fp32 math for f32 or bf16
-// tensors and any head size, and the log-sum-exp merge of partial results. The oracle is
-// CpuOps (core/cpu/cpu_attention_block.cpp); see Ops::attention_block_forward for the contract.
+// Attention of Tq queries (q, out: [B, Tq, NH*HS]) against Tk keys/values held in separate
+// [B, Tk, NKV*HS] tensors (a KV cache, another context-parallel rank's block), on CUDA cores
+// with fp32 math for f32 or bf16 tensors and any head size, and the log-sum-exp merge of
+// partial results. The oracle is CpuOps (core/cpu/cpu_attention_block.cpp); see
+// Ops::attention_block_forward for the contract.
 //
-// Computes, per (b, h), with query i at position q_pos0 + i and key j at k_pos0 + j (causal:
-// query i sees key j iff k_pos0 + j <= q_pos0 + i, i.e. the keys j < n_i, a prefix):
+// Computes, per (b, h), with k, v those of key/value head h / G (grouped-query attention:
+// G = NH / NKV query heads share a key/value head, never repeated in memory), query i at
+// position q_pos0 + i and key j at k_pos0 + j (causal: query i sees key j iff
+// k_pos0 + j <= q_pos0 + i, i.e. the keys j < n_i, a prefix):
 //   forward:  lse_i = log sum_{j<n_i} exp(scale q_i.k_j),  out_i = sum_j exp(scale q_i.k_j - lse_i) v_j
 //             (n_i = 0: out_i = 0, lse_i = -inf)
 //   backward: from the FINAL out and lse of each row (D_i = dO_i.O_i from attention_row_dot):
 //             P_ij = exp(scale q_i.k_j - lse_i), dS_ij = P_ij (dO_i.v_j - D_i),
-//             dq_i += scale sum_j dS_ij k_j, dk_j += scale sum_i dS_ij q_i, dv_j += sum_i P_ij dO_i.
+//             dq_i += scale sum_j dS_ij k_j, dk_j += scale sum_i dS_ij q_i, dv_j += sum_i P_ij dO_i,
+//             dk/dv summed over the G query heads of the group.
 //   merge:    lse = logaddexp(lse_acc, lse_part), out_acc = out_acc e^(lse_acc - lse) + out_part e^(lse_part - lse).
 //
 // Algorithm: the tiling of attention_tiled.cu (kTile = 32 rows per block, one thread per row,
@@ -18,13 +22,15 @@
 // the online softmax skips a tile while a row's running max is still -inf, instead of relying on
 // key 0 of every tile being visible as the packed kernel does. Each block walks only the tiles
 // some of its rows can see: keys [0, n_last) forward and in dq, queries [i_min(first key), Tq) in
-// dkdv. Backward is two kernels (dkdv owning 32 keys, dq owning 32 queries) so every gradient
-// element has one owner: no atomics, bitwise deterministic run to run. Shared memory as the
-// tiled kernels: ~0.5 KB * HS forward, ~0.75 KB * HS backward.
+// dkdv. Backward is two kernels (dkdv owning 32 keys of one key/value head and looping over
+// the group's G query heads in order, dq owning 32 queries) so every gradient element has one
+// owner: no atomics (not even across the heads of a group), bitwise deterministic run to run.
+// Shared memory as the tiled kernels: ~0.5 KB * HS forward, ~0.75 KB * HS backward.
 // The merge is one warp per (b, t, h) row: lanes over the head's channels.
 //
-// Cost: forward 4*HS FLOPs per visible (query, key) pair, backward ~14*HS (q.k and dO.v in
-// both passes); bytes: q, out, lse once, K/V tiles once per query tile (from L2). Decoding
+// Cost: forward 4*HS FLOPs per visible (query, key) pair and query head, backward ~14*HS (q.k and
+// dO.v in both passes); bytes: q, out, lse once, K/V tiles once per query tile (from L2), K/V
+// (and dK/dV) B*Tk*NKV*HS each from DRAM: NH/NKV less than multi-head attention. Decoding
 // (Tq = 1) uses one thread per (b, h) row and is latency-bound; fine for sampling a small model.
 // The merge moves 3*B*T*C activations + 3*B*NH*T floats: memory-bound.
 #include <cmath>
@@ -39,9 +45,12 @@ namespace {
 constexpr int kTile = 32;  // rows per tile = threads per block
 
 struct BlockLayout {
-  int B, Tq, Tk, NH, HS, C;
+  int B, Tq, Tk, NH, NKV, HS;
+  int C;   // q, out, dout row stride: NH * HS
+  int CK;  // k, v, dk, dv row stride: NKV * HS
   int q_pos0, k_pos0;
   bool causal;
+  __device__ int kv_head(int h) const { return h / (NH / NKV); }
   // Keys query i sees: a prefix [0, n) of the block.
   __device__ int visible(int i) const {
     if (!causal) return Tk;
@@ -54,8 +63,12 @@ struct BlockLayout {
     const long long i = static_cast<long long>(k_pos0) + j - q_pos0;
     return static_cast<int>(i < 0 ? 0 : (i > Tq ? Tq : i));
   }
+  // Head h of token (b, t) in a query-side tensor, key/value head g in a key-side one.
   __device__ size_t row(int b, int t, int T_, int h) const {
     return (static_cast<size_t>(b) * T_ + t) * C + static_cast<size_t>(h) * HS;
+  }
+  __device__ size_t krow(int b, int t, int g) const {
+    return (static_cast<size_t>(b) * Tk + t) * CK + static_cast<size_t>(g) * HS;
   }
   __device__ size_t l(int b, int h, int i) const { return (static_cast<size_t>(b) * NH + h) * Tq + i; }
 };
@@ -96,13 +109,15 @@ __global__ void __launch_bounds__(kTile)
   const int last = min(qt * kTile + kTile, L.Tq) - 1;
   const int n_block = L.visible(last);  // the most keys any row of this block sees
 
+  const size_t k_head = L.krow(b, 0, L.kv_head(h));
+
   load_tile(q_s, ld, q + L.row(b, 0, L.Tq, h), qt * kTile, L.Tq, L.C, HS);
   for (int c = 0; c < HS; ++c) o_s[i * ld + c] = 0.0f;
   float m = -INFINITY, l = 0.0f;
   for (int kt = 0; kt * kTile < n_block; ++kt) {
     __syncthreads();  // everyone is done with the previous K/V tile
-    load_tile(k_s, HS, k + L.row(b, 0, L.Tk, h), kt * kTile, L.Tk, L.C, HS);
-    load_tile(v_s, HS, v + L.row(b, 0, L.Tk, h), kt * kTile, L.Tk, L.C, HS);
+    load_tile(k_s, HS, k + k_head, kt * kTile, L.Tk, L.CK, HS);
+    load_tile(v_s, HS, v + k_head, kt * kTile, L.Tk, L.CK, HS);
     __syncthreads();
     if (kt * kTile >= n_i) continue;  // this row sees none of this tile (nor later ones)
     float s[kTile];
@@ -154,44 +169,48 @@ __global__ void __launch_bounds__(kTile)
   float* lse_s = do_s + kTile * HS;
   float* d_s = lse_s + kTile;
   const int kt = blockIdx.x;
-  const int b = blockIdx.y / L.NH, h = blockIdx.y % L.NH;
+  const int b = blockIdx.y / L.NKV, g = blockIdx.y % L.NKV;  // one key/value head
+  const int G = L.NH / L.NKV;
   const int j = threadIdx.x, kj = kt * kTile + j;
   const int q_first = L.first_query(kt * kTile);  // no query before it sees any key of this tile
   if (q_first >= L.Tq) return;                    // the whole block: no barrier is skipped by some threads only
-  const size_t q_head = L.row(b, 0, L.Tq, h), k_head = L.row(b, 0, L.Tk, h);
+  const size_t k_head = L.krow(b, 0, g);
 
-  load_tile(k_s, ld, k + k_head, kt * kTile, L.Tk, L.C, HS);
-  load_tile(v_s, ld, v + k_head, kt * kTile, L.Tk, L.C, HS);
+  load_tile(k_s, ld, k + k_head, kt * kTile, L.Tk, L.CK, HS);
+  load_tile(v_s, ld, v + k_head, kt * kTile, L.Tk, L.CK, HS);
   for (int c = 0; c < HS; ++c) dk_s[j * ld + c] = dv_s[j * ld + c] = 0.0f;
-  for (int qt = q_first / kTile; qt * kTile < L.Tq; ++qt) {
-    __syncthreads();
-    load_tile(q_s, HS, q + q_head, qt * kTile, L.Tq, L.C, HS);
-    load_tile(do_s, HS, dout + q_head, qt * kTile, L.Tq, L.C, HS);
-    const int t = qt * kTile + threadIdx.x;
-    lse_s[threadIdx.x] = t < L.Tq ? lse[L.l(b, h, t)] : -INFINITY;
-    d_s[threadIdx.x] = t < L.Tq ? Dv[L.l(b, h, t)] : 0.0f;
-    __syncthreads();
-    if (kj >= L.Tk) continue;  // padding key: nothing to accumulate (still joins the barriers)
-    for (int i = 0; i < kTile; ++i) {
-      const int qi = qt * kTile + i;
-      if (qi >= L.Tq || kj >= L.visible(qi) || lse_s[i] == -INFINITY) continue;
-      float qk = 0.0f, dp = 0.0f;
-      for (int c = 0; c < HS; ++c) {
-        qk += q_s[i * HS + c] * k_s[j * ld + c];
-        dp += do_s[i * HS + c] * v_s[j * ld + c];
-      }
-      const float p = expf(qk * scale - lse_s[i]);
-      const float ds = p * (dp - d_s[i]);
-      for (int c = 0; c < HS; ++c) {
-        dv_s[j * ld + c] += p * do_s[i * HS + c];
-        dk_s[j * ld + c] += ds * q_s[i * HS + c];
+  for (int h = g * G; h < (g + 1) * G; ++h) {  // the group's query heads, in order
+    const size_t q_head = L.row(b, 0, L.Tq, h);
+    for (int qt = q_first / kTile; qt * kTile < L.Tq; ++qt) {
+      __syncthreads();
+      load_tile(q_s, HS, q + q_head, qt * kTile, L.Tq, L.C, HS);
+      load_tile(do_s, HS, dout + q_head, qt * kTile, L.Tq, L.C, HS);
+      const int t = qt * kTile + threadIdx.x;
+      lse_s[threadIdx.x] = t < L.Tq ? lse[L.l(b, h, t)] : -INFINITY;
+      d_s[threadIdx.x] = t < L.Tq ? Dv[L.l(b, h, t)] : 0.0f;
+      __syncthreads();
+      if (kj >= L.Tk) continue;  // padding key: nothing to accumulate (still joins the barriers)
+      for (int i = 0; i < kTile; ++i) {
+        const int qi = qt * kTile + i;
+        if (qi >= L.Tq || kj >= L.visible(qi) || lse_s[i] == -INFINITY) continue;
+        float qk = 0.0f, dp = 0.0f;
+        for (int c = 0; c < HS; ++c) {
+          qk += q_s[i * HS + c] * k_s[j * ld + c];
+          dp += do_s[i * HS + c] * v_s[j * ld + c];
+        }
+        const float p = expf(qk * scale - lse_s[i]);
+        const float ds = p * (dp - d_s[i]);
+        for (int c = 0; c < HS; ++c) {
+          dv_s[j * ld + c] += p * do_s[i * HS + c];
+          dk_s[j * ld + c] += ds * q_s[i * HS + c];
+        }
       }
     }
   }
   for (int c = 0; c < HS; ++c) dk_s[j * ld + c] *= scale;
   __syncthreads();
-  if (dk) store_tile(dk + k_head, dk_s, ld, kt * kTile, L.Tk, L.C, HS, true);
-  if (dv) store_tile(dv + k_head, dv_s, ld, kt * kTile, L.Tk, L.C, HS, true);
+  if (dk) store_tile(dk + k_head, dk_s, ld, kt * kTile, L.Tk, L.CK, HS, true);
+  if (dv) store_tile(dv + k_head, dv_s, ld, kt * kTile, L.Tk, L.CK, HS, true);
 }
 
 template <typename T>
@@ -208,7 +227,7 @@ __global__ void __launch_bounds__(kTile)
   const int qt = blockIdx.x;
   const int b = blockIdx.y / L.NH, h = blockIdx.y % L.NH;
   const int i = threadIdx.x, qi = qt * kTile + i;
-  const size_t q_head = L.row(b, 0, L.Tq, h), k_head = L.row(b, 0, L.Tk, h);
+  const size_t q_head = L.row(b, 0, L.Tq, h), k_head = L.krow(b, 0, L.kv_head(h));
   const int n_block = L.visible(min(qt * kTile + kTile, L.Tq) - 1);
 
   load_tile(q_s, ld, q + q_head, qt * kTile, L.Tq, L.C, HS);
@@ -219,8 +238,8 @@ __global__ void __launch_bounds__(kTile)
   const int n_i = (qi < L.Tq && lse_i != -INFINITY) ? L.visible(qi) : 0;
   for (int kt = 0; kt * kTile < n_block; ++kt) {
     __syncthreads();
-    load_tile(k_s, HS, k + k_head, kt * kTile, L.Tk, L.C, HS);
-    load_tile(v_s, HS, v + k_head, kt * kTile, L.Tk, L.C, HS);
+    load_tile(k_s, HS, k + k_head, kt * kTile, L.Tk, L.CK, HS);
+    load_tile(v_s, HS, v + k_head, kt * kTile, L.Tk, L.CK, HS);
     __syncthreads();
     for (int j = 0; j < kTile; ++j) {
       const int kj = kt * kTile + j;
@@ -281,17 +300,18 @@ dim3 block_grid(int B, int T, int NH) {
   return dim3(static_cast<unsigned>(ceil_div(T, kTile)), static_cast<unsigned>(bh));
 }
 
-BlockLayout make_block_layout(int B, int Tq, int Tk, int NH, int HS, int q_pos0, int k_pos0, bool causal) {
-  return BlockLayout{B, Tq, Tk, NH, HS, NH * HS, q_pos0, k_pos0, causal};
+BlockLayout make_block_layout(int B, int Tq, int Tk, int NH, int NKV, int HS, int q_pos0, int k_pos0, bool causal) {
+  check(NKV > 0 && NH % NKV == 0, "attention_block: n_kv_heads must divide n_heads");
+  return BlockLayout{B, Tq, Tk, NH, NKV, HS, NH * HS, NKV * HS, q_pos0, k_pos0, causal};
 }
 
 }  // namespace
 
 void attention_block_forward_tiled(DType dtype, void* out, float* lse, const void* q, const void* k, const void* v,
-                                   int B, int Tq, int Tk, int NH, int HS, int q_pos0, int k_pos0, bool causal,
+                                   int B, int Tq, int Tk, int NH, int NKV, int HS, int q_pos0, int k_pos0, bool causal,
                                    void* stream) {
   if (B <= 0 || Tq <= 0) return;
-  const BlockLayout L = make_block_layout(B, Tq, Tk, NH, HS, q_pos0, k_pos0, causal);
+  const BlockLayout L = make_block_layout(B, Tq, Tk, NH, NKV, HS, q_pos0, k_pos0, causal);
   const size_t ld = HS | 1;
   const size_t smem = (2 * kTile * ld + 2 * size_t(kTile) * HS) * sizeof(float);
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
@@ -307,9 +327,10 @@ void attention_block_forward_tiled(DType dtype, void* out, float* lse, const voi
 
 void attention_block_backward_tiled(DType dtype, void* dq, void* dk, void* dv, const void* dout, const void* q,
                                     const void* k, const void* v, const float* lse, const float* D, int B, int Tq,
-                                    int Tk, int NH, int HS, int q_pos0, int k_pos0, bool causal, void* stream) {
+                                    int Tk, int NH, int NKV, int HS, int q_pos0, int k_pos0, bool causal,
+                                    void* stream) {
   if (B <= 0 || Tq <= 0 || Tk <= 0) return;
-  const BlockLayout L = make_block_layout(B, Tq, Tk, NH, HS, q_pos0, k_pos0, causal);
+  const BlockLayout L = make_block_layout(B, Tq, Tk, NH, NKV, HS, q_pos0, k_pos0, causal);
   const size_t ld = HS | 1;
   const size_t smem_kv = (4 * kTile * ld + 2 * size_t(kTile) * HS + 2 * kTile) * sizeof(float);
   const size_t smem_q = (3 * kTile * ld + 2 * size_t(kTile) * HS) * sizeof(float);
@@ -322,7 +343,7 @@ void attention_block_backward_tiled(DType dtype, void* dq, void* dk, void* dv, c
     const E* vp = static_cast<const E*>(v);
     if (dk || dv) {
       set_shared(block_backward_dkdv_kernel<E>, smem_kv, HS);
-      block_backward_dkdv_kernel<E><<<block_grid(B, Tk, NH), kTile, smem_kv, as_stream(stream)>>>(
+      block_backward_dkdv_kernel<E><<<block_grid(B, Tk, NKV), kTile, smem_kv, as_stream(stream)>>>(
           static_cast<E*>(dk), static_cast<E*>(dv), dy, qp, kp, vp, lse, D, L, scale);
       CUDA_CHECK_LAUNCH();
     }

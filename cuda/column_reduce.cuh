@@ -1,7 +1,7 @@
 // Deterministic column sums of a row-major [N, C] activation gradient, for the parameter
-// gradients that are sums over tokens: a bias gradient (sum_n dout[n, c]) and LayerNorm's
-// weight gradient (sum_n xhat[n, c] * dout[n, c]). Included by layernorm.cu and
-// matmul_cublaslt.cu; device code only.
+// gradients that are sums over tokens: a bias gradient (sum_n dout[n, c]) and a norm's weight
+// gradient (sum_n xhat[n, c] * dout[n, c]: LayerNorm's xhat = (x - mean) * rstd, RMSNorm's
+// x * rstd). Included by layernorm.cu, rmsnorm.cu and matmul_cublaslt.cu; device code only.
 //
 // Algorithm: two kernels, no atomics, so the result is bitwise the same on every run:
 //   1. column_partials_kernel: block (x, y) covers channels [x*256, x*256 + 256) and the
@@ -34,8 +34,10 @@ struct ColumnSplit {
   size_t scratch_bytes(int C, int sums) const { return size_t(chunks) * C * sums * sizeof(float); }
 };
 
-// kLayerNorm: partial_a = sum xhat * dout (the weight gradient), partial_b = sum dout (the bias).
-// Otherwise only partial_b (a bias gradient); inp, mean, rstd and partial_a are unused.
+// kLayerNorm: partial_a = sum xhat * dout (the weight gradient), partial_b = sum dout (the bias),
+// with xhat = (x - mean) * rstd; a null mean means no centring (RMSNorm: xhat = x * rstd) and a
+// null partial_b no bias (RMSNorm has none). Otherwise only partial_b (a bias gradient); inp,
+// mean, rstd and partial_a are unused.
 template <typename T, bool kLayerNorm>
 __global__ void __launch_bounds__(kColumnBlock)
     column_partials_kernel(float* partial_a, float* partial_b, const T* dout, const T* inp, const float* mean,
@@ -49,10 +51,11 @@ __global__ void __launch_bounds__(kColumnBlock)
     const size_t i = static_cast<size_t>(r) * C + c;
     const float dy = to_float(dout[i]);
     b += dy;
-    if constexpr (kLayerNorm) a += (to_float(inp[i]) - mean[r]) * rstd[r] * dy;
+    // x - 0 is exactly x: RMSNorm's sum is x * rstd * dy, CpuOps's order.
+    if constexpr (kLayerNorm) a += (to_float(inp[i]) - (mean ? mean[r] : 0.0f)) * rstd[r] * dy;
   }
   const size_t out = static_cast<size_t>(blockIdx.y) * C + c;
-  partial_b[out] = b;
+  if (partial_b) partial_b[out] = b;
   if constexpr (kLayerNorm) partial_a[out] = a;
 }
 

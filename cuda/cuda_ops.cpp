@@ -18,6 +18,9 @@
 #include "cuda/layernorm.h"
 #include "cuda/matmul_cublaslt.h"
 #include "cuda/reduce.h"
+#include "cuda/rmsnorm.h"
+#include "cuda/rope.h"
+#include "cuda/swiglu.h"
 
 namespace pt {
 
@@ -447,29 +450,38 @@ int head_size(const char* op, int C, int NH) {
                                    std::to_string(C));
   return C / NH;
 }
+// The head size of grouped-query attention: NH query heads of C / NH channels sharing NKV
+// key/value heads, NKV dividing NH.
+int gqa_head_size(const char* op, int C, int NH, int NKV) {
+  const int HS = head_size(op, C, NH);
+  check(NKV > 0 && NH % NKV == 0, where(op) + ": n_kv_heads=" + std::to_string(NKV) +
+                                      " must be positive and divide n_heads=" + std::to_string(NH));
+  return HS;
+}
 }  // namespace
 
-void CudaOps::attention_forward(Tensor out, Tensor lse, Tensor qkv, int B, int T, int C, int NH) {
+void CudaOps::attention_forward(Tensor out, Tensor lse, Tensor qkv, int B, int T, int C, int NH, int NKV) {
   check_dims("attention_forward", {B, T, C});
-  const int HS = head_size("attention_forward", C, NH);
-  const size_t BT = size_t(B) * T;
-  const DType dt = need_act(qkv, BT * 3 * C, "attention_forward", "qkv");
+  const int HS = gqa_head_size("attention_forward", C, NH, NKV);
+  const size_t BT = size_t(B) * T, W = size_t(NH + 2 * NKV) * HS;  // W: the packed q | k | v row
+  const DType dt = need_act(qkv, BT * W, "attention_forward", "qkv");
   need(out, BT * C, dt, "attention_forward", "out");
   need(lse, size_t(B) * NH * T, DType::f32, "attention_forward", "lse");
+  float* L = static_cast<float*>(lse.data);
   if (gpu::flash_attention_supported(dt, HS, qkv.data, out.data, nullptr))
-    gpu::flash_attention_forward_bf16(out.data, static_cast<float*>(lse.data), qkv.data, B, T, NH, HS, stream_);
+    gpu::flash_attention_forward_bf16(out.data, L, qkv.data, B, T, NH, NKV, HS, stream_);
   else
-    gpu::attention_forward_tiled(dt, out.data, static_cast<float*>(lse.data), qkv.data, B, T, NH, HS, stream_);
+    gpu::attention_forward_tiled(dt, out.data, L, qkv.data, B, T, NH, NKV, HS, stream_);
 }
 
 void CudaOps::attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B, int T, int C,
-                                 int NH) {
+                                 int NH, int NKV) {
   check_dims("attention_backward", {B, T, C});
-  const int HS = head_size("attention_backward", C, NH);
+  const int HS = gqa_head_size("attention_backward", C, NH, NKV);
   if (!dqkv) return;
-  const size_t BT = size_t(B) * T;
-  const DType dt = need_act(qkv, BT * 3 * C, "attention_backward", "qkv");
-  need(dqkv, BT * 3 * C, dt, "attention_backward", "dqkv");
+  const size_t BT = size_t(B) * T, W = size_t(NH + 2 * NKV) * HS;
+  const DType dt = need_act(qkv, BT * W, "attention_backward", "qkv");
+  need(dqkv, BT * W, dt, "attention_backward", "dqkv");
   need(dout, BT * C, dt, "attention_backward", "dout");
   need(out, BT * C, dt, "attention_backward", "out");
   need(lse, size_t(B) * NH * T, DType::f32, "attention_backward", "lse");
@@ -477,33 +489,34 @@ void CudaOps::attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor ou
   gpu::attention_row_dot(dt, D, dout.data, out.data, B, T, NH, HS, stream_);
   const float* L = static_cast<const float*>(lse.data);
   if (gpu::flash_attention_supported(dt, HS, qkv.data, dout.data, dqkv.data))
-    gpu::flash_attention_backward_bf16(dqkv.data, dout.data, qkv.data, L, D, B, T, NH, HS, stream_);
+    gpu::flash_attention_backward_bf16(dqkv.data, dout.data, qkv.data, L, D, B, T, NH, NKV, HS, stream_);
   else
-    gpu::attention_backward_tiled(dt, dqkv.data, dout.data, qkv.data, L, D, B, T, NH, HS, stream_);
+    gpu::attention_backward_tiled(dt, dqkv.data, dout.data, qkv.data, L, D, B, T, NH, NKV, HS, stream_);
 }
 
 void CudaOps::attention_block_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, int B, int Tq, int Tk,
-                                      int C, int NH, int q_pos0, int k_pos0, bool causal) {
+                                      int C, int NH, int NKV, int q_pos0, int k_pos0, bool causal) {
   const char* op = "attention_block_forward";
   check_dims(op, {B, Tq, Tk, C});
-  const int HS = head_size(op, C, NH);
+  const int HS = gqa_head_size(op, C, NH, NKV);
+  const size_t nk = size_t(B) * Tk * NKV * HS;
   const DType dt = need_act(q, size_t(B) * Tq * C, op, "q");
-  need(k, size_t(B) * Tk * C, dt, op, "k");
-  need(v, size_t(B) * Tk * C, dt, op, "v");
+  need(k, nk, dt, op, "k");
+  need(v, nk, dt, op, "v");
   need(out, size_t(B) * Tq * C, dt, op, "out");
   need(lse, size_t(B) * NH * Tq, DType::f32, op, "lse");
   gpu::attention_block_forward_tiled(dt, out.data, static_cast<float*>(lse.data), q.data, k.data, v.data, B, Tq, Tk,
-                                     NH, HS, q_pos0, k_pos0, causal, stream_);
+                                     NH, NKV, HS, q_pos0, k_pos0, causal, stream_);
 }
 
 void CudaOps::attention_block_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v,
-                                       Tensor out, Tensor lse, int B, int Tq, int Tk, int C, int NH, int q_pos0,
-                                       int k_pos0, bool causal) {
+                                       Tensor out, Tensor lse, int B, int Tq, int Tk, int C, int NH, int NKV,
+                                       int q_pos0, int k_pos0, bool causal) {
   const char* op = "attention_block_backward";
   check_dims(op, {B, Tq, Tk, C});
-  const int HS = head_size(op, C, NH);
+  const int HS = gqa_head_size(op, C, NH, NKV);
   if (!dq && !dk && !dv) return;
-  const size_t nq = size_t(B) * Tq * C, nk = size_t(B) * Tk * C;
+  const size_t nq = size_t(B) * Tq * C, nk = size_t(B) * Tk * NKV * HS;
   const DType dt = need_act(q, nq, op, "q");
   need(k, nk, dt, op, "k");
   need(v, nk, dt, op, "v");
@@ -516,8 +529,8 @@ void CudaOps::attention_block_backward(Tensor dq, Tensor dk, Tensor dv, Tensor d
   float* D = static_cast<float*>(scratch(size_t(B) * NH * Tq * sizeof(float)));
   gpu::attention_row_dot(dt, D, dout.data, out.data, B, Tq, NH, HS, stream_);
   gpu::attention_block_backward_tiled(dt, dq.data, dk.data, dv.data, dout.data, q.data, k.data, v.data,
-                                      static_cast<const float*>(lse.data), D, B, Tq, Tk, NH, HS, q_pos0, k_pos0,
-                                      causal, stream_);
+                                      static_cast<const float*>(lse.data), D, B, Tq, Tk, NH, NKV, HS, q_pos0,
+                                      k_pos0, causal, stream_);
 }
 
 void CudaOps::merge_attention_partials(Tensor out_acc, Tensor lse_acc, Tensor out_part, Tensor lse_part, int B, int T,
@@ -559,6 +572,99 @@ void CudaOps::add(Tensor out, Tensor a, Tensor b, size_t n) {
 void CudaOps::scale(Tensor x, float s, size_t n) {
   const DType dt = need_act(x, n, "scale", "x");
   gpu::scale(dt, x.data, s, n, stream_);
+}
+
+// ---- Llama: RMSNorm, RoPE, SwiGLU --------------------------------------------------------------
+
+void CudaOps::rmsnorm_forward(Tensor out, Tensor rstd, Tensor inp, Tensor w, int N, int C, float eps) {
+  check_dims("rmsnorm_forward", {N, C});
+  const size_t NC = size_t(N) * C;
+  const DType dt = need_act(inp, NC, "rmsnorm_forward", "inp");
+  need(out, NC, dt, "rmsnorm_forward", "out");
+  need(w, C, dt, "rmsnorm_forward", "w");
+  if (rstd) need(rstd, N, DType::f32, "rmsnorm_forward", "rstd");
+  gpu::rmsnorm_forward(dt, out.data, static_cast<float*>(rstd.data), inp.data, w.data, N, C, eps, stream_);
+}
+
+void CudaOps::residual_rmsnorm_forward(Tensor residual, Tensor out, Tensor rstd, Tensor a, Tensor b, Tensor w, int N,
+                                       int C, float eps) {
+  const char* op = "residual_rmsnorm_forward";
+  check_dims(op, {N, C});
+  const size_t NC = size_t(N) * C;
+  const DType dt = need_act(a, NC, op, "a");
+  need(b, NC, dt, op, "b");
+  need(residual, NC, dt, op, "residual");
+  need(out, NC, dt, op, "out");
+  need(w, C, dt, op, "w");
+  if (rstd) need(rstd, N, DType::f32, op, "rstd");
+  if (NC == 0) return;
+  check(!overlap(out, residual, NC) && !overlap(out, a, NC) && !overlap(out, b, NC),
+        where(op) + ": out overlaps residual, a or b");
+  // Bitwise rmsnorm_forward on the stored residual needs the same summation path (16-byte chunks
+  // or single elements) as rmsnorm_forward would take; when only a or b keeps the fused kernel
+  // off the chunked path, run the two kernels instead (as residual_layernorm_forward does).
+  const int V = 16 / static_cast<int>(dtype_size(dt));
+  const bool norm_chunked =
+      C % V == 0 && is_aligned(out.data, 16) && is_aligned(residual.data, 16) && is_aligned(w.data, 16);
+  float* rs = static_cast<float*>(rstd.data);
+  if (norm_chunked && !(is_aligned(a.data, 16) && is_aligned(b.data, 16))) {
+    gpu::add(dt, residual.data, a.data, b.data, NC, stream_);
+    gpu::rmsnorm_forward(dt, out.data, rs, residual.data, w.data, N, C, eps, stream_);
+    return;
+  }
+  gpu::fused_residual_rmsnorm_forward(dt, residual.data, out.data, rs, a.data, b.data, w.data, N, C, eps, stream_);
+}
+
+void CudaOps::rmsnorm_backward(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, Tensor rstd, int N, int C) {
+  const char* op = "rmsnorm_backward";
+  check_dims(op, {N, C});
+  if (!dinp && !dw) return;
+  const size_t NC = size_t(N) * C;
+  const DType dt = need_act(dout, NC, op, "dout");
+  need(inp, NC, dt, op, "inp");
+  need(rstd, N, DType::f32, op, "rstd");
+  if (dinp) {
+    need(dinp, NC, dt, op, "dinp");
+    need(w, C, dt, op, "w");
+  }
+  if (dw) need(dw, C, op, "dw");
+  const DType gt = grad_dtype(op, {&dw}, DType::f32);
+  void* s = dw ? scratch(gpu::rmsnorm_backward_scratch_bytes(N, C)) : nullptr;
+  gpu::rmsnorm_backward(dt, gt, dinp.data, dw.data, dout.data, inp.data, w.data, static_cast<const float*>(rstd.data),
+                        N, C, s, stream_);
+}
+
+void CudaOps::rope_forward(Tensor qkv, Tensor pos, int B, int T, int row_width, int rot_heads, int HS, float theta) {
+  check_dims("rope_forward", {B, T, row_width, rot_heads, HS});
+  const DType dt = need_act(qkv, size_t(B) * T * row_width, "rope_forward", "qkv");
+  need(pos, T, DType::i32, "rope_forward", "pos");
+  gpu::rope_forward(dt, qkv.data, static_cast<const int32_t*>(pos.data), B, T, row_width, rot_heads, HS, theta,
+                    stream_);
+}
+
+void CudaOps::rope_backward(Tensor dqkv, Tensor pos, int B, int T, int row_width, int rot_heads, int HS,
+                            float theta) {
+  check_dims("rope_backward", {B, T, row_width, rot_heads, HS});
+  const DType dt = need_act(dqkv, size_t(B) * T * row_width, "rope_backward", "dqkv");
+  need(pos, T, DType::i32, "rope_backward", "pos");
+  gpu::rope_backward(dt, dqkv.data, static_cast<const int32_t*>(pos.data), B, T, row_width, rot_heads, HS, theta,
+                     stream_);
+}
+
+void CudaOps::swiglu_forward(Tensor out, Tensor gate_up, int N, int H) {
+  check_dims("swiglu_forward", {N, H});
+  const DType dt = need_act(gate_up, size_t(N) * 2 * H, "swiglu_forward", "gate_up");
+  need(out, size_t(N) * H, dt, "swiglu_forward", "out");
+  gpu::swiglu_forward(dt, out.data, gate_up.data, N, H, stream_);
+}
+
+void CudaOps::swiglu_backward(Tensor dgate_up, Tensor gate_up, Tensor dout, int N, int H) {
+  check_dims("swiglu_backward", {N, H});
+  if (!dgate_up) return;
+  const DType dt = need_act(gate_up, size_t(N) * 2 * H, "swiglu_backward", "gate_up");
+  need(dgate_up, size_t(N) * 2 * H, dt, "swiglu_backward", "dgate_up");
+  need(dout, size_t(N) * H, dt, "swiglu_backward", "dout");
+  gpu::swiglu_backward(dt, dgate_up.data, gate_up.data, dout.data, N, H, stream_);
 }
 
 // ---- loss ---------------------------------------------------------------------------------------

@@ -79,13 +79,13 @@ class CudaOps final : public Ops {
   void matmul_forward(Tensor out, Tensor inp, Tensor w, Tensor bias, int N, int IC, int OC) override;
   void matmul_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, int N, int IC,
                        int OC) override;
-  void attention_forward(Tensor out, Tensor lse, Tensor qkv, int B, int T, int C, int NH) override;
-  void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B, int T, int C,
-                          int NH) override;
+  void attention_forward(Tensor out, Tensor lse, Tensor qkv, int B, int T, int C, int NH, int NKV) override;
+  void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B, int T, int C, int NH,
+                          int NKV) override;
   void attention_block_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, int B, int Tq, int Tk, int C,
-                               int NH, int q_pos0, int k_pos0, bool causal) override;
+                               int NH, int NKV, int q_pos0, int k_pos0, bool causal) override;
   void attention_block_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out,
-                                Tensor lse, int B, int Tq, int Tk, int C, int NH, int q_pos0, int k_pos0,
+                                Tensor lse, int B, int Tq, int Tk, int C, int NH, int NKV, int q_pos0, int k_pos0,
                                 bool causal) override;
   void merge_attention_partials(Tensor out_acc, Tensor lse_acc, Tensor out_part, Tensor lse_part, int B, int T, int C,
                                 int NH) override;
@@ -93,6 +93,16 @@ class CudaOps final : public Ops {
   void gelu_backward(Tensor dinp, Tensor inp, Tensor dout, size_t n) override;
   void add(Tensor out, Tensor a, Tensor b, size_t n) override;
   void scale(Tensor x, float s, size_t n) override;
+  void rmsnorm_forward(Tensor out, Tensor rstd, Tensor inp, Tensor w, int N, int C, float eps) override;
+  void rmsnorm_backward(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, Tensor rstd, int N,
+                        int C) override;
+  void residual_rmsnorm_forward(Tensor residual, Tensor out, Tensor rstd, Tensor a, Tensor b, Tensor w, int N, int C,
+                                float eps) override;
+  void rope_forward(Tensor qkv, Tensor pos, int B, int T, int row_width, int rot_heads, int HS, float theta) override;
+  void rope_backward(Tensor dqkv, Tensor pos, int B, int T, int row_width, int rot_heads, int HS,
+                     float theta) override;
+  void swiglu_forward(Tensor out, Tensor gate_up, int N, int H) override;
+  void swiglu_backward(Tensor dgate_up, Tensor gate_up, Tensor dout, int N, int H) override;
   void softmax_cross_entropy(Tensor losses, Tensor logits, Tensor targets, int N, int V, int Vp,
                              float dloss) override;
   void cross_entropy_shard_stats(Tensor stats, Tensor logits, Tensor targets, int N, int Vl, int V,

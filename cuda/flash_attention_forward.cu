@@ -3,11 +3,13 @@
 //
 // Computes, per (b, h) and query i (scale = 1/sqrt(HS), keys j <= i):
 //   lse_i = log sum_j exp(scale q_i.k_j),   out_i = sum_j exp(scale q_i.k_j - lse_i) v_j
-// from qkv [B, T, 3C] into out [B, T, C] (bf16) and lse [B, NH, T] (fp32).
+// from qkv [B, T, (NH + 2 NKV) HS] into out [B, T, C] (bf16) and lse [B, NH, T] (fp32), where
+// k and v are those of key/value head h / (NH / NKV) (grouped-query attention; NKV == NH is
+// multi-head). The key/value head is only an address: no K/V head is ever repeated in memory.
 //
 // Algorithm: one block of 4 warps per (64-query tile, b*h); the tiles are launched longest
 // first (the last query tile attends to the most keys). Each warp owns 16 query rows. For each
-// 64-key tile up to the diagonal:
+// 64-key tile up to the diagonal of the query head's key/value head:
 //   1. K and V tiles go to shared memory (128-bit loads, rows past T zero-filled);
 //   2. S = Q K^T for the warp's 16 x 64 block: 8 n-tiles x HS/16 k-steps of mma, Q and K
 //      fragments read from shared memory;
@@ -26,8 +28,10 @@
 // masked n-tiles of the diagonal tile, wgmma on sm_90a.
 //
 // Cost (causal): 2 * 2 * B*NH * (T^2/2) * HS FLOPs on tensor cores (S and P V), e.g. GPT-2 124M at
-// B = 8, T = 1024: 12.9 GFLOP per layer, ~13 us at 989 TFLOP/s; bytes: Q, O once, K/V once per
-// query tile (from L2), lse 4 B per row.
+// B = 8, T = 1024: 12.9 GFLOP per layer, ~13 us at 989 TFLOP/s (the same under GQA: every query
+// head still meets every key). Bytes: Q, O once (2 * B*T*NH*HS * 2), K/V once per query tile
+// (from L2) but once from DRAM: 2 * B*T*NKV*HS * 2, NH/NKV less than multi-head attention, as
+// the G = NH/NKV query heads of a group read the same K/V tiles; lse 4 B per row.
 #include <cmath>
 
 #include "cuda/attention.h"
@@ -41,7 +45,7 @@ using namespace flash;
 
 template <int HS>
 __global__ void __launch_bounds__(kThreads)
-    flash_forward_kernel(bf16* out, float* lse, const bf16* qkv, int T, int NH, float scale_log2) {
+    flash_forward_kernel(bf16* out, float* lse, const bf16* qkv, int T, int NH, int NKV, float scale_log2) {
   constexpr int LD = row_stride<HS>();
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* sQ = reinterpret_cast<bf16*>(smem_raw);
@@ -49,11 +53,14 @@ __global__ void __launch_bounds__(kThreads)
   bf16* sV = sK + kRows * LD;
 
   const int C = NH * HS;
-  const size_t rs = 3 * static_cast<size_t>(C);  // qkv row stride
-  const int qt = gridDim.x - 1 - blockIdx.x;      // longest rows first
-  const int b = blockIdx.y / NH, h = blockIdx.y % NH;
+  const size_t rs = static_cast<size_t>(NH + 2 * NKV) * HS;  // qkv row stride
+  const int qt = gridDim.x - 1 - blockIdx.x;                 // longest rows first
+  const int b = blockIdx.y / NH, h = blockIdx.y % NH, kvh = h / (NH / NKV);
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize, g = lane >> 2, t = lane & 3;
-  const bf16* head = qkv + static_cast<size_t>(b) * T * rs + static_cast<size_t>(h) * HS;
+  const bf16* row_b = qkv + static_cast<size_t>(b) * T * rs;
+  const bf16* head = row_b + static_cast<size_t>(h) * HS;                // q
+  const bf16* khead = row_b + static_cast<size_t>(NH + kvh) * HS;        // k of the group
+  const bf16* vhead = row_b + static_cast<size_t>(NH + NKV + kvh) * HS;  // v of the group
   const int row0 = qt * kRows + warp * 16 + g;  // this thread's query rows: row0 and row0 + 8
 
   load_tile<HS>(sQ, head, rs, qt * kRows, T);
@@ -64,8 +71,8 @@ __global__ void __launch_bounds__(kThreads)
 
   for (int kt = 0; kt <= qt; ++kt) {
     __syncthreads();  // the previous K/V tile is no longer read
-    load_tile<HS>(sK, head + C, rs, kt * kRows, T);
-    load_tile<HS>(sV, head + 2 * C, rs, kt * kRows, T);
+    load_tile<HS>(sK, khead, rs, kt * kRows, T);
+    load_tile<HS>(sV, vhead, rs, kt * kRows, T);
     __syncthreads();
 
     float s[8][4];
@@ -159,7 +166,7 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <int HS>
-void launch_forward(void* out, float* lse, const void* qkv, int B, int T, int NH, cudaStream_t stream) {
+void launch_forward(void* out, float* lse, const void* qkv, int B, int T, int NH, int NKV, cudaStream_t stream) {
   const size_t smem = 3 * size_t(kRows) * row_stride<HS>() * sizeof(bf16);
   check(smem <= static_cast<size_t>(max_dynamic_shared_bytes()),
         "flash attention: " + std::to_string(smem) + " bytes of shared memory exceed this GPU's per-block limit");
@@ -168,7 +175,7 @@ void launch_forward(void* out, float* lse, const void* qkv, int B, int T, int NH
   const dim3 grid(static_cast<unsigned>(ceil_div(T, kRows)), static_cast<unsigned>(B * NH));
   const float scale_log2 = kLog2e / std::sqrt(static_cast<float>(HS));
   flash_forward_kernel<HS><<<grid, kThreads, smem, stream>>>(static_cast<bf16*>(out), lse,
-                                                             static_cast<const bf16*>(qkv), T, NH, scale_log2);
+                                                             static_cast<const bf16*>(qkv), T, NH, NKV, scale_log2);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -179,12 +186,16 @@ bool flash_attention_supported(DType dtype, int HS, const void* qkv, const void*
          (dqkv == nullptr || is_aligned(dqkv, 16));
 }
 
-void flash_attention_forward_bf16(void* out, float* lse, const void* qkv, int B, int T, int NH, int HS, void* stream) {
+void flash_attention_forward_bf16(void* out, float* lse, const void* qkv, int B, int T, int NH, int NKV, int HS,
+                                  void* stream) {
   if (B <= 0 || T <= 0) return;
   check(static_cast<long long>(B) * NH <= 65535, "flash attention: B * n_heads exceeds the grid's y limit 65535");
+  check(NKV > 0 && NH % NKV == 0, "flash attention: n_kv_heads must divide n_heads");
   switch (HS) {
-    case 64: return launch_forward<64>(out, lse, qkv, B, T, NH, as_stream(stream));
-    case 128: return launch_forward<128>(out, lse, qkv, B, T, NH, as_stream(stream));
+    case 64:
+      return launch_forward<64>(out, lse, qkv, B, T, NH, NKV, as_stream(stream));
+    case 128:
+      return launch_forward<128>(out, lse, qkv, B, T, NH, NKV, as_stream(stream));
     default:
       throw RuntimeError("flash attention: head size " + std::to_string(HS) +
                          " has no tensor-core kernel (64 or 128); the CUDA-core kernels handle it");

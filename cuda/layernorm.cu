@@ -39,11 +39,10 @@
 // Memory traffic (s = activation bytes): dinp part: read x, dout, dinp + write dinp = 4*N*C*s
 // (+ w, mean, rstd); dw/db part: read x, dout = 2*N*C*s (+ the partials, <= 2 KB per
 // channel). GPT-2 124M, N = 8192, C = 768, bf16: 75.5 MB, ~23 us at 3.35 TB/s (H100 SXM).
-#include <initializer_list>
-
 #include "cuda/column_reduce.cuh"
 #include "cuda/cuda_common.h"
 #include "cuda/layernorm.h"
+#include "cuda/norm_args.h"
 
 namespace pt::gpu {
 
@@ -109,13 +108,6 @@ __global__ void __launch_bounds__(kBlock)
       o.v[k] = from_float<T>((to_float(xv.v[k]) - m) * s * to_float(wv.v[k]) + to_float(bv.v[k]));
     store_packed<T, VEC>(out + offset + i, o);
   }
-}
-
-void check_args(const char* op, int N, int C, std::initializer_list<const void*> required) {
-  check(N >= 0, std::string(op) + ": negative row count N=" + std::to_string(N));
-  check(C > 0, std::string(op) + ": channel count C=" + std::to_string(C) + " must be positive");
-  for (const void* p : required)
-    check(p != nullptr || N == 0, std::string(op) + ": a required device pointer is null");
 }
 
 template <typename T, bool kResidual>
@@ -184,7 +176,7 @@ __global__ void __launch_bounds__(kBlock)
 
 void layernorm_forward(DType dtype, void* out, float* mean, float* rstd, const void* inp, const void* w,
                        const void* b, int N, int C, void* stream) {
-  check_args("layernorm_forward", N, C, {out, inp, w, b});
+  check_norm_args("layernorm_forward", N, C, {out, inp, w, b});
   if (N == 0) return;  // a zero-block grid is a launch error
   switch (dtype) {
     case DType::f32:
@@ -203,7 +195,7 @@ void layernorm_forward(DType dtype, void* out, float* mean, float* rstd, const v
 void fused_residual_layernorm_forward(DType dtype, void* residual, void* out, float* mean, float* rstd,
                                       const void* a, const void* b, const void* w, const void* bias, int N, int C,
                                       void* stream) {
-  check_args("fused_residual_layernorm_forward", N, C, {residual, out, a, b, w, bias});
+  check_norm_args("fused_residual_layernorm_forward", N, C, {residual, out, a, b, w, bias});
   if (N == 0) return;
   switch (dtype) {
     case DType::f32:
@@ -226,7 +218,7 @@ size_t layernorm_backward_scratch_bytes(int N, int C) { return ColumnSplit(N).sc
 void layernorm_backward(DType dtype, DType grad_dtype, void* dinp, void* dw, void* db, const void* dout,
                         const void* inp, const void* w, const float* mean, const float* rstd, int N, int C,
                         void* scratch, void* stream) {
-  check_args("layernorm_backward", N, C, {dout, inp, mean, rstd});
+  check_norm_args("layernorm_backward", N, C, {dout, inp, mean, rstd});
   if (N == 0) return;
   cudaStream_t s = as_stream(stream);
   if (dinp) {

@@ -2,9 +2,10 @@
 // against CpuOps on random inputs: query/key counts that are not multiples of the 32-row tile,
 // position offsets that leave the first queries with no key (out 0, lse -inf), a past block,
 // the diagonal, non-causal, decoding (Tq = 1) against a long cache; f32 (head sizes 32, 5, 64)
-// and bf16. Forward outputs are poisoned first; the backward runs from the reference's out and
-// lse onto a nonzero start (checking "+="), per gradient, and once more for bitwise determinism.
-// Tolerances: gpu_test_support.h (relative L2; lse -inf entries must match exactly).
+// and bf16; grouped-query attention (k, v with NKV < NH heads; dk/dv sum a group's query heads). Forward outputs are
+// poisoned first; the backward runs from the reference's out and lse onto a nonzero start (checking "+="), per
+// gradient, and once more for bitwise determinism. Tolerances: gpu_test_support.h (relative L2; lse -inf entries must
+// match exactly).
 //
 // Runs only on a GPU machine: catch_main_gpu exits 77 (skipped) when no device is visible.
 #include <catch2/catch.hpp>
@@ -23,6 +24,7 @@ struct Case {
   DType mode;
   int B, Tq, Tk, NH, HS, q_pos0, k_pos0;
   bool causal;
+  int NKV = 0;  // key/value heads; 0: NH (multi-head)
 };
 
 const Case kCases[] = {
@@ -33,7 +35,14 @@ const Case kCases[] = {
     {DType::f32, 1, 1, 100, 4, 64, 40, 0, true},  // ... in the middle of a longer cache
     {DType::f32, 2, 20, 50, 2, 8, 0, 0, false},   // non-causal
     {DType::f32, 1, 9, 13, 2, 8, 0, 500, true},   // a future block: nothing visible anywhere
-    {DType::bf16, 2, 67, 45, 3, 32, 20, 0, true}, {DType::bf16, 1, 1, 129, 2, 64, 128, 0, true},
+    {DType::bf16, 2, 67, 45, 3, 32, 20, 0, true},
+    {DType::bf16, 1, 1, 129, 2, 64, 128, 0, true},
+    // Grouped-query attention.
+    {DType::f32, 2, 67, 45, 4, 32, 20, 0, true, 2},   // groups of 2, rows with a prefix of the keys
+    {DType::f32, 1, 40, 70, 6, 5, 0, 30, true, 1},    // one key/value head; queries with no key
+    {DType::f32, 2, 20, 50, 4, 8, 0, 0, false, 1},    // non-causal
+    {DType::f32, 1, 1, 100, 8, 64, 40, 0, true, 2},   // decoding against a GQA cache
+    {DType::bf16, 2, 67, 45, 6, 32, 20, 0, true, 3},  // bf16, groups of 2
 };
 
 // lse: -inf where the reference has -inf, relative L2 over the finite rest.
@@ -58,23 +67,23 @@ void expect_lse(const std::vector<float>& got, const std::vector<float>& ref, do
 TEST_CASE("attention_block_forward and attention_block_backward match CpuOps", "[gpu][attention]") {
   for (const Case& k : kCases) {
     const DType mode = k.mode;
-    const int B = k.B, Tq = k.Tq, Tk = k.Tk, NH = k.NH, C = NH * k.HS;
-    INFO("mode " << mode_name(mode) << ", B " << B << " Tq " << Tq << " Tk " << Tk << " NH " << NH << " HS " << k.HS
-                 << " q_pos0 " << k.q_pos0 << " k_pos0 " << k.k_pos0 << " causal " << k.causal);
+    const int B = k.B, Tq = k.Tq, Tk = k.Tk, NH = k.NH, NKV = k.NKV ? k.NKV : k.NH, C = NH * k.HS;
+    INFO("mode " << mode_name(mode) << ", B " << B << " Tq " << Tq << " Tk " << Tk << " NH " << NH << " NKV " << NKV
+                 << " HS " << k.HS << " q_pos0 " << k.q_pos0 << " k_pos0 " << k.k_pos0 << " causal " << k.causal);
     Ops& ops = gpu(mode);
     Tensors g(ops), c(cpu());
-    const size_t nq = size_t(B) * Tq * C, nk = size_t(B) * Tk * C, nlse = size_t(B) * NH * Tq;
+    const size_t nq = size_t(B) * Tq * C, nk = size_t(B) * Tk * NKV * k.HS, nlse = size_t(B) * NH * Tq;
     const std::vector<float> q = rounded(mode, random_normal(nq, 1.0f, 81)),
                              kk = rounded(mode, random_normal(nk, 1.0f, 82)),
                              v = rounded(mode, random_normal(nk, 1.0f, 83));
     Tensor cq = c.make(q, DType::f32), ck = c.make(kk, DType::f32), cv = c.make(v, DType::f32);
     Tensor cout = c.zeros(nq, DType::f32), clse = c.zeros(nlse, DType::f32);
-    cpu().attention_block_forward(cout, clse, cq, ck, cv, B, Tq, Tk, C, NH, k.q_pos0, k.k_pos0, k.causal);
+    cpu().attention_block_forward(cout, clse, cq, ck, cv, B, Tq, Tk, C, NH, NKV, k.q_pos0, k.k_pos0, k.causal);
     Tensor gq = g.make(q, mode), gk = g.make(kk, mode), gv = g.make(v, mode);
     Tensor gout = g.zeros(nq, mode), glse = g.zeros(nlse, DType::f32);
     g.poison(gout);
     g.poison(glse);
-    ops.attention_block_forward(gout, glse, gq, gk, gv, B, Tq, Tk, C, NH, k.q_pos0, k.k_pos0, k.causal);
+    ops.attention_block_forward(gout, glse, gq, gk, gv, B, Tq, Tk, C, NH, NKV, k.q_pos0, k.k_pos0, k.causal);
     expect_close("out", g.read(gout), c.read(cout), tolerance(mode, mode));
     expect_lse(g.read(glse), c.read(clse), tolerance(mode, DType::f32));
 
@@ -86,12 +95,12 @@ TEST_CASE("attention_block_forward and attention_block_backward match CpuOps", "
                              dv0 = rounded(mode, random_normal(nk, 0.1f, 87));
     Tensor cout_r = c.make(out, DType::f32), cdout = c.make(dout, DType::f32);
     Tensor cdq = c.make(dq0, DType::f32), cdk = c.make(dk0, DType::f32), cdv = c.make(dv0, DType::f32);
-    cpu().attention_block_backward(cdq, cdk, cdv, cdout, cq, ck, cv, cout_r, clse, B, Tq, Tk, C, NH, k.q_pos0, k.k_pos0,
-                                   k.causal);
+    cpu().attention_block_backward(cdq, cdk, cdv, cdout, cq, ck, cv, cout_r, clse, B, Tq, Tk, C, NH, NKV, k.q_pos0,
+                                   k.k_pos0, k.causal);
     Tensor gout_r = g.make(out, mode), glse_r = g.make(lse, DType::f32), gdout = g.make(dout, mode);
     Tensor gdq = g.make(dq0, mode), gdk = g.make(dk0, mode), gdv = g.make(dv0, mode);
-    ops.attention_block_backward(gdq, gdk, gdv, gdout, gq, gk, gv, gout_r, glse_r, B, Tq, Tk, C, NH, k.q_pos0, k.k_pos0,
-                                 k.causal);
+    ops.attention_block_backward(gdq, gdk, gdv, gdout, gq, gk, gv, gout_r, glse_r, B, Tq, Tk, C, NH, NKV, k.q_pos0,
+                                 k.k_pos0, k.causal);
     const std::vector<float> got_dq = g.read(gdq), got_dk = g.read(gdk), got_dv = g.read(gdv);
     expect_close("dq", got_dq, c.read(cdq), tolerance(mode, mode));
     expect_close("dk", got_dk, c.read(cdk), tolerance(mode, mode));
@@ -99,13 +108,13 @@ TEST_CASE("attention_block_forward and attention_block_backward match CpuOps", "
 
     // Deterministic, and a null gradient is skipped without touching the others.
     Tensor gdq2 = g.make(dq0, mode), gdk2 = g.make(dk0, mode), gdv2 = g.make(dv0, mode);
-    ops.attention_block_backward(gdq2, gdk2, gdv2, gdout, gq, gk, gv, gout_r, glse_r, B, Tq, Tk, C, NH, k.q_pos0,
+    ops.attention_block_backward(gdq2, gdk2, gdv2, gdout, gq, gk, gv, gout_r, glse_r, B, Tq, Tk, C, NH, NKV, k.q_pos0,
                                  k.k_pos0, k.causal);
     CHECK(bitwise_equal(g.read(gdq2), got_dq));
     CHECK(bitwise_equal(g.read(gdk2), got_dk));
     CHECK(bitwise_equal(g.read(gdv2), got_dv));
     Tensor gdk3 = g.make(dk0, mode);
-    ops.attention_block_backward(Tensor{}, gdk3, Tensor{}, gdout, gq, gk, gv, gout_r, glse_r, B, Tq, Tk, C, NH,
+    ops.attention_block_backward(Tensor{}, gdk3, Tensor{}, gdout, gq, gk, gv, gout_r, glse_r, B, Tq, Tk, C, NH, NKV,
                                  k.q_pos0, k.k_pos0, k.causal);
     CHECK(bitwise_equal(g.read(gdk3), got_dk));
   }

@@ -96,7 +96,7 @@ TEST_CASE("attention_block: forward, lse and backward against a naive reference"
     Tensor out = bufs.f32(std::vector<float>(s.nq(), 7.0f)), lse = bufs.zeros(s.nlse());  // out poisoned
 
     // Tolerance 1e-5 (abs and rel): float softmax over at most 13 keys of short dot products.
-    ops.attention_block_forward(out, lse, tq, tk, tv, s.B, s.Tq, s.Tk, s.C, s.NH, s.q_pos0, s.k_pos0, s.causal);
+    ops.attention_block_forward(out, lse, tq, tk, tv, s.B, s.Tq, s.Tk, s.C, s.NH, s.NH, s.q_pos0, s.k_pos0, s.causal);
     const Ref ref = block_ref(qd, kd, vd, s);
     require_close(bufs.read(out), ref.out, 1e-5, 1e-5, "out");
     const std::vector<float> got_lse = bufs.read(lse);
@@ -111,8 +111,8 @@ TEST_CASE("attention_block: forward, lse and backward against a naive reference"
     // Tolerance atol 1e-5, rtol 1e-4: float backward against exact double derivatives.
     Tensor dq = bufs.zeros(s.nq()), dk = bufs.zeros(s.nk()), dv = bufs.zeros(s.nk());
     auto backward = [&] {
-      ops.attention_block_backward(dq, dk, dv, tR, tq, tk, tv, out, lse, s.B, s.Tq, s.Tk, s.C, s.NH, s.q_pos0, s.k_pos0,
-                                   s.causal);
+      ops.attention_block_backward(dq, dk, dv, tR, tq, tk, tv, out, lse, s.B, s.Tq, s.Tk, s.C, s.NH, s.NH, s.q_pos0,
+                                   s.k_pos0, s.causal);
     };
     backward();
     auto loss_q = [&](const std::vector<double>& x) { return dot(block_ref(x, kd, vd, s).out, R); };
@@ -126,10 +126,10 @@ TEST_CASE("attention_block: forward, lse and backward against a naive reference"
     // Any gradient may be left out; the others are unchanged.
     Tensor dk_only = bufs.zeros(s.nk());
     ops.attention_block_backward(Tensor{}, dk_only, Tensor{}, tR, tq, tk, tv, out, lse, s.B, s.Tq, s.Tk, s.C, s.NH,
-                                 s.q_pos0, s.k_pos0, s.causal);
+                                 s.NH, s.q_pos0, s.k_pos0, s.causal);
     ops.zero(dk);
-    ops.attention_block_backward(Tensor{}, dk, Tensor{}, tR, tq, tk, tv, out, lse, s.B, s.Tq, s.Tk, s.C, s.NH, s.q_pos0,
-                                 s.k_pos0, s.causal);
+    ops.attention_block_backward(Tensor{}, dk, Tensor{}, tR, tq, tk, tv, out, lse, s.B, s.Tq, s.Tk, s.C, s.NH, s.NH,
+                                 s.q_pos0, s.k_pos0, s.causal);
     CHECK(bitwise_equal(bufs.read(dk_only), bufs.read(dk)));
   }
 }
@@ -150,14 +150,14 @@ TEST_CASE("attention_block with the packed op's arguments is the packed op, bitw
   Tensor tqkv = bufs.f32(qkv), tq = bufs.f32(q), tk = bufs.f32(k), tv = bufs.f32(v), tdout = bufs.f32(dout);
   Tensor out1 = bufs.zeros(q.size()), lse1 = bufs.zeros(size_t(B) * NH * T);
   Tensor out2 = bufs.zeros(q.size()), lse2 = bufs.zeros(size_t(B) * NH * T);
-  ops.attention_forward(out1, lse1, tqkv, B, T, C, NH);
-  ops.attention_block_forward(out2, lse2, tq, tk, tv, B, T, T, C, NH, 0, 0, true);
+  ops.attention_forward(out1, lse1, tqkv, B, T, C, NH, NH);
+  ops.attention_block_forward(out2, lse2, tq, tk, tv, B, T, T, C, NH, NH, 0, 0, true);
   CHECK(bitwise_equal(bufs.read(out1), bufs.read(out2)));
   CHECK(bitwise_equal(bufs.read(lse1), bufs.read(lse2)));
 
   Tensor dqkv = bufs.zeros(qkv.size()), dq = bufs.zeros(q.size()), dk = bufs.zeros(q.size()), dv = bufs.zeros(q.size());
-  ops.attention_backward(dqkv, tdout, tqkv, out1, lse1, B, T, C, NH);
-  ops.attention_block_backward(dq, dk, dv, tdout, tq, tk, tv, out2, lse2, B, T, T, C, NH, 0, 0, true);
+  ops.attention_backward(dqkv, tdout, tqkv, out1, lse1, B, T, C, NH, NH);
+  ops.attention_block_backward(dq, dk, dv, tdout, tq, tk, tv, out2, lse2, B, T, T, C, NH, NH, 0, 0, true);
   const std::vector<float> packed = bufs.read(dqkv), gq = bufs.read(dq), gk = bufs.read(dk), gv = bufs.read(dv);
   std::vector<float> unpacked(packed.size());
   for (size_t r = 0; r < size_t(B) * T; r++)
@@ -190,9 +190,9 @@ TEST_CASE("merge_attention_partials: blocks of keys merged equal attention over 
     const size_t nq = q.size(), nlse = size_t(B) * NH * Tq;
     Tensor out_all = bufs.zeros(nq), lse_all = bufs.zeros(nlse);
     Tensor tk = bufs.f32(k), tv = bufs.f32(v);
-    ops.attention_block_forward(out_all, lse_all, tq, tk, tv, B, Tq, Tk, C, NH, cs.q_pos0, 0, cs.causal);
+    ops.attention_block_forward(out_all, lse_all, tq, tk, tv, B, Tq, Tk, C, NH, NH, cs.q_pos0, 0, cs.causal);
     Tensor dq_all = bufs.zeros(nq), dk_all = bufs.zeros(k.size()), dv_all = bufs.zeros(k.size());
-    ops.attention_block_backward(dq_all, dk_all, dv_all, tdout, tq, tk, tv, out_all, lse_all, B, Tq, Tk, C, NH,
+    ops.attention_block_backward(dq_all, dk_all, dv_all, tdout, tq, tk, tv, out_all, lse_all, B, Tq, Tk, C, NH, NH,
                                  cs.q_pos0, 0, cs.causal);
     for (int a = 0; a <= Tk; a++) {
       INFO("q_pos0 " << cs.q_pos0 << " causal " << cs.causal << " split at " << a);
@@ -209,8 +209,8 @@ TEST_CASE("merge_attention_partials: blocks of keys merged equal attention over 
       Tensor k2 = bufs.f32(part(k, a, n2)), v2 = bufs.f32(part(v, a, n2));
       Tensor out = bufs.zeros(nq), lse = bufs.zeros(nlse), out2 = bufs.zeros(nq), lse2 = bufs.zeros(nlse);
       // Second half first: the merge must not care which block came first.
-      ops.attention_block_forward(out, lse, tq, k2, v2, B, Tq, n2, C, NH, cs.q_pos0, a, cs.causal);
-      ops.attention_block_forward(out2, lse2, tq, k1, v1, B, Tq, n1, C, NH, cs.q_pos0, 0, cs.causal);
+      ops.attention_block_forward(out, lse, tq, k2, v2, B, Tq, n2, C, NH, NH, cs.q_pos0, a, cs.causal);
+      ops.attention_block_forward(out2, lse2, tq, k1, v1, B, Tq, n1, C, NH, NH, cs.q_pos0, 0, cs.causal);
       ops.merge_attention_partials(out, lse, out2, lse2, B, Tq, C, NH);
       require_close(bufs.read(out), bufs.read(out_all), 1e-6, 1e-5, "merged out");
       const std::vector<float> got_lse = bufs.read(lse), want_lse = bufs.read(lse_all);
@@ -223,9 +223,9 @@ TEST_CASE("merge_attention_partials: blocks of keys merged equal attention over 
 
       Tensor dq = bufs.zeros(nq), dk1 = bufs.zeros(k1.numel), dv1 = bufs.zeros(k1.numel);
       Tensor dk2 = bufs.zeros(k2.numel), dv2 = bufs.zeros(k2.numel);
-      ops.attention_block_backward(dq, dk1, dv1, tdout, tq, k1, v1, out, lse, B, Tq, n1, C, NH, cs.q_pos0, 0,
+      ops.attention_block_backward(dq, dk1, dv1, tdout, tq, k1, v1, out, lse, B, Tq, n1, C, NH, NH, cs.q_pos0, 0,
                                    cs.causal);
-      ops.attention_block_backward(dq, dk2, dv2, tdout, tq, k2, v2, out, lse, B, Tq, n2, C, NH, cs.q_pos0, a,
+      ops.attention_block_backward(dq, dk2, dv2, tdout, tq, k2, v2, out, lse, B, Tq, n2, C, NH, NH, cs.q_pos0, a,
                                    cs.causal);
       require_close(bufs.read(dq), bufs.read(dq_all), 1e-5, 1e-4, "dq summed over blocks");
       const std::vector<float> dka = bufs.read(dk_all), dva = bufs.read(dv_all);
@@ -271,10 +271,10 @@ TEST_CASE("attention_block results do not depend on the thread count", "[cpu][de
     Tensor out = bufs.zeros(q.numel), lse = bufs.zeros(size_t(B) * NH * Tq), out2 = bufs.zeros(q.numel),
            lse2 = bufs.zeros(size_t(B) * NH * Tq);
     Tensor dq = bufs.zeros(q.numel), dk = bufs.zeros(k.numel), dv = bufs.zeros(v.numel);
-    ops.attention_block_forward(out, lse, q, k, v, B, Tq, Tk, C, NH, 10, 3, true);
-    ops.attention_block_forward(out2, lse2, q, k, v, B, Tq, Tk, C, NH, 10, 30, true);
+    ops.attention_block_forward(out, lse, q, k, v, B, Tq, Tk, C, NH, NH, 10, 3, true);
+    ops.attention_block_forward(out2, lse2, q, k, v, B, Tq, Tk, C, NH, NH, 10, 30, true);
     ops.merge_attention_partials(out, lse, out2, lse2, B, Tq, C, NH);
-    ops.attention_block_backward(dq, dk, dv, dout, q, k, v, out, lse, B, Tq, Tk, C, NH, 10, 3, true);
+    ops.attention_block_backward(dq, dk, dv, dout, q, k, v, out, lse, B, Tq, Tk, C, NH, NH, 10, 3, true);
     return std::vector<std::vector<float>>{bufs.read(out), bufs.read(lse), bufs.read(dq), bufs.read(dk), bufs.read(dv)};
   };
   check_thread_count_independent(run);
@@ -284,8 +284,9 @@ TEST_CASE("attention_block rejects bad arguments", "[cpu][attention]") {
   CpuOps ops;
   Buffers bufs(ops);
   Tensor q = bufs.zeros(2 * 8), kv = bufs.zeros(3 * 8), out = bufs.zeros(2 * 8), lse = bufs.zeros(2 * 2);
-  CHECK_THROWS_AS(ops.attention_block_forward(out, lse, q, kv, kv, 1, 2, 3, 8, 3, 0, 0, true), RuntimeError);  // 3 ∤ 8
-  CHECK_THROWS_AS(ops.attention_block_forward(out, lse, q, kv, kv, 1, 2, 4, 8, 2, 0, 0, true),
+  CHECK_THROWS_AS(ops.attention_block_forward(out, lse, q, kv, kv, 1, 2, 3, 8, 3, 3, 0, 0, true),
+                  RuntimeError);  // 3 ∤ 8
+  CHECK_THROWS_AS(ops.attention_block_forward(out, lse, q, kv, kv, 1, 2, 4, 8, 2, 2, 0, 0, true),
                   RuntimeError);  // k short
-  CHECK_THROWS_AS(ops.attention_block_forward(out, lse, q, kv, kv, 1, -1, 3, 8, 2, 0, 0, true), RuntimeError);
+  CHECK_THROWS_AS(ops.attention_block_forward(out, lse, q, kv, kv, 1, -1, 3, 8, 2, 2, 0, 0, true), RuntimeError);
 }

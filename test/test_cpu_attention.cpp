@@ -63,21 +63,21 @@ TEST_CASE("attention: forward, lse and backward against a naive full-softmax ref
   Tensor t_qkv = bufs.f32(qkv), out = bufs.zeros(size_t(B) * T * C), lse = bufs.zeros(size_t(B) * NH * T);
 
   // Tolerance 1e-5 (abs and rel): float softmax over at most 11 keys of 5-channel dot products.
-  ops.attention_forward(out, lse, t_qkv, B, T, C, NH);
+  ops.attention_forward(out, lse, t_qkv, B, T, C, NH, NH);
   AttentionRef ref = attention_ref(qkvd, B, T, C, NH);
   require_close(bufs.read(out), ref.out, 1e-5, 1e-5, "out");
   require_close(bufs.read(lse), ref.lse, 1e-5, 1e-5, "lse");
 
   // Tolerance atol 1e-5, rtol 1e-4: float backward against exact double derivatives.
   Tensor dqkv = bufs.zeros(qkv.size()), t_R = bufs.f32(R);
-  auto backward = [&] { ops.attention_backward(dqkv, t_R, t_qkv, out, lse, B, T, C, NH); };
+  auto backward = [&] { ops.attention_backward(dqkv, t_R, t_qkv, out, lse, B, T, C, NH, NH); };
   backward();
   auto loss = [&](const std::vector<double>& v) { return dot(attention_ref(v, B, T, C, NH).out, R); };
   require_close(bufs.read(dqkv), numeric_grad(loss, qkvd), 1e-5, 1e-4, "dqkv");
 
   check_overwrites(ops, bufs, {dqkv}, backward);
-  ops.attention_backward(Tensor{}, t_R, t_qkv, out, lse, B, T, C, NH);  // null: skipped
-  CHECK_THROWS_AS(ops.attention_forward(out, lse, t_qkv, B, T, C, 4), RuntimeError);  // 4 does not divide 15
+  ops.attention_backward(Tensor{}, t_R, t_qkv, out, lse, B, T, C, NH, NH);               // null: skipped
+  CHECK_THROWS_AS(ops.attention_forward(out, lse, t_qkv, B, T, C, 4, 4), RuntimeError);  // 4 does not divide 15
 }
 
 TEST_CASE("attention: a single token attends only to itself", "[cpu][attention]") {
@@ -88,9 +88,9 @@ TEST_CASE("attention: a single token attends only to itself", "[cpu][attention]"
   const int B = 3, T = 1, C = 8, NH = 2;
   std::vector<float> qkv = random_floats(size_t(B) * 3 * C, 33), R = random_floats(size_t(B) * C, 34);
   Tensor t_qkv = bufs.f32(qkv), out = bufs.zeros(size_t(B) * C), lse = bufs.zeros(size_t(B) * NH);
-  ops.attention_forward(out, lse, t_qkv, B, T, C, NH);
+  ops.attention_forward(out, lse, t_qkv, B, T, C, NH, NH);
   Tensor dqkv = bufs.zeros(qkv.size());
-  ops.attention_backward(dqkv, bufs.f32(R), t_qkv, out, lse, B, T, C, NH);
+  ops.attention_backward(dqkv, bufs.f32(R), t_qkv, out, lse, B, T, C, NH, NH);
   std::vector<double> want_out(size_t(B) * C), want_d(qkv.size(), 0.0);
   for (int b = 0; b < B; b++)
     for (int c = 0; c < C; c++) {
@@ -110,8 +110,8 @@ TEST_CASE("attention results do not depend on the thread count", "[cpu][determin
   Tensor dout = bufs.f32(random_floats(size_t(B) * T * C, 36));
   auto run = [&] {
     Tensor out = bufs.zeros(size_t(B) * T * C), lse = bufs.zeros(size_t(B) * NH * T), dqkv = bufs.zeros(qkv.numel);
-    ops.attention_forward(out, lse, qkv, B, T, C, NH);
-    ops.attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH);
+    ops.attention_forward(out, lse, qkv, B, T, C, NH, NH);
+    ops.attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH, NH);
     return std::vector<std::vector<float>>{bufs.read(out), bufs.read(lse), bufs.read(dqkv)};
   };
   check_thread_count_independent(run);

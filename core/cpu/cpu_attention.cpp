@@ -1,21 +1,27 @@
-// Causal multi-head self-attention, GPT-2's: scale 1/sqrt(HS), query t attends to keys 0..t.
-// qkv[B, T, 3C] holds q | k | v per token, head h at channels [h*HS, (h+1)*HS) of each part.
+// Causal self-attention, GPT-2's multi-head and Llama's grouped-query: scale 1/sqrt(HS), query
+// t attends to keys 0..t. qkv[B, T, (NH + 2 NKV) HS] holds q (NH heads) | k (NKV heads) |
+// v (NKV heads) per token, head h at channels [h*HS, (h+1)*HS) of each part; query head h reads
+// key/value head h / (NH / NKV) (NKV == NH: GPT-2's [B, T, 3C]).
 //  forward:  per (b, h, t): s_j = scale * q_t.k_j (j <= t), lse_t = log sum_j exp(s_j),
 //            out_t = sum_j exp(s_j - lse_t) v_j, written to out[b, t, h*HS : (h+1)*HS].
 //  backward: the flash-attention recurrence, recomputing P from q, k and lse (nothing T x T is
 //            kept between calls): D_t = dO_t.O_t, dP_tj = dO_t.v_j, dS_tj = P_tj (dP_tj - D_t),
-//            dq_t += scale sum_j dS_tj k_j, dk_j += scale sum_t dS_tj q_t, dv_j += sum_t P_tj dO_t.
+//            dq_t += scale sum_j dS_tj k_j, dk_j += scale sum_t dS_tj q_t, dv_j += sum_t P_tj dO_t,
+//            dk and dv summed over the query heads of the key/value head's group.
 // FLOPs (causal, ~T^2/2 pairs per (b, h)): forward ~2*B*NH*T^2*HS (q.k and p*v),
 // backward ~4*B*NH*T^2*HS (q.k, dO.v, dS*k, dS*q, P*dO: 5 products of 2 FLOPs per pair and
-// channel over half the matrix). Bytes: qkv, out, dout, lse once each; K and V rows are reused
-// from cache across queries, so at GPT-2 shapes it is compute-bound.
-// Parallel over (b, h, t) forward and over (b, h) backward: a (b, h) pair owns its head's
-// channels of dqkv for all of its tokens, so dk/dv accumulate race-free in a fixed order.
+// channel over half the matrix). Bytes: qkv, out, dout, lse once each (K/V are NKV/NH of the
+// query bytes under GQA); K and V rows are reused from cache across queries, so at GPT-2
+// shapes it is compute-bound. Repeated K/V heads are never materialised.
+// Parallel over (b, h, t) forward and over (b, key/value head) backward: a pair owns its
+// key/value head's channels of dk/dv and its group's channels of dq for all of its tokens, so
+// dk/dv accumulate race-free in a fixed order (the group's query heads in order).
 //
 // The loop nests are general (cpu_attention_kernels.h): Tq queries against Tk keys at any
 // position offsets, operands given as strided views. The packed op here is the case
-// Tq = Tk = T, offsets 0, causal, with q, k, v (and dq, dk, dv) read at row stride 3C from one
-// buffer; the block op (cpu_attention_block.cpp) is the same kernels on separate tensors.
+// Tq = Tk = T, offsets 0, causal, with q, k, v (and dq, dk, dv) read at row stride
+// (NH + 2 NKV) HS from one buffer; the block op (cpu_attention_block.cpp) is the same kernels
+// on separate tensors.
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -46,6 +52,14 @@ inline void axpy(float* y, float a, const float* x, int n) {
 
 }  // namespace
 
+int attention_head_size(const char* op, int C, int NH, int NKV) {
+  check(NH > 0 && C % NH == 0, std::string("CpuOps::") + op + ": n_heads=" + std::to_string(NH) +
+                                   " must be positive and divide C=" + std::to_string(C));
+  check(NKV > 0 && NH % NKV == 0, std::string("CpuOps::") + op + ": n_kv_heads=" + std::to_string(NKV) +
+                                      " must be positive and divide n_heads=" + std::to_string(NH));
+  return C / NH;
+}
+
 void attention_rows_forward(const AttentionProblem& p, AttentionRows out, float* lse, AttentionRows q, AttentionRows k,
                             AttentionRows v) {
   const int B = p.B, NH = p.NH, Tq = p.Tq, HS = p.HS;
@@ -65,8 +79,9 @@ void attention_rows_forward(const AttentionProblem& p, AttentionRows out, float*
             continue;
           }
           float mx = -INFINITY;
+          const int kvh = p.kv_head(h);
           for (int j = 0; j < n; j++) {
-            scores[j] = p.scale * dot(qrow, k.at(b, j, h, HS), HS);
+            scores[j] = p.scale * dot(qrow, k.at(b, j, kvh, HS), HS);
             mx = std::max(mx, scores[j]);
           }
           float sum = 0.0f;
@@ -75,7 +90,7 @@ void attention_rows_forward(const AttentionProblem& p, AttentionRows out, float*
             sum += scores[j];
           }
           float inv = 1.0f / sum;
-          for (int j = 0; j < n; j++) axpy(orow, scores[j] * inv, v.at(b, j, h, HS), HS);
+          for (int j = 0; j < n; j++) axpy(orow, scores[j] * inv, v.at(b, j, kvh, HS), HS);
           lse[p.lse_at(b, h, t)] = mx + std::log(sum);
         }
       }
@@ -87,41 +102,44 @@ void attention_rows_backward(const AttentionProblem& p, AttentionRows dq, Attent
                              AttentionRows dout, AttentionRows q, AttentionRows k, AttentionRows v, AttentionRows out,
                              const float* lse) {
   if (!dq.p && !dk.p && !dv.p) return;
-  const int B = p.B, NH = p.NH, Tq = p.Tq, Tk = p.Tk, HS = p.HS;
+  const int B = p.B, NKV = p.NKV, G = p.group(), Tq = p.Tq, Tk = p.Tk, HS = p.HS;
 #pragma omp parallel
   {
-    // This thread's sums for one (b, h): dk and dv for every key, dq for the current query.
-    // Summing apart and adding once keeps "+=" a single rounding per element.
+    // This thread's sums for one (b, key/value head): dk and dv for every key (over the whole
+    // group of query heads), dq for the current query. Summing apart and adding once keeps "+="
+    // a single rounding per element.
     std::vector<float> dk_acc(size_t(Tk) * HS), dv_acc(size_t(Tk) * HS), dq_acc(HS);
 #pragma omp for collapse(2) schedule(static)
     for (int b = 0; b < B; b++) {
-      for (int h = 0; h < NH; h++) {
+      for (int g = 0; g < NKV; g++) {
         std::fill(dk_acc.begin(), dk_acc.end(), 0.0f);
         std::fill(dv_acc.begin(), dv_acc.end(), 0.0f);
         int keys_touched = 0;  // keys [0, keys_touched) got a contribution
-        for (int t = 0; t < Tq; t++) {
-          const float lse_t = lse[p.lse_at(b, h, t)];
-          const int n = p.visible_keys(t);
-          if (n == 0 || lse_t == -INFINITY) continue;  // a row that saw no key has no gradient
-          keys_touched = std::max(keys_touched, n);
-          const float* qrow = q.at(b, t, h, HS);
-          const float* dO = dout.at(b, t, h, HS);
-          float D = dot(dO, out.at(b, t, h, HS), HS);
-          std::fill(dq_acc.begin(), dq_acc.end(), 0.0f);
-          for (int j = 0; j < n; j++) {
-            const float* krow = k.at(b, j, h, HS);
-            const float* vrow = v.at(b, j, h, HS);
-            float P = std::exp(p.scale * dot(qrow, krow, HS) - lse_t);
-            float dS = P * (dot(dO, vrow, HS) - D);
-            axpy(dq_acc.data(), dS, krow, HS);
-            axpy(dk_acc.data() + size_t(j) * HS, p.scale * dS, qrow, HS);
-            axpy(dv_acc.data() + size_t(j) * HS, P, dO, HS);
+        for (int h = g * G; h < (g + 1) * G; h++) {
+          for (int t = 0; t < Tq; t++) {
+            const float lse_t = lse[p.lse_at(b, h, t)];
+            const int n = p.visible_keys(t);
+            if (n == 0 || lse_t == -INFINITY) continue;  // a row that saw no key has no gradient
+            keys_touched = std::max(keys_touched, n);
+            const float* qrow = q.at(b, t, h, HS);
+            const float* dO = dout.at(b, t, h, HS);
+            float D = dot(dO, out.at(b, t, h, HS), HS);
+            std::fill(dq_acc.begin(), dq_acc.end(), 0.0f);
+            for (int j = 0; j < n; j++) {
+              const float* krow = k.at(b, j, g, HS);
+              const float* vrow = v.at(b, j, g, HS);
+              float P = std::exp(p.scale * dot(qrow, krow, HS) - lse_t);
+              float dS = P * (dot(dO, vrow, HS) - D);
+              axpy(dq_acc.data(), dS, krow, HS);
+              axpy(dk_acc.data() + size_t(j) * HS, p.scale * dS, qrow, HS);
+              axpy(dv_acc.data() + size_t(j) * HS, P, dO, HS);
+            }
+            if (dq.p) axpy(dq.at(b, t, h, HS), p.scale, dq_acc.data(), HS);
           }
-          if (dq.p) axpy(dq.at(b, t, h, HS), p.scale, dq_acc.data(), HS);
         }
         for (int j = 0; j < keys_touched; j++) {
-          if (dk.p) axpy(dk.at(b, j, h, HS), 1.0f, dk_acc.data() + size_t(j) * HS, HS);
-          if (dv.p) axpy(dv.at(b, j, h, HS), 1.0f, dv_acc.data() + size_t(j) * HS, HS);
+          if (dk.p) axpy(dk.at(b, j, g, HS), 1.0f, dk_acc.data() + size_t(j) * HS, HS);
+          if (dv.p) axpy(dv.at(b, j, g, HS), 1.0f, dv_acc.data() + size_t(j) * HS, HS);
         }
       }
     }
@@ -132,20 +150,20 @@ void attention_rows_backward(const AttentionProblem& p, AttentionRows dq, Attent
 
 namespace {
 
-// The problem and operand views of the packed op: q | k | v of token (b, t) in one 3C row.
+// The problem and operand views of the packed op: q | k | v of token (b, t) in one row of
+// width() = (NH + 2 NKV) HS.
 struct PackedAttention {
   cpu::AttentionProblem p;
-  PackedAttention(const char* op, int B, int T, int C, int NH) {
+  PackedAttention(const char* op, int B, int T, int C, int NH, int NKV) {
     cpu::check_dims(op, {B, T, C});
-    check(NH > 0 && C % NH == 0, std::string("CpuOps::") + op + ": n_heads=" + std::to_string(NH) +
-                                     " must be positive and divide C=" + std::to_string(C));
-    const int HS = C / NH;
-    p = cpu::AttentionProblem{B, T, T, NH, HS, 0, 0, true, 1.0f / std::sqrt(static_cast<float>(HS))};
+    const int HS = cpu::attention_head_size(op, C, NH, NKV);
+    p = cpu::AttentionProblem{B, T, T, NH, NKV, HS, 0, 0, true, 1.0f / std::sqrt(static_cast<float>(HS))};
   }
-  // Part `part` (0 q, 1 k, 2 v) of a packed [B, T, 3C] buffer.
+  size_t width() const { return (size_t(p.NH) + 2 * size_t(p.NKV)) * p.HS; }
+  // Part `part` (0 q, 1 k, 2 v) of a packed [B, T, width()] buffer.
   cpu::AttentionRows part(float* x, int part) const {
-    const size_t C = size_t(p.NH) * p.HS;
-    return {x ? x + part * C : nullptr, 3 * C, size_t(p.Tq) * 3 * C};
+    const size_t offset[3] = {0, size_t(p.NH) * p.HS, (size_t(p.NH) + p.NKV) * p.HS};
+    return {x ? x + offset[part] : nullptr, width(), size_t(p.Tq) * width()};
   }
   cpu::AttentionRows plain(float* x) const {
     const size_t C = size_t(p.NH) * p.HS;
@@ -155,28 +173,28 @@ struct PackedAttention {
 
 }  // namespace
 
-void CpuOps::attention_forward(Tensor out, Tensor lse, Tensor qkv, int B, int T, int C, int NH) {
-  PackedAttention a("attention_forward", B, T, C, NH);
+void CpuOps::attention_forward(Tensor out, Tensor lse, Tensor qkv, int B, int T, int C, int NH, int NKV) {
+  PackedAttention a("attention_forward", B, T, C, NH, NKV);
   const size_t BT = size_t(B) * T;
   float* o = cpu::f32_arg(out, BT * C, "attention_forward", "out");
   float* l = cpu::f32_arg(lse, size_t(B) * NH * T, "attention_forward", "lse");
-  float* x = cpu::f32_arg(qkv, BT * 3 * C, "attention_forward", "qkv");
+  float* x = cpu::f32_arg(qkv, BT * a.width(), "attention_forward", "qkv");
   cpu::attention_rows_forward(a.p, a.plain(o), l, a.part(x, 0), a.part(x, 1), a.part(x, 2));
 }
 
 void CpuOps::attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B, int T, int C,
-                                int NH) {
-  PackedAttention a("attention_backward", B, T, C, NH);
+                                int NH, int NKV) {
+  PackedAttention a("attention_backward", B, T, C, NH, NKV);
   const size_t BT = size_t(B) * T;
-  float* dx = cpu::optional_f32_arg(dqkv, BT * 3 * C, "attention_backward", "dqkv");
+  float* dx = cpu::optional_f32_arg(dqkv, BT * a.width(), "attention_backward", "dqkv");
   if (!dx) return;
   float* dy = cpu::f32_arg(dout, BT * C, "attention_backward", "dout");
-  float* x = cpu::f32_arg(qkv, BT * 3 * C, "attention_backward", "qkv");
+  float* x = cpu::f32_arg(qkv, BT * a.width(), "attention_backward", "qkv");
   float* y = cpu::f32_arg(out, BT * C, "attention_backward", "out");
   const float* l = cpu::f32_arg(lse, size_t(B) * NH * T, "attention_backward", "lse");
   // Overwritten (Ops): the rows kernel accumulates, as the blockwise op needs, so start it from
   // zeros; 0 + x == x, so the result is the same bits as accumulating into a zeroed buffer.
-  std::fill(dx, dx + BT * 3 * C, 0.0f);
+  std::fill(dx, dx + BT * a.width(), 0.0f);
   cpu::attention_rows_backward(a.p, a.part(dx, 0), a.part(dx, 1), a.part(dx, 2), a.plain(dy), a.part(x, 0),
                                a.part(x, 1), a.part(x, 2), a.plain(y), l);
 }

@@ -4,8 +4,13 @@
 // context-parallel rank's block). Internal to core/cpu.
 //
 // Operands are views with strides, so one kernel reads q | k | v interleaved in a packed qkv
-// row (row stride 3C) as well as separate [B, T, C] tensors (row stride C): head h of token
-// (b, t) starts at p + b * batch + t * row + h * HS. lse is always [B, NH, Tq], contiguous.
+// row (row stride (NH + 2 NKV) HS) as well as separate [B, T, heads * HS] tensors: head h of
+// token (b, t) starts at p + b * batch + t * row + h * HS. lse is always [B, NH, Tq], contiguous.
+//
+// Grouped-query attention: NH query heads share NKV key/value heads (NKV divides NH), query
+// head h reading key/value head h / (NH / NKV), as Hugging Face's Llama. q, out, dout and lse
+// have NH heads; k, v, dk and dv have NKV. NKV == NH is multi-head attention, computed exactly
+// as before GQA existed (the same operations in the same order).
 //
 // Masking: query i sits at position q_pos0 + i, key j at k_pos0 + j; with `causal` a query
 // sees the keys at positions <= its own, which is always a prefix [0, n) of the keys
@@ -25,10 +30,13 @@ struct AttentionRows {
 };
 
 struct AttentionProblem {
-  int B, Tq, Tk, NH, HS;
+  int B, Tq, Tk, NH, NKV, HS;
   int q_pos0, k_pos0;
   bool causal;
   float scale;  // 1/sqrt(HS)
+
+  int group() const { return NH / NKV; }            // query heads per key/value head
+  int kv_head(int h) const { return h / group(); }  // the key/value head query head h reads
 
   // How many keys (a prefix of [0, Tk)) query i sees.
   int visible_keys(int i) const {
@@ -39,15 +47,20 @@ struct AttentionProblem {
   size_t lse_at(int b, int h, int i) const { return (size_t(b) * NH + h) * Tq + i; }
 };
 
+// The head size C / NH after checking the head counts: NH > 0 divides C, NKV > 0 divides NH.
+// Throws RuntimeError naming the op and the rule.
+int attention_head_size(const char* op, int C, int NH, int NKV);
+
 // out (the attention output of each query) and lse [B, NH, Tq] are overwritten.
 void attention_rows_forward(const AttentionProblem& p, AttentionRows out, float* lse, AttentionRows q, AttentionRows k,
                             AttentionRows v);
 
 // Accumulates (+=) into dq, dk, dv (any may have a null p: not needed) from the FINAL out and lse
 // of each query row: D = dout . out, P = exp(scale q.k - lse), dS = P (dout.v - D).
-// Parallel over (b, h): a pair owns its head's channels of dq, dk and dv for all tokens, so
-// dq, dk and dv may be parts of one packed buffer, and the result is bitwise independent of
-// the thread count.
+// Parallel over (b, key/value head): a pair owns that head's channels of dk and dv and its
+// group's query heads' channels of dq, for all tokens, so dq, dk and dv may be parts of one
+// packed buffer, and the result is bitwise independent of the thread count. dk and dv sum the
+// group's query heads in head order into one per-thread accumulator, added to dk/dv once.
 void attention_rows_backward(const AttentionProblem& p, AttentionRows dq, AttentionRows dk, AttentionRows dv,
                              AttentionRows dout, AttentionRows q, AttentionRows k, AttentionRows v, AttentionRows out,
                              const float* lse);

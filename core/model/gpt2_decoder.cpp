@@ -152,7 +152,7 @@ void Gpt2Decoder::extend(const int32_t* tokens, int n) {
     ops_.matmul_forward(k_new, ln, p.kw, p.kb, n, C, C);
     ops_.matmul_forward(v_new, ln, p.vw, p.vb, n, C, C);
     // Query i sits at position p0 + i and sees the keys at positions 0 .. p0 + i.
-    ops_.attention_block_forward(att, lse, q, k_all, v_all, 1, n, Tk, C, NH, p0, 0, true);
+    ops_.attention_block_forward(att, lse, q, k_all, v_all, 1, n, Tk, C, NH, NH, p0, 0, true);  // GPT-2: MHA
     ops_.matmul_forward(proj, att, p.projw, p.projb, n, C, C);
     ops_.residual_layernorm_forward(x, ln, mean, rstd, x, proj, p.ln2w, p.ln2b, n, C);
     ops_.matmul_forward(fch, ln, p.fcw, p.fcb, n, C, 4 * C);

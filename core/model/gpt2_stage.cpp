@@ -130,8 +130,8 @@ Gpt2Stage::Gpt2Stage(const ModelSection& model, ParamStore& store, Ops& ops, int
   }
   tp_ = std::make_unique<TensorParallel>(ops, *tp_comm_, d.sp);
   if (d.tp > 1 && layers.head) vocab_ce_ = std::make_unique<VocabParallelCrossEntropy>(ops, *tp_comm_);
-  attention_ = std::make_unique<CpAttention>(ops, mp.cp, mp.cp_impl, d.B, d.T, d.Cl, d.NHl, act);
-  activation_bytes_ += CpAttention::scratch_bytes(mp.cp_impl, d.cp, d.B, d.T, d.Cl, d.NHl, act);
+  attention_ = std::make_unique<CpAttention>(ops, mp.cp, mp.cp_impl, d.B, d.T, d.Cl, d.NHl, d.NHl, act);  // MHA
+  activation_bytes_ += CpAttention::scratch_bytes(mp.cp_impl, d.cp, d.B, d.T, d.Cl, d.NHl, d.NHl, act);
   // The tensor-parallel buffers grow during the first step; counted now, at the size they reach.
   activation_bytes_ += TensorParallel::scratch_bytes(d.tp, d.sp, d.N, d.C, act);
   if (vocab_ce_) activation_bytes_ += VocabParallelCrossEntropy::scratch_bytes(d.tp, d.N);

@@ -12,10 +12,10 @@
 //    gradient accumulation over micro-batches needs no extra pass) and input gradients (so
 //    the residual stream's gradient is the plain sum of both branches). The caller zeroes
 //    gradient buffers when a fresh sum starts. A null gradient pointer means "not needed".
-//    Two exceptions, on the model's hot path: matmul_backward and gelu_backward OVERWRITE their
-//    input gradient dinp. Inside a block each such gradient has one producer, so a "+=" would
-//    only cost a memset of the buffer and a read of the zeros back (cuBLASLt's beta = 1): about
-//    a tenth of a GPT-2 124M training step.
+//    Exceptions, on the model's hot path: matmul_backward, gelu_backward and swiglu_backward
+//    OVERWRITE their input gradient (dinp, dgate_up). Inside a block each such gradient has one
+//    producer, so a "+=" would only cost a memset of the buffer and a read of the zeros back
+//    (cuBLASLt's beta = 1): about a tenth of a GPT-2 124M training step.
 //  - Tensors hold the backend's dtypes: activations and weights in the compute dtype,
 //    LayerNorm statistics, log-sum-exps, losses, master weights and optimizer moments in f32,
 //    token ids in i32.
@@ -128,33 +128,40 @@ class Ops {
                                int IC, int OC) = 0;
 
   // ---- causal self-attention -------------------------------------------------------------
-  // qkv[B, T, 3C] holds q | k | v, each [NH, HS] with HS = C / NH. out[B, T, C] (heads
-  // concatenated), lse[B, NH, T] the log-sum-exp of each row of scaled scores (f32), so
-  // backward can recompute probabilities without storing the T x T matrix and context
-  // parallelism can merge partial results. Scale 1/sqrt(HS); position j attends to i <= j.
-  virtual void attention_forward(Tensor out, Tensor lse, Tensor qkv, int B, int T, int C, int NH) = 0;
-  // dqkv[B, T, 3C] = the gradient of out (given dout, forward's out and lse), overwritten like
-  // matmul_backward's dinp: every element is written, whatever the buffer held. May be null.
+  // Grouped-query attention (Llama): NH query heads of HS = C / NH channels share NKV key/value
+  // heads (NKV divides NH); query head h reads key/value head h / (NH / NKV). NKV == NH is
+  // GPT-2's multi-head attention. Repeated K/V heads are never materialised.
+  // qkv[B, T, (NH + 2 NKV) HS] holds q [NH, HS] | k [NKV, HS] | v [NKV, HS] (NKV == NH: the
+  // [B, T, 3C] of GPT-2). out[B, T, C] (heads concatenated), lse[B, NH, T] the log-sum-exp of
+  // each row of scaled scores (f32), so backward can recompute probabilities without storing
+  // the T x T matrix and context parallelism can merge partial results. Scale 1/sqrt(HS);
+  // position j attends to i <= j.
+  virtual void attention_forward(Tensor out, Tensor lse, Tensor qkv, int B, int T, int C, int NH, int NKV) = 0;
+  // dqkv (qkv's layout) = the gradient of out (given dout, forward's out and lse), overwritten
+  // like matmul_backward's dinp: every element is written, whatever the buffer held. A key/value
+  // head's dk, dv sum its group's query heads. May be null.
   virtual void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B, int T,
-                                  int C, int NH) = 0;
+                                  int C, int NH, int NKV) = 0;
 
   // ---- attention of queries against keys/values held apart (KV cache, context parallel) --------
   // Tq queries against Tk keys/values in separate tensors (a KV cache, or another context-
-  // parallel rank's block). q, out: [B, Tq, C]; k, v: [B, Tk, C]; lse: [B, NH, Tq] (f32); heads
-  // and scale as attention_forward. Query i sits at global position q_pos0 + i, key j at
-  // k_pos0 + j; with causal, a query sees the keys at positions <= its own (always a prefix of
-  // the block). A query that sees no key gets out = 0 and lse = -inf (merge_attention_partials
-  // then gives it weight 0). attention_forward(qkv) is the case Tq = Tk = T, offsets 0, causal.
+  // parallel rank's block). q, out: [B, Tq, C]; k, v: [B, Tk, NKV * HS] (contiguous rows);
+  // lse: [B, NH, Tq] (f32); heads (grouped-query) and scale as attention_forward. Query i sits
+  // at global position q_pos0 + i, key j at k_pos0 + j; with causal, a query sees the keys at
+  // positions <= its own (always a prefix of the block). A query that sees no key gets out = 0
+  // and lse = -inf (merge_attention_partials then gives it weight 0). attention_forward(qkv) is
+  // the case Tq = Tk = T, offsets 0, causal.
   virtual void attention_block_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, int B, int Tq, int Tk,
-                                       int C, int NH, int q_pos0, int k_pos0, bool causal) = 0;
+                                       int C, int NH, int NKV, int q_pos0, int k_pos0, bool causal) = 0;
   // Backward of one block given the FINAL out and lse of the rows (after any merge across
-  // blocks): accumulates (+=) into dq [B, Tq, C], dk and dv [B, Tk, C] (each may be null), the
-  // flash recurrence with D = rowsum(dout * out), P = exp(scale q.k - lse), dS = P (dout.v - D).
+  // blocks): accumulates (+=) into dq [B, Tq, C], dk and dv [B, Tk, NKV * HS] (each may be null;
+  // a key/value head gets the sum over its group's query heads), the flash recurrence with
+  // D = rowsum(dout * out), P = exp(scale q.k - lse), dS = P (dout.v - D).
   // Summed over all blocks of a row, this is exactly the gradient of the merged attention.
   // Rows with lse = -inf (no key anywhere) get no gradient.
   virtual void attention_block_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v,
-                                        Tensor out, Tensor lse, int B, int Tq, int Tk, int C, int NH, int q_pos0,
-                                        int k_pos0, bool causal) = 0;
+                                        Tensor out, Tensor lse, int B, int Tq, int Tk, int C, int NH, int NKV,
+                                        int q_pos0, int k_pos0, bool causal) = 0;
   // Merges a partial attention result into an accumulated one, per (b, h, t) row, weighting
   // each by its share of the softmax mass: lse = log(exp(lse_acc) + exp(lse_part)),
   // out_acc = out_acc * exp(lse_acc - lse) + out_part * exp(lse_part - lse). out_*: [B, T, C],
@@ -174,6 +181,43 @@ class Ops {
   virtual void add(Tensor out, Tensor a, Tensor b, size_t n) = 0;
   // x *= s
   virtual void scale(Tensor x, float s, size_t n) = 0;
+
+  // ---- Llama: RMSNorm, RoPE, SwiGLU ----------------------------------------------------------
+  // Hugging Face's LlamaRMSNorm: per row, rstd = 1 / sqrt(mean_c(x^2) + eps) and
+  // out = w * (x * rstd), the statistics in f32. No mean, no bias. rstd [N] (f32) is saved for
+  // backward and may be null (eval).
+  virtual void rmsnorm_forward(Tensor out, Tensor rstd, Tensor inp, Tensor w, int N, int C, float eps) = 0;
+  // With xhat = x * rstd and g = w * dout, ACCUMULATING like layernorm_backward:
+  //   dinp += rstd * (g - xhat * mean_c(g * xhat)),  dw += sum_n xhat * dout  (each may be null).
+  virtual void rmsnorm_backward(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, Tensor rstd, int N,
+                                int C) = 0;
+  // The residual add fused with the RMSNorm that follows it, the contract of
+  // residual_layernorm_forward: residual = a + b rounded to the dtype (bitwise add()), then out,
+  // rstd = rmsnorm(residual) bit for bit as rmsnorm_forward on the stored residual. rstd may be
+  // null; residual may alias a or b; out must not overlap residual, a or b.
+  virtual void residual_rmsnorm_forward(Tensor residual, Tensor out, Tensor rstd, Tensor a, Tensor b, Tensor w,
+                                        int N, int C, float eps) = 0;
+  // Rotary position embedding, Hugging Face's rotate-half convention, IN PLACE on the packed
+  // rows attention reads: qkv [B, T, row_width], row_width = (n_heads + 2 n_kv_heads) * HS. The
+  // first rot_heads heads of a row (the q heads, then the k heads; v is untouched) are rotated:
+  // for i < HS/2, inv_freq_i = 1.0f / powf(theta, float(2i) / HS) (PyTorch's float arithmetic,
+  // core/ops/rope_frequencies.h), angle = float(pos[t]) * inv_freq_i, c = cos, s = sin,
+  //   x[i] <- x[i] c - x[i + HS/2] s,   x[i + HS/2] <- x[i + HS/2] c + x[i] s.
+  // pos [T] (i32) holds the global positions of the T rows (not always 0..T-1 under context
+  // parallelism). Math in f32, one rounding to the dtype.
+  virtual void rope_forward(Tensor qkv, Tensor pos, int B, int T, int row_width, int rot_heads, int HS,
+                            float theta) = 0;
+  // Its backward, in place on the gradient of the rotated rows: the transpose rotation (by -angle),
+  //   d[i] <- d[i] c + d[i + HS/2] s,   d[i + HS/2] <- d[i + HS/2] c - d[i] s.
+  // The rotation is orthogonal, so rope_backward(rope_forward(x)) = x up to rounding.
+  virtual void rope_backward(Tensor dqkv, Tensor pos, int B, int T, int row_width, int rot_heads, int HS,
+                             float theta) = 0;
+  // SwiGLU on the fused gate|up projection: gate_up [N, 2H], each row gate (H) | up (H);
+  // out [N, H] = silu(gate) * up, silu(g) = g / (1 + exp(-g)).
+  virtual void swiglu_forward(Tensor out, Tensor gate_up, int N, int H) = 0;
+  // dgate_up [N, 2H] OVERWRITTEN like gelu_backward's dinp (one producer inside a block):
+  //   d_gate = dout * up * silu'(gate),  d_up = dout * silu(gate).  A null dgate_up is skipped.
+  virtual void swiglu_backward(Tensor dgate_up, Tensor gate_up, Tensor dout, int N, int H) = 0;
 
   // ---- loss ----------------------------------------------------------------------------
   // Fused softmax + cross-entropy over the first V of Vp columns (padded columns are never

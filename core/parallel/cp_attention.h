@@ -1,8 +1,9 @@
 // CpAttention: the causal self-attention of a Stage's blocks on this rank's tokens, whichever
 // way the sequence is split: with no context parallelism it is Ops::attention_forward/backward;
 // with cp > 1 ring attention (ring_attention.h, zigzag split) or Ulysses (ulysses.h, contiguous
-// split). All three take the same tensors (qkv [B, T_local, 3C], out [B, T_local, C], lse
-// B*NH*T_local f32), so the model code makes one call whatever the layout.
+// split). All three take the same tensors (qkv [B, T_local, (NH + 2 NKV) HS], out
+// [B, T_local, C], lse B*NH*T_local f32), so the model code makes one call whatever the layout.
+// NKV is the number of key/value heads (grouped-query attention; NKV == NH for GPT-2).
 #pragma once
 #include <memory>
 #include <string_view>
@@ -24,10 +25,10 @@ class UlyssesAttention;
 
 class CpAttention {
  public:
-  // cp: the context-parallel group (nullptr or a group of one: plain attention). B, T_local, C
-  // and NH are this rank's (after any tensor-parallel head split). Allocates the scratch of the
-  // chosen implementation in `dtype` (scratch_bytes()).
-  CpAttention(Ops& ops, Comm* cp, CpImpl impl, int B, int T_local, int C, int NH, DType dtype);
+  // cp: the context-parallel group (nullptr or a group of one: plain attention). B, T_local, C,
+  // NH and NKV are this rank's (after any tensor-parallel head split). Allocates the scratch of
+  // the chosen implementation in `dtype` (scratch_bytes()).
+  CpAttention(Ops& ops, Comm* cp, CpImpl impl, int B, int T_local, int C, int NH, int NKV, DType dtype);
   ~CpAttention();
   CpAttention(const CpAttention&) = delete;
   CpAttention& operator=(const CpAttention&) = delete;
@@ -39,11 +40,11 @@ class CpAttention {
 
   // Bytes of scratch the context-parallel implementation holds (0 without cp); the formula,
   // so the memory planner can use it without building one.
-  static size_t scratch_bytes(CpImpl impl, int cp, int B, int T_local, int C, int NH, DType dtype);
+  static size_t scratch_bytes(CpImpl impl, int cp, int B, int T_local, int C, int NH, int NKV, DType dtype);
 
  private:
   Ops& ops_;
-  int B_, T_, C_, NH_;
+  int B_, T_, C_, NH_, NKV_;
   std::unique_ptr<RingAttention> ring_;
   std::unique_ptr<UlyssesAttention> ulysses_;
 };

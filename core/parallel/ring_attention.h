@@ -13,14 +13,17 @@
 // and passes both on; one last hop returns every dK/dV to its owner. dQ stays local.
 //
 // Tensors are those of Ops::attention_forward/backward on the rank's local tokens (qkv
-// [B, T_local, 3C], out [B, T_local, C], lse [B, NH, T_local], T_local = 2*Tc in zigzag order),
-// so a Stage swaps one call for the other. C and NH are this rank's (after any tensor-parallel
-// head split). The chunks are regrouped chunk-major internally with Ops::copy_2d so that every
-// block call sees contiguous [B, Tc, C] tensors.
+// [B, T_local, (NH + 2 NKV) HS], out [B, T_local, C], lse [B, NH, T_local], T_local = 2*Tc in
+// zigzag order), so a Stage swaps one call for the other. C, NH and NKV are this rank's (after
+// any tensor-parallel head split). The chunks are regrouped chunk-major internally with
+// Ops::copy_2d so that every block call sees contiguous [B, Tc, C] queries and [B, Tc, Ckv]
+// keys/values (Ckv = NKV * HS).
 //
-// Communication per layer: forward (cp-1) * 2 * B*T_local*C activations sent per rank, backward
-// (cp-1) * 2 + cp * 2 such blocks (K/V, then dK/dV); blocking send/recv in an order that cannot
-// deadlock (even ranks send first, odd ranks receive first), so it does not overlap compute yet.
+// Grouped-query attention: only the NKV key/value heads travel the ring, never repeated to NH.
+// Communication per layer: forward (cp-1) * 2 * B*T_local*Ckv activations sent per rank,
+// backward (cp-1) * 2 + cp * 2 such blocks (K/V, then dK/dV): NKV/NH of multi-head attention's.
+// Blocking send/recv in an order that cannot deadlock (even ranks send first, odd ranks receive
+// first), so it does not overlap compute yet.
 // Precision: dK/dV accumulate in the activation dtype across the cp hops (cp roundings in bf16).
 #pragma once
 #include "core/dist/comm.h"
@@ -30,9 +33,9 @@ namespace pt {
 
 class RingAttention {
  public:
-  // Allocates the scratch for these shapes (about 12.5 * B*T_local*C activations plus lse rows)
-  // on `ops` in `dtype` (the activations' dtype). T_local must be even (two zigzag chunks).
-  RingAttention(Ops& ops, Comm& cp, int B, int T_local, int C, int NH, DType dtype);
+  // Allocates the scratch for these shapes (scratch_bytes) on `ops` in `dtype` (the activations'
+  // dtype). T_local must be even (two zigzag chunks); NKV must divide NH.
+  RingAttention(Ops& ops, Comm& cp, int B, int T_local, int C, int NH, int NKV, DType dtype);
   ~RingAttention();
   RingAttention(const RingAttention&) = delete;
   RingAttention& operator=(const RingAttention&) = delete;
@@ -43,15 +46,23 @@ class RingAttention {
   // contribution to the local keys and values). out and lse are forward's.
   void backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse);
 
+  // Bytes of scratch the constructor allocates: 9 chunk-major halves of B*Tc*C (q, out, dout,
+  // dq, one partial out), 16 of B*Tc*Ckv (two K/V and two dK/dV ring slots of 4 halves each) and
+  // 3 halves of the lse rows.
+  static size_t scratch_bytes(int B, int T_local, int C, int NH, int NKV, DType dtype);
+
  private:
   // Chunk-major views: half h (0 = chunk r, 1 = chunk 2cp-1-r) of a [2, B, Tc, C] buffer.
   Tensor half(Tensor t, int h) const { return t.slice(size_t(h) * act_, act_); }
+  // Part i of a K/V ring slot [k half 0, k half 1, v half 0, v half 1], each [B, Tc, Ckv].
+  Tensor kv_part(Tensor t, int i) const { return t.slice(size_t(i) * act_kv_, act_kv_); }
   Tensor lse_half(Tensor t, int h) const { return t.slice(size_t(h) * rows_, rows_); }
   // The global chunk index of half h of rank `rank`'s tokens.
   int chunk_of(int rank, int h) const;
-  // dst [B, Tc, C] <- columns [col0, col0 + C) of half h of packed [B, T_local, width] src, and back.
-  void unpack(Tensor dst, Tensor src, int width, int col0, int h);
-  void pack(Tensor dst, int width, int col0, int h, Tensor src);
+  // dst [B, Tc, cols] <- columns [col0, col0 + cols) of half h of packed [B, T_local, width] src,
+  // and back.
+  void unpack(Tensor dst, Tensor src, int width, int col0, int cols, int h);
+  void pack(Tensor dst, int width, int col0, int cols, int h, Tensor src);
   void unpack_lse(Tensor dst, Tensor lse);
   // This rank's query halves into q_ and its key/value halves into kv_[slot] (forward and backward).
   void unpack_qkv(Tensor qkv, int slot);
@@ -61,10 +72,11 @@ class RingAttention {
 
   Ops& ops_;
   Comm& cp_;
-  int B_, T_local_, Tc_, C_, NH_, P_, r_;
-  size_t act_;   // B * Tc * C: one chunk-major half
-  size_t rows_;  // B * NH * Tc: one half of lse
-  // [2 halves] each unless noted; kv buffers are [k half 0, k half 1, v half 0, v half 1].
+  int B_, T_local_, Tc_, C_, NH_, NKV_, Ckv_, P_, r_;
+  size_t act_;     // B * Tc * C: one chunk-major half of queries
+  size_t act_kv_;  // B * Tc * Ckv: one chunk-major half of keys or values
+  size_t rows_;    // B * NH * Tc: one half of lse
+  // [2 halves] each unless noted; kv buffers are [k half 0, k half 1, v half 0, v half 1] (kv_part).
   Tensor q_, out_, lse_, part_out_, part_lse_, kv_[2], dout_, dq_, dkv_[2];
 };
 

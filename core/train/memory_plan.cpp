@@ -124,7 +124,7 @@ size_t gpt2_activation_bytes(const StageDims& d, CpImpl cp_impl, DType compute, 
   const size_t S = static_cast<size_t>(slots.activations), IO = static_cast<size_t>(slots.io);
   return dtype_size(compute) * (S * per_set_act + IO * per_io_act + shared_act) +
          sizeof(float) * (S * per_set_f32 + shared_f32) + dtype_size(DType::i32) * (S * per_set_i32 + shared_i32) +
-         CpAttention::scratch_bytes(cp_impl, d.cp, d.B, d.T, d.Cl, d.NHl, compute) +
+         CpAttention::scratch_bytes(cp_impl, d.cp, d.B, d.T, d.Cl, d.NHl, d.NHl, compute) +  // GPT-2: MHA
          TensorParallel::scratch_bytes(d.tp, d.sp, N, static_cast<size_t>(d.C), compute) +
          (layers.head ? VocabParallelCrossEntropy::scratch_bytes(d.tp, N) : 0);
 }
