@@ -21,6 +21,7 @@
 #include "core/metrics/step_timeline.h"
 #include "core/report/report_plots.h"
 #include "core/report/run_report.h"
+#include "core/train/work_progress.h"
 #include "core/report/session_log.h"
 #include "run_test_support.h"
 
@@ -312,8 +313,65 @@ TEST_CASE("a short CPU run writes a complete report that agrees with metrics.jso
   }
   CHECK(r["time"]["device_phases_s"]["pp_comm"].get<double>() == 0.0);
   CHECK(l.output.find("phases    | step 2, ") != std::string::npos);
+  // Where the process's time went outside the steps: start-up before the first step, each part
+  // at the end.
+  CHECK(l.output.find("start-up  | ") < l.output.find("step  1/12"));
+  CHECK_THAT(l.output, Contains(" since the process started: buffers "));
+  CHECK_THAT(l.output, Contains("done      | 12 steps in "));
+  CHECK_THAT(l.output, Contains(", validation "));
+  // val_every_steps 5: the data line says when validation runs, and on how much.
+  CHECK_THAT(l.output, Contains("validating on 512 every 5 steps and after the last"));
   CHECK_THAT(read_text((fx.dir / "run" / "report.md").string()), Contains("Inside the training steps, on the device's clock"));
-  CHECK(r["sample"]["text"].get<std::string>().rfind("The", 0) == 0);  // logging.sample_prompt's default
+  // logging.sample_every is 0 (the default): no sample in the log, none in the report.
+  CHECK(r["sample"]["text"].get<std::string>().empty());
+  CHECK_THAT(r["sample"]["note"].get<std::string>(), Contains("logging.sample_every=0"));
+}
+
+TEST_CASE("data.val_every_steps=0 validates never; data.final_val once, after the last step", "[report]") {
+  CkptFixture fx("report_final_val");
+  const std::string cfg = write_config(fx, 6);
+  const auto val_steps = [&] {
+    std::vector<int> steps;
+    std::ifstream in(fx.dir / "run" / "metrics.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      const json j = json::parse(line);
+      if (j.contains("val_loss")) steps.push_back(j["step"].get<int>());
+    }
+    return steps;
+  };
+  const std::string train = std::string(PICOTRAIN_BIN) + " train --config " + cfg +
+                            " --set checkpoint.every_steps=0 --set data.val_every_steps=0";
+  SECTION("val_every_steps=0: none, and the data line says the split is unused") {
+    const Launch l = run_command(train);
+    INFO(l.output);
+    REQUIRE(l.exit_code == 0);
+    CHECK(val_steps().empty());
+    CHECK_THAT(l.output, Contains("unused (data.val_every_steps=0 and data.final_val=false)"));
+    CHECK(l.output.find("val       | ") == std::string::npos);
+  }
+  SECTION("final_val: one, after the last step, announced before it starts, on val_tokens") {
+    const Launch l = run_command(train + " --set data.final_val=true");
+    INFO(l.output);
+    REQUIRE(l.exit_code == 0);
+    CHECK(val_steps() == std::vector<int>{6});
+    CHECK_THAT(l.output, Contains("validating on 512 after the last step (data.final_val)"));
+    // 512 tokens of 4 x 64 per batch: 2 batches.
+    CHECK_THAT(l.output, Contains("val       | after the last step: 2 batches, 512 tokens (data.val_tokens=512)"));
+    CHECK(l.output.find("val       | after the last step") < l.output.find("step 6/6"));
+  }
+}
+
+TEST_CASE("a long piece of work logs its progress every interval, with an ETA", "[report]") {
+  WorkProgress p("val", "batches", 17, 10.0);
+  CHECK_FALSE(p.update(1, 2.0));   // within the first interval: nothing
+  CHECK_FALSE(p.update(4, 9.9));
+  const auto first = p.update(8, 10.0);
+  REQUIRE(first);
+  CHECK(*first == "val       | 8/17 batches in 10 s, ETA 11s");  // 9 left at 1.25 s each
+  CHECK_FALSE(p.update(9, 15.0));  // the next one 10 s after the last
+  CHECK(p.update(12, 20.5));
+  CHECK_FALSE(p.update(17, 40.0));  // done: the caller's own line says so
+  CHECK_FALSE(WorkProgress("val", "batches", 5).update(0, 30.0));  // nothing done yet: no pace
 }
 
 TEST_CASE("with samples in the log, the report shows the log's final sample", "[report]") {
@@ -343,7 +401,9 @@ TEST_CASE("a run stopped by SIGTERM reports the stop; resumed, it reports the wh
   const int total = 60;  // the signal lands long before the end, however fast the machine
   const std::string cfg = write_config(fx, total);
   const std::string err = (fx.dir / "stderr.txt").string();
-  Child run = start_train(cfg, {}, err);
+  // Samples on, but not before the end: the stopped run's report samples the weights it stopped
+  // with (gathered for the report, not the log's).
+  Child run = start_train(cfg, {"logging.sample_every=1000"}, err);
   int seen = 0;
   read_until_step_lines(run.out, 3, &seen);
   REQUIRE(seen == 3);
@@ -358,6 +418,8 @@ TEST_CASE("a run stopped by SIGTERM reports the stop; resumed, it reports the wh
   CHECK_THAT(stopped["run"]["stop_reason"].get<std::string>(), Contains("SIGTERM after step " + std::to_string(stop_step)));
   CHECK(stopped["checkpoint"]["writes"].get<int>() >= 1);  // the stop's checkpoint
   CHECK(stopped["time"]["steps"] == stop_step);
+  CHECK(stopped["sample"]["text"].get<std::string>().rfind("The", 0) == 0);  // logging.sample_prompt's default
+  CHECK(stopped["time"]["sample_s"].get<double>() > 0);
 
   const Launch resumed = run_command(std::string(PICOTRAIN_BIN) + " train --config " + cfg +
                                      " --set checkpoint.resume=auto");

@@ -283,6 +283,7 @@ std::vector<ConfigKey> build_table() {
       .add("train", &DataSection::train, not_empty)
       .add("val", &DataSection::val)  // "": no validation
       .add("val_every_steps", &DataSection::val_every_steps, at_least(0))
+      .add("final_val", &DataSection::final_val)
       .add("val_tokens", &DataSection::val_tokens, at_least(0));
 
   SectionKeys(k, "checkpoint", &RunConfig::checkpoint)

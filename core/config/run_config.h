@@ -92,7 +92,8 @@ struct PrecisionSection {
 struct DataSection {
   std::string train;  // glob of llm.c token shards
   std::string val;    // glob; empty: no validation
-  int val_every_steps = 0;  // 0: never (but at the last step when val is set)
+  int val_every_steps = 0;  // 0: never during the run (N > 0: every N steps and after the last)
+  bool final_val = false;   // validate after the last step even when val_every_steps is 0
   int64_t val_tokens = 0;   // 0: the whole val set... rounded down to whole batches
 };
 

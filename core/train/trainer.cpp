@@ -9,9 +9,11 @@
 #include "core/common/console.h"
 #include "core/metrics/flops.h"
 #include "core/metrics/peak_probe.h"
+#include "core/metrics/process_clock.h"
 #include "core/model/sample_run.h"
 #include "core/plan/stage_memory.h"
 #include "core/train/lr_schedule.h"
+#include "core/train/work_progress.h"
 #include "core/train/memory_plan.h"
 #include "core/train/optimizer.h"
 #include "core/train/pp_bubble.h"
@@ -22,6 +24,13 @@ namespace pt {
 namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// Adds the time since `t0` to `parts` under `part` and restarts `t0`: start-up's account.
+void lap(std::vector<std::pair<std::string, double>>& parts, const char* part, Clock::time_point& t0) {
+  const auto now = Clock::now();
+  parts.emplace_back(part, std::chrono::duration<double>(now - t0).count());
+  t0 = now;
+}
 }  // namespace
 
 Trainer::Trainer(const RunConfig& cfg, const World& world, Ops& ops)
@@ -36,7 +45,9 @@ Trainer::Trainer(const RunConfig& cfg, const World& world, Ops& ops)
   }
   agree_on_startup(world, failure);
 
+  auto t0 = Clock::now();
   groups_ = make_process_groups(*grid_, world, ops, cfg.parallel.comm_backend);  // collective over the world
+  lap(startup_parts_, "communicators", t0);
   if (cfg.parallel.pp > 1) norm_scope_.pipeline = groups_.pp.get();
   if (cfg.parallel.tp > 1) norm_scope_.tensor = groups_.tp.get();
 
@@ -63,9 +74,11 @@ Trainer::Trainer(const RunConfig& cfg, const World& world, Ops& ops)
     executor_ = std::make_unique<PipelineExecutor>(cfg, coord_.pp, *store_, ops, mp);
     executor_->connect(*groups_.pp, groups_.embedding.get());
     executor_->set_grad_runtime(hooks_.get(), grad_sync_.get());
+    lap(startup_parts_, "model", t0);
     if (const auto st = ckpt_->restore(*store_, ops, train_data_->total_tokens())) {
       step_ = st->step;
       cursor_ = st->cursor;
+      lap(startup_parts_, "resume", t0);
     }
   } catch (...) {
     failure = std::current_exception();
@@ -103,14 +116,22 @@ void Trainer::setup_local() {
   const ParamTable& stage_table = *stage_table_;
   const ShardLayout layout(stage_table, par.zero_stage, static_cast<int>(shard_group.size()), shard_rank,
                            bucket_cap_elements(par.grad_bucket_mb));
+  auto t0 = Clock::now();
   store_ = std::make_unique<ParamStore>(stage_table, layout, ops);
-  std::vector<float> host(stage_table.total_numel());
-  init_params(stage_table, cfg.run.seed, host.data());
-  store_->load_master(host.data());
+  lap(startup_parts_, "buffers", t0);
+  {
+    // Not a std::vector: init_params writes every element, and zero-filling half a gigabyte first
+    // (GPT-2 124M) was a second pass over it on one core.
+    const std::unique_ptr<float[]> host(new float[stage_table.total_numel()]);
+    init_params(stage_table, cfg.run.seed, host.get());
+    store_->load_master(host.get());
+  }
+  lap(startup_parts_, "weights", t0);
 
   const int B = cfg.batch.micro_batch_size, T = cfg.batch.seq_len;
   train_data_ = std::make_unique<DataLoader>(cfg.data.train, cfg.model.vocab_size, B, T);
   if (!cfg.data.val.empty()) val_data_ = std::make_unique<DataLoader>(cfg.data.val, cfg.model.vocab_size, B, T);
+  lap(startup_parts_, "data", t0);
   // Context parallel: each rank keeps its part of every sequence it reads (T / cp tokens).
   cp_split_ = std::make_unique<CpSplit>(cp_split_kind(parse_cp_impl(par.cp_impl)), T, par.cp);
   const size_t step_tokens = static_cast<size_t>(cfg.batch.grad_accum_steps) * B * (T / par.cp);
@@ -211,13 +232,29 @@ std::vector<float> Trainer::gather_master() {
   return gather_tensor_parallel(*stage_table_, local, *groups_.tp, ops_);
 }
 
+int64_t Trainer::val_batches() const {
+  check(val_data_ != nullptr, "val_batches() needs data.val");
+  const uint64_t batch_tokens = static_cast<uint64_t>(cfg_.batch.micro_batch_size) * cfg_.batch.seq_len;
+  const uint64_t available = val_data_->total_tokens() - 1;  // the last token is only a target
+  const uint64_t wanted = cfg_.data.val_tokens > 0 ? static_cast<uint64_t>(cfg_.data.val_tokens) : available;
+  return static_cast<int64_t>(std::max<uint64_t>(1, std::min(wanted, available) / batch_tokens));
+}
+
+bool Trainer::validates_after(int step) const {
+  if (!val_data_) return false;
+  const int every = cfg_.data.val_every_steps;
+  const bool last = step == cfg_.schedule.total_steps;
+  return (every > 0 && (step % every == 0 || last)) || (last && cfg_.data.final_val);
+}
+
 double Trainer::evaluate() {
   check(val_data_ != nullptr, "evaluate() needs data.val");
   const int B = cfg_.batch.micro_batch_size, T = cfg_.batch.seq_len;
   const uint64_t batch_tokens = static_cast<uint64_t>(B) * T;
-  const uint64_t available = val_data_->total_tokens() - 1;  // the last token is only a target
-  const uint64_t wanted = cfg_.data.val_tokens > 0 ? static_cast<uint64_t>(cfg_.data.val_tokens) : available;
-  const int64_t batches = static_cast<int64_t>(std::max<uint64_t>(1, std::min(wanted, available) / batch_tokens));
+  const int64_t batches = val_batches();
+  // A long validation says how far it is (rank 0 speaks for the ranks, which run in step).
+  const auto start = Clock::now();
+  WorkProgress progress("val", "batches", batches);
   // DP rank d evaluates batches d, d + dp, ... Every rank runs the same number of forwards
   // (ZeRO-3 gathers parameters collectively), so a rank past the end repeats batch 0 unused.
   // With pp > 1 each batch goes through the pipeline's stages in turn; the last one has the loss.
@@ -229,6 +266,9 @@ double Trainer::evaluate() {
     const bool counted = i < batches;
     if (reads) read_batch(*val_data_, 0, (counted ? i : 0) * B, -1, inputs_.data(), targets_.data());
     const double loss = executor_->forward_only(inputs_.data(), targets_.data());
+    if (world_.rank == 0)
+      if (const auto line = progress.update(std::min((round + 1) * dp, batches), seconds_since(start)))
+        print_line(Stream::out, *line);
     if (!counted || !executor_->has_head()) continue;
     sums[0] += loss;
     sums[1] += static_cast<double>(batch_tokens) / cfg_.parallel.cp;  // each cp rank holds its part
@@ -283,9 +323,15 @@ void Trainer::print_startup() const {
   }
   std::string data = format("data      | train %zu file(s), %llu tokens", train_data_->files().size(),
                             static_cast<unsigned long long>(train_data_->total_tokens()));
-  if (val_data_)
+  if (val_data_) {
     data += format("; val %zu file(s), %llu tokens", val_data_->files().size(),
                    static_cast<unsigned long long>(val_data_->total_tokens()));
+    const int every = cfg_.data.val_every_steps;
+    const long long tokens = static_cast<long long>(val_batches()) * b.micro_batch_size * b.seq_len;
+    if (every > 0) data += format(", validating on %lld every %d steps and after the last", tokens, every);
+    else if (cfg_.data.final_val) data += format(", validating on %lld after the last step (data.final_val)", tokens);
+    else data += " unused (data.val_every_steps=0 and data.final_val=false)";
+  }
   print_line(out, data);
   const auto& ck = cfg_.checkpoint;
   const std::string when =
@@ -350,7 +396,9 @@ void Trainer::run() {
     peak_source = "device table";
   }
   if (peak <= 0 && lead) {  // only rank 0 reports MFU
+    auto t0 = Clock::now();
     const PeakProbe probe = measure_matmul_peak(ops_);
+    lap(startup_parts_, "MFU probe", t0);
     peak = probe.tflops;
     peak_source = "measured: fp32 matmul " + std::to_string(probe.size) + "^3 on this device";
   }
@@ -377,7 +425,6 @@ void Trainer::run() {
   const int first_step = step_;  // > 0 when resumed
   double timed_seconds = 0;  // steps after the first (which pays for warm-up)
   int timed_steps = 0;
-  const auto run_start = Clock::now();
   // The run report's record of the sessions (a fresh run starts a new one) and its MFU fields.
   std::optional<SessionLog> sessions;
   if (lead) {
@@ -407,6 +454,8 @@ void Trainer::run() {
   if (watchdog_ && lead)
     print_linef(Stream::out, "watchdog  | a rank without progress for %.0f s (or %gx its slowest step) ends the run "
                 "(run.hang_timeout_s)", watchdog_->limit_s(), watchdog_->slow_factor());
+  if (lead) print_startup_time();
+  const double startup_s = seconds_since_process_start();
   bool stopped = false;
   while (step_ < total) {
     if (watchdog_) watchdog_->beat("step " + std::to_string(step_ + 1));
@@ -446,7 +495,7 @@ void Trainer::run() {
     const double avg_dt = timed_steps > 0 ? timed_seconds / timed_steps : dt;
 
     const bool last = step_ == total;
-    const bool do_val = val_data_ && ((cfg_.data.val_every_steps > 0 && step_ % cfg_.data.val_every_steps == 0) || last);
+    const bool do_val = validates_after(step_);
     if (!do_val && step_ % lg.every_steps != 0 && !last) continue;
 
     StepMetrics m;
@@ -466,6 +515,11 @@ void Trainer::run() {
     m.phases = r.phases;
     if (do_val) {
       if (watchdog_) watchdog_->beat("the validation after step " + std::to_string(step_));
+      if (lead && last)
+        print_linef(Stream::out, "val       | after the last step: %lld batches, %lld tokens (data.val_tokens=%lld%s)",
+                    static_cast<long long>(val_batches()),
+                    static_cast<long long>(val_batches()) * cfg_.batch.micro_batch_size * cfg_.batch.seq_len,
+                    static_cast<long long>(cfg_.data.val_tokens), cfg_.data.val_tokens == 0 ? ": the whole split" : "");
       const auto te = Clock::now();
       m.val_loss = evaluate();
       time_.eval += seconds_since(te);
@@ -479,11 +533,32 @@ void Trainer::run() {
   if (watchdog_) watchdog_->beat("the end of the run (final checkpoint, sample and report)");
   if (!stopped && !(stopped = checkpoint_if_due(true))) print_sample(true);
   time_.wall = seconds_since(session_start);
+  const auto report_start = Clock::now();
   write_session_report(std::move(summary), step_ms, sessions ? &*sessions : nullptr, metrics_path);
+  const double report_s = seconds_since(report_start);
   watchdog_.reset();
-  if (lead && !stopped)
-    print_linef(Stream::out, "done      | %d steps in %s, metrics in %s", step_,
-                format_duration(seconds_since(run_start)).c_str(), metrics_path.c_str());
+  if (lead && !stopped) {
+    // Where the whole process's time went: the steps, and each part outside them.
+    const double total_s = seconds_since_process_start();
+    const double outside = startup_s + time_.eval + time_.sample + time_.checkpoint + report_s;
+    print_linef(Stream::out,
+                "done      | %d steps in %s: start-up %.1f s, steps %.1f s, validation %.1f s, samples %.1f s, "
+                "checkpoints %.1f s, report %.1f s, other %.1f s; metrics in %s",
+                step_ - first_step, format_duration(total_s).c_str(), startup_s, time_.steps, time_.eval, time_.sample,
+                time_.checkpoint, report_s, std::max(0.0, total_s - outside - time_.steps), metrics_path.c_str());
+  }
+}
+
+void Trainer::print_startup_time() const {
+  const double total = seconds_since_process_start();
+  std::string line = format("start-up  | %.1f s since the process started:", total);
+  double parts = 0;
+  for (const auto& [part, s] : startup_parts_) {
+    line += format(" %s %.2f s,", part.c_str(), s);
+    parts += s;
+  }
+  line += format(" other %.2f s (MPI, config, backend, log)", std::max(0.0, total - parts));
+  print_line(Stream::out, line);
 }
 
 }  // namespace pt

@@ -1,7 +1,8 @@
 // Trainer: the training loop. Each step consumes one global batch
 // (batch.global_batch_tokens tokens from the global cursor) as grad_accum_steps micro-batches,
 // sums their gradients, clips, updates with AdamW at the scheduled learning rate, and logs.
-// Validation runs every data.val_every_steps steps and at the last step.
+// Validation runs every data.val_every_steps steps and after the last step (or only after the
+// last with data.final_val).
 //
 // Data parallel: the ranks lie on the Grid (dp x tp x pp x cp; dp with ZeRO 0-3 and HSDP, and
 // pp run here). DP rank d reads sequences (m*dp + d)*B .. +B-1 of micro-step m from the global
@@ -66,8 +67,14 @@ class Trainer {
 
   // One optimizer step on the next global batch.
   StepResult step();
-  // Mean loss over the validation tokens (data.val_tokens; 0 = the whole val set).
+  // Mean loss over the validation tokens (data.val_tokens; 0 = the whole val set). Rank 0 logs
+  // its progress when it takes longer than 10 s.
   double evaluate();
+  // The micro-batches one validation reads (over all dp ranks): data.val_tokens, or the whole val
+  // set, rounded down to whole batches (at least one).
+  int64_t val_batches() const;
+  // Whether the validation runs after step `step` (data.val_every_steps, data.final_val).
+  bool validates_after(int step) const;
   // The whole run: start-up report, steps with logging and validation, final summary.
   void run();
 
@@ -137,6 +144,9 @@ class Trainer {
   // save_checkpoint(), and the report written when the session ends (trainer_report.cpp).
   TimeBreakdown time_;
   double step_data_s_ = 0;  // reading the current step's micro-batches
+  // What start-up spent where (the log's start-up line): {part, seconds}, in order.
+  std::vector<std::pair<std::string, double>> startup_parts_;
+  void print_startup_time() const;
   // The log's sample at the end of the run (logging.sample_every > 0; rank 0), which the report
   // shows rather than sampling the same weights again.
   std::optional<TrainingSample> final_sample_;

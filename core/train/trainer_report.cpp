@@ -37,12 +37,17 @@ void Trainer::write_session_report(RunSummary s, const std::vector<Stall>& step_
                                    const std::string& metrics_path) {
   using Clock = std::chrono::steady_clock;
   const bool lead = world_.rank == 0;
-  // The report's sample needs the whole model on one rank: every rank takes part in gathering
-  // it from the ZeRO shards and tensor-parallel pieces. A pipeline stage holds only its layers.
-  // The log sampled the final weights already (on every rank's knowledge: the run finished with
-  // logging.sample_every > 0): the report shows that sample.
+  // The report's sample is the log's: logging.sample_every = 0 turns both off. (Decoding reads
+  // every weight once per token: 64 tokens of GPT-2 124M on a CPU take about 15 s, which a run
+  // with samples turned off should not spend at its end.)
+  // The log sampled the final weights already when the run finished with logging.sample_every > 0
+  // (every rank knows it): the report shows that sample. A run stopped early samples here: that
+  // needs the whole model on one rank, and every rank takes part in gathering it from the ZeRO
+  // shards and tensor-parallel pieces. A pipeline stage holds only its layers.
   const bool logged_final = cfg_.parallel.pp == 1 && cfg_.logging.sample_every > 0 && step_ == cfg_.schedule.total_steps;
-  if (logged_final) {
+  if (cfg_.logging.sample_every == 0) {
+    s.sample_note = "no sample: logging.sample_every=0 (set it to sample the weights in the log and here)";
+  } else if (logged_final) {
     if (final_sample_) {
       const ReportSample sample = report_sample(cfg_, *final_sample_);
       s.sample_text = sample.text;
