@@ -93,7 +93,6 @@ TEST_CASE("every rule names its key and the offending value", "[config]") {
       {{"run.seed=-1"}, 1, {"run.seed=-1", ">= 0"}},
       {{"run.hang_timeout_s=-2"}, 1, {"run.hang_timeout_s=-2", "must be -1", "0 (off)"}},
       // model
-      {{"model.arch=llama"}, 1, {"model.arch=\"llama\"", "gpt2"}},
       {{"model.n_layers=0"}, 1, {"model.n_layers=0", ">= 1"}},
       {{"model.d_model=0"}, 1, {"model.d_model=0", ">= 1"}},
       {{"model.n_heads=0"}, 1, {"model.n_heads=0", ">= 1"}},
@@ -199,6 +198,27 @@ TEST_CASE("every rule names its key and the offending value", "[config]") {
       {{"logging.flops_formula=megatron"}, 1, {"logging.flops_formula=\"megatron\"", "palm, llmc"}},
       {{"logging.sample_every=-1"}, 1, {"logging.sample_every=-1", ">= 0"}},
       {{"logging.sample_tokens=0"}, 1, {"logging.sample_tokens=0", ">= 1"}},
+      // model: the Llama family's keys
+      {{"model.arch=bert"}, 1, {"model.arch=\"bert\"", "gpt2, llama"}},
+      {{"model.n_kv_heads=-1"}, 1, {"model.n_kv_heads=-1", ">= 0"}},
+      {{"model.ffn_hidden=-1"}, 1, {"model.ffn_hidden=-1", ">= 0"}},
+      {{"model.norm_eps=1"}, 1, {"model.norm_eps=1", "[0, 1)"}},
+      {{"model.rope_theta=-1"}, 1, {"model.rope_theta=-1", ">= 0"}},
+      {{"model.n_kv_heads=2"}, 1, {"model.n_kv_heads does not apply to model.arch=\"gpt2\"", "multi-head"}},
+      {{"model.ffn_hidden=100"}, 1, {"model.ffn_hidden does not apply to model.arch=\"gpt2\""}},
+      {{"model.ffn_multiple_of=64"}, 1, {"model.ffn_multiple_of does not apply"}},
+      {{"model.ffn_dim_multiplier=1.3"}, 1, {"model.ffn_dim_multiplier does not apply"}},
+      {{"model.norm_eps=1e-6"}, 1, {"model.norm_eps does not apply", "1e-5"}},
+      {{"model.rope_theta=10000"}, 1, {"model.rope_theta does not apply", "learns its positions"}},
+      {{"model.tie_embeddings=false"}, 1, {"model.tie_embeddings does not apply"}},
+      {{"model.arch=llama", "model.n_kv_heads=3"}, 1, {"model.n_kv_heads=3 must divide model.n_heads=4"}},
+      {{"model.arch=llama", "model.n_heads=128"}, 1, {"= 1 must be even for RoPE"}},
+      {{"model.arch=llama", "model.n_kv_heads=1", "parallel.tp=2"}, 2,
+       {"parallel.tp=2 must divide model.n_kv_heads=1", "whole key/value heads"}},
+      {{"model.arch=llama", "model.n_kv_heads=2", "parallel.tp=2", "parallel.cp=2", "parallel.cp_impl=ulysses"}, 4,
+       {"parallel.tp*cp = 2*2 = 4 must divide model.n_kv_heads=2"}},
+      {{"model.arch=llama", "model.ffn_hidden=341", "parallel.tp=2"}, 2,
+       {"parallel.tp=2 must divide the MLP width model.ffn_hidden=341"}},
   };
   for (const auto& c : cases) {
     DYNAMIC_SECTION(join(c.set) << " on " << c.world << " ranks") {
@@ -255,6 +275,38 @@ TEST_CASE("defaults are GPT-2 124M", "[config]") {
   CHECK(c.run.out_dir == "runs/picotrain");
   CHECK(c.checkpoint.dir == "runs/picotrain/checkpoints");
   CHECK(c.world_size == 1);
+}
+
+TEST_CASE("the Llama family's shape: its defaults, and Llama's MLP-width rule", "[config]") {
+  auto c = pt::config_from_json(tiny(), {"model.arch=llama"}, 1);
+  CHECK(c.model.n_kv_heads == 4);  // multi-head unless told
+  CHECK(c.model.ffn_hidden == 512);  // 8/3 * 128 = 341, up to a multiple of 256
+  CHECK(c.model.ffn_multiple_of == 256);
+  CHECK(c.model.ffn_dim_multiplier == 1.0);
+  CHECK(c.model.norm_eps == 1e-5);
+  CHECK(c.model.rope_theta == 10000.0);
+  CHECK(c.model.tie_embeddings == false);
+  // GPT-2 resolves to its own fixed values, which read back.
+  auto g = pt::config_from_json(tiny(), {}, 1);
+  CHECK(g.model.n_kv_heads == 4);
+  CHECK(g.model.ffn_hidden == 512);  // 4 * 128
+  CHECK(g.model.tie_embeddings == true);
+  CHECK(g.model.rope_theta == 0.0);
+  // The published Llama 3 widths (Llama 3 paper; Meta's reference code's rule).
+  pt::ModelSection m;
+  m.arch = "llama";
+  const auto width = [&](int d, int multiple, double mult) {
+    m.d_model = d;
+    m.ffn_multiple_of = multiple;
+    m.ffn_dim_multiplier = mult;
+    return m.ffn_width();
+  };
+  CHECK(width(4096, 1024, 1.3) == 14336);   // 8B
+  CHECK(width(8192, 4096, 1.3) == 28672);   // 70B
+  CHECK(width(16384, 4096, 1.2) == 53248);  // 405B
+  CHECK(width(2048, 256, 0) == 5632);       // TinyLlama 1.1B
+  m.ffn_hidden = 1000;
+  CHECK(m.ffn_width() == 1000);  // given: taken as it is
 }
 
 TEST_CASE("derived values", "[config]") {
@@ -400,6 +452,9 @@ TEST_CASE("the resolved config round-trips", "[config]") {
     CHECK(first == second);
   };
   SECTION("one rank") { check_round_trip({}, 1); }
+  SECTION("llama with grouped-query attention") {
+    check_round_trip({"model.arch=llama", "model.n_kv_heads=2", "model.rope_theta=500000", "parallel.tp=2"}, 2);
+  }
   SECTION("a 4-D layout") {
     check_round_trip({"parallel.tp=2", "parallel.pp=2", "parallel.cp=2", "parallel.sequence_parallel=true",
                       "parallel.zero_stage=1", "optim.betas=[0.8,0.9]"}, 16);

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <sstream>
 #include <type_traits>
 #include <utility>
@@ -82,6 +83,12 @@ template <> bool read_as<bool>(const std::string& key, const json& v) {
   return v.get<bool>();
 }
 
+// A boolean whose default depends on other keys: null (or absent) leaves it to the rules.
+template <> std::optional<bool> read_as<std::optional<bool>>(const std::string& key, const json& v) {
+  if (v.is_null()) return std::nullopt;
+  return read_as<bool>(key, v);
+}
+
 template <> std::string read_as<std::string>(const std::string& key, const json& v) {
   if (!v.is_string()) wrong_type(key, v, "a string");
   return v.get<std::string>();
@@ -101,9 +108,20 @@ template <> std::vector<int> read_as<std::vector<int>>(const std::string& key, c
   return out;
 }
 
+// A field's value as JSON (nlohmann has no std::optional: unset is null).
+template <class T>
+json to_json_value(const T& v) {
+  return json(v);
+}
+template <>
+json to_json_value(const std::optional<bool>& v) {
+  return v ? json(*v) : json(nullptr);
+}
+
 template <class T>
 std::string type_name() {
   if constexpr (std::is_same_v<T, std::string>) return "string";
+  else if constexpr (std::is_same_v<T, std::optional<bool>>) return "boolean";
   else if constexpr (std::is_same_v<T, std::vector<int>>) return "[integer, ...]";
   else if constexpr (std::is_same_v<T, bool>) return "boolean";
   else if constexpr (std::is_same_v<T, double>) return "number";
@@ -200,10 +218,11 @@ class SectionKeys {
     std::string path = k.path();
     auto member = member_;
     k.read = [=](RunConfig& c, const json& v) { (c.*member).*field = read_as<T>(path, v); };
-    k.write = [=](const RunConfig& c) { return json((c.*member).*field); };
+    k.write = [=](const RunConfig& c) { return to_json_value((c.*member).*field); };
     k.check = [=](const RunConfig& c) {
       const T& v = (c.*member).*field;
-      if (std::string broken = rule(v); !broken.empty()) throw ConfigError(key_value(path, json(v)) + " " + broken);
+      if (std::string broken = rule(v); !broken.empty())
+        throw ConfigError(key_value(path, to_json_value(v)) + " " + broken);
     };
     out_.push_back(std::move(k));
     return *this;
@@ -227,13 +246,20 @@ std::vector<ConfigKey> build_table() {
       .add("hang_timeout_s", &RunSection::hang_timeout_s, hang_timeout_rule);
 
   SectionKeys(k, "model", &RunConfig::model)
-      .add("arch", &ModelSection::arch, one_of({"gpt2"}))
+      .add("arch", &ModelSection::arch, one_of({"gpt2", "llama"}))
       .add("n_layers", &ModelSection::n_layers, at_least(1))
       .add("d_model", &ModelSection::d_model, at_least(1))
       .add("n_heads", &ModelSection::n_heads, at_least(1))
       .add("vocab_size", &ModelSection::vocab_size, at_least(1))
       .add("pad_vocab_multiple", &ModelSection::pad_vocab_multiple, at_least(1))
       .add("max_seq_len", &ModelSection::max_seq_len, at_least(1))
+      .add("n_kv_heads", &ModelSection::n_kv_heads, at_least(0))
+      .add("ffn_hidden", &ModelSection::ffn_hidden, at_least(0))
+      .add("ffn_multiple_of", &ModelSection::ffn_multiple_of, at_least(0))
+      .add("ffn_dim_multiplier", &ModelSection::ffn_dim_multiplier, at_least(0.0))
+      .add("norm_eps", &ModelSection::norm_eps, in_interval(0, 1, "[)"))
+      .add("rope_theta", &ModelSection::rope_theta, at_least(0.0))
+      .add("tie_embeddings", &ModelSection::tie_embeddings)
       .add("padded_vocab", &ModelSection::padded_vocab, at_least(0));
 
   SectionKeys(k, "parallel", &RunConfig::parallel)

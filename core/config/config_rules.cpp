@@ -35,6 +35,43 @@ void check_derived(const std::string& key, int64_t given, int64_t derived, const
              "); remove the key or set it to 0 to derive it"));
 }
 
+// The Llama-family keys: checked against the architecture, then resolved to the values the
+// model is built with, so the resolved config says exactly what was trained.
+void check_architecture(ModelSection& m) {
+  const bool llama = m.is_llama();
+  // A key the architecture has no use for is an error: silently ignoring it would train another
+  // model than the one the user described. GPT-2's own values are accepted (a resolved GPT-2
+  // config reads back).
+  const auto gpt2_fixed = [&](const char* key, bool given, const std::string& gpt2_value) {
+    if (!llama && given)
+      fail(cat("model.", key, " does not apply to model.arch=\"gpt2\" (", gpt2_value,
+               "); remove it, or use model.arch=\"llama\""));
+  };
+  gpt2_fixed("n_kv_heads", m.n_kv_heads != 0 && m.n_kv_heads != m.n_heads, "GPT-2 is multi-head: n_kv_heads = n_heads");
+  gpt2_fixed("ffn_hidden", m.ffn_hidden != 0 && m.ffn_hidden != 4 * m.d_model, "GPT-2's MLP is 4*d_model wide");
+  gpt2_fixed("ffn_multiple_of", m.ffn_multiple_of != 0, "it rounds Llama's MLP width");
+  gpt2_fixed("ffn_dim_multiplier", m.ffn_dim_multiplier != 0, "it scales Llama's MLP width");
+  gpt2_fixed("norm_eps", m.norm_eps != 0 && m.norm_eps != 1e-5, "GPT-2's LayerNorm eps is 1e-5");
+  gpt2_fixed("rope_theta", m.rope_theta != 0, "GPT-2 learns its positions");
+  gpt2_fixed("tie_embeddings", m.tie_embeddings == false, "GPT-2's LM head is its token embedding");
+  if (m.n_kv_heads != 0 && m.n_heads % m.n_kv_heads != 0)
+    fail(cat("model.n_kv_heads=", m.n_kv_heads, " must divide model.n_heads=", m.n_heads,
+             " (each key/value head serves n_heads/n_kv_heads query heads)"));
+  if (llama && m.head_dim() % 2 != 0)
+    fail(cat("model.d_model/n_heads = ", m.d_model, "/", m.n_heads, " = ", m.head_dim(),
+             " must be even for RoPE (it rotates pairs of dimensions)"));
+  // Resolve: what the model is built with.
+  m.n_kv_heads = m.kv_heads();
+  m.ffn_hidden = m.ffn_width();
+  m.norm_eps = m.eps();
+  m.tie_embeddings = m.tied();
+  if (llama) {
+    if (m.ffn_multiple_of == 0) m.ffn_multiple_of = 256;
+    if (m.ffn_dim_multiplier == 0) m.ffn_dim_multiplier = 1.0;
+    m.rope_theta = m.rope_base();
+  }
+}
+
 void check_model(RunConfig& c) {
   auto& m = c.model;
   if (m.d_model % m.n_heads != 0)
@@ -47,6 +84,7 @@ void check_model(RunConfig& c) {
                 cat("model.vocab_size=", m.vocab_size, " rounded up to a multiple of model.pad_vocab_multiple=",
                     m.pad_vocab_multiple));
   m.padded_vocab = int(padded);
+  check_architecture(m);
   if (c.batch.seq_len > m.max_seq_len)
     fail(cat("batch.seq_len=", c.batch.seq_len, " must be <= model.max_seq_len=", m.max_seq_len));
 }
@@ -77,8 +115,15 @@ void resolve_dp(RunConfig& c) {
 void check_tensor_parallel(const RunConfig& c) {
   const auto& p = c.parallel;
   const auto& m = c.model;
-  // The MLP width 4*d_model needs no check of its own: tp | n_heads | d_model already.
   if (m.n_heads % p.tp != 0) fail(cat("parallel.tp=", p.tp, " must divide model.n_heads=", m.n_heads));
+  // Each tp rank holds whole key/value heads (a head split over ranks would need their scores
+  // summed); with fewer K/V heads than ranks Megatron replicates them, which picotrain does not.
+  if (m.kv_heads() % p.tp != 0)
+    fail(cat("parallel.tp=", p.tp, " must divide model.n_kv_heads=", m.kv_heads(),
+             " (each tensor-parallel rank holds whole key/value heads)"));
+  // GPT-2's MLP width 4*d_model is split already when tp | n_heads | d_model; Llama's need not be.
+  if (m.ffn_width() % p.tp != 0)
+    fail(cat("parallel.tp=", p.tp, " must divide the MLP width model.ffn_hidden=", m.ffn_width()));
   if (m.padded_vocab % p.tp != 0)
     fail(cat("parallel.tp=", p.tp, " must divide model.padded_vocab=", m.padded_vocab,
              " (choose model.pad_vocab_multiple as a multiple of tp)"));
@@ -105,6 +150,9 @@ void check_context_parallel(const RunConfig& c) {
   if (p.cp_impl == "ulysses" && c.model.n_heads % tp_cp != 0)
     fail(cat("parallel.tp*cp = ", p.tp, "*", p.cp, " = ", tp_cp, " must divide model.n_heads=", c.model.n_heads,
              " when parallel.cp_impl=\"ulysses\""));
+  if (p.cp_impl == "ulysses" && c.model.kv_heads() % tp_cp != 0)
+    fail(cat("parallel.tp*cp = ", p.tp, "*", p.cp, " = ", tp_cp, " must divide model.n_kv_heads=",
+             c.model.kv_heads(), " when parallel.cp_impl=\"ulysses\" (the all-to-all gives each rank whole K/V heads)"));
 }
 
 void check_pipeline_parallel(const RunConfig& c) {

@@ -8,6 +8,7 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,10 @@ struct RunSection {
   double hang_timeout_s = -1;
 };
 
+// arch "gpt2" (OpenAI GPT-2 exactly) or "llama" (Hugging Face's LlamaForCausalLM exactly). The
+// keys after max_seq_len shape the Llama family; 0 (unset for tie_embeddings) means "the
+// architecture's value", filled in by the rules (config_rules.cpp), which also reject a value a
+// GPT-2 cannot have (GPT-2 is multi-head, 4x GELU MLP, LayerNorm eps 1e-5, learned positions, tied).
 struct ModelSection {
   std::string arch = "gpt2";
   int n_layers = 12;
@@ -32,9 +37,32 @@ struct ModelSection {
   int vocab_size = 50257;
   int pad_vocab_multiple = 128;
   int max_seq_len = 1024;
+  int n_kv_heads = 0;               // grouped-query attention; 0: n_heads (multi-head)
+  int ffn_hidden = 0;               // the MLP's hidden width; 0: 4*d_model (gpt2), Llama's rule (llama)
+  int ffn_multiple_of = 0;          // llama: the rule rounds the width up to this; 0: 256
+  double ffn_dim_multiplier = 0;    // llama: the rule scales 8/3*d_model by this first; 0: 1
+  double norm_eps = 0;              // the norm's epsilon; 0: 1e-5
+  double rope_theta = 0;            // llama: RoPE's base; 0: 10000
+  std::optional<bool> tie_embeddings;  // the LM head is the token embedding; unset: gpt2 yes, llama no
   // derived
   int padded_vocab = 0;  // vocab_size rounded up to a multiple of pad_vocab_multiple
   int head_dim() const { return d_model / n_heads; }
+  bool is_llama() const { return arch == "llama"; }
+  int kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_heads; }
+  bool tied() const { return tie_embeddings.value_or(!is_llama()); }
+  double eps() const { return norm_eps > 0 ? norm_eps : 1e-5; }
+  double rope_base() const { return rope_theta > 0 ? rope_theta : 10000.0; }
+  // The MLP's hidden width: ffn_hidden, else GPT-2's 4*d_model, or Llama's rule (Meta's
+  // reference code): 8/3*d_model, scaled by ffn_dim_multiplier, rounded up to ffn_multiple_of.
+  // Llama 3 8B: 4096 -> 10922 -> x1.3 = 14198 -> 14336 (multiple of 1024).
+  int ffn_width() const {
+    if (ffn_hidden > 0) return ffn_hidden;
+    if (!is_llama()) return 4 * d_model;
+    const int64_t multiple = ffn_multiple_of > 0 ? ffn_multiple_of : 256;
+    int64_t hidden = 2 * (int64_t(4) * d_model) / 3;
+    if (ffn_dim_multiplier > 0) hidden = static_cast<int64_t>(ffn_dim_multiplier * static_cast<double>(hidden));
+    return static_cast<int>((hidden + multiple - 1) / multiple * multiple);
+  }
 };
 
 struct ParallelSection {

@@ -32,6 +32,8 @@ size_t ParamTable::count_numel(bool (*pred)(const ParamSpec&)) const {
 }
 
 ParamTable build_gpt2_param_table(const ModelSection& m) {
+  if (m.arch != "gpt2")
+    throw ConfigError("model.arch=\"" + m.arch + "\": the model code builds GPT-2 only so far (the Llama blocks come next)");
   const int64_t C = m.d_model, L = m.n_layers;
   const double std = 0.02;
   const double resid_std = 0.02 / std::sqrt(2.0 * L);  // GPT-2: scale residual projections
