@@ -28,7 +28,7 @@
 // memory-bound op under 70% of the copy bandwidth is flagged (issue #9's floor).
 //
 // The "step" columns multiply each op's median time by its calls per optimizer step (micro-batch
-// B, grad accumulation --accum, zero_stage 0, no recompute, as core/model/gpt2_stage.cpp calls
+// B, grad accumulation --accum, zero_stage 0, no recompute, as core/model/decoder_stage.cpp calls
 // them) and sum them: where the GPU time of a training step goes, to hold against the measured
 // step time of `picotrain train` (the difference is launch gaps, host syncs and anything not here).
 //
@@ -253,7 +253,7 @@ void bench_ceilings(Bench& b, Ops& ops, size_t copy_bytes, int matmul_n) {
   }
 }
 
-// Every op of a GPT-2 training step at micro-batch B, as core/model/gpt2_stage.cpp calls them.
+// Every op of a GPT-2 training step at micro-batch B, as core/model/decoder_stage.cpp calls them.
 void bench_model(Bench& b, Ops& ops, const ModelShape& m) {
   const std::string sec = m.name;
   const int B = m.B, T = m.T, C = m.C, L = m.L, NH = m.NH, Vp = m.Vp, V = m.V;
@@ -297,7 +297,7 @@ void bench_model(Bench& b, Ops& ops, const ModelShape& m) {
     Tensor w = buf.rand(C, bf, 1), bias = buf.rand(C, bf, 0.1f), dw = buf.zeros(C, f32), db = buf.zeros(C, f32);
     Tensor mean = buf.zeros(N, f32), rstd = buf.zeros(N, f32);
     // Forward: every LayerNorm but the first block's ln_1 runs fused with the residual add before
-    // it (Gpt2Stage), so the plain add is no longer a step op: its row stays for comparison.
+    // it (DecoderStage), so the plain add is no longer a step op: its row stays for comparison.
     const double ln_calls = A * (2 * L + 1);
     b.run({sec, "layernorm_forward", nshape, false, NC * 2 * s + 8.0 * N + 2.0 * C * s, "N*C*2s + 8N + 2Cs", A},
           [&] { ops.layernorm_forward(out, mean, rstd, x, w, bias, N, C); });

@@ -2,8 +2,8 @@
 # Every check of the CUDA backend that needs a GPU, unattended, ending in one summary table:
 #   1. build (Release, CUDA for this GPU's architecture; with MPI when the machine has it, for the multi-rank tests)
 #   2. ctest -L gpu: every kernel against CpuOps, whole-model parity, the 50-step loss curve
-#   3. scripts/torch_reference.py: an independent PyTorch GPT-2 against the CPU, CUDA fp32 and
-#      CUDA bf16 backends (logits, loss, every gradient) from one checkpoint of a tiny GPT-2
+#   3. scripts/torch_reference.py: an independent PyTorch GPT-2 and Llama against the CPU, CUDA fp32
+#      and CUDA bf16 backends (logits, loss, every gradient) from checkpoints of a tiny GPT-2 and Llama
 #      (test/torch_reference.sh with the CUDA backends added)
 #   4. a short GPT-2 124M bf16 training run on synthetic data (20 steps)
 # Made for a GPU machine with nvcc, CMake, Ninja and PyTorch but no package manager: libraries it
@@ -85,14 +85,14 @@ else
 fi
 
 # ---- 3. PyTorch reference --------------------------------------------------------------------------
-# The ctest torch_reference's script with every backend: trains configs/tiny-gpt2.json for 2 steps,
+# The ctest torch_reference's script with every backend: trains a tiny GPT-2 and Llama for 2 steps,
 # dumps one batch from the checkpoint on cpu, cuda fp32 and cuda bf16 (reference_dump), compares
 # them with torch_reference.py, and checks that a perturbed gradient fails.
 t0=$(now)
 if [ $rc -eq 0 ]; then
   {
     timeout 300 cmake --build "$BUILD" -j "$JOBS" --target reference_dump &&
-      TORCH_REFERENCE_BACKENDS="cpu:fp32 cuda:fp32 cuda:bf16" timeout 300 test/torch_reference.sh \
+      TORCH_REFERENCE_BACKENDS="cpu:fp32 cuda:fp32 cuda:bf16" timeout 600 test/torch_reference.sh \
         "$BUILD/picotrain" "$BUILD/test/reference_dump" "$ROOT"
   } >"$OUT/torch.log" 2>&1
   prc=$?

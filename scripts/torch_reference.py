@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""An independent GPT-2 in PyTorch, to check picotrain's logits, loss and gradients.
+"""An independent GPT-2 and Llama in PyTorch, to check picotrain's logits, loss and gradients.
 
 picotrain's side is a checkpoint (the checkpoints/ directory of a `picotrain train` run, or one
 step_N directory in it) and what reference_dump (a tool built with the tests) computes from it
@@ -11,8 +11,8 @@ parameter's gradient of one training pass (see test/reference_dump.cpp for the f
     python3 scripts/torch_reference.py --checkpoint RUN/checkpoints dump/cpu dump/cuda_bf16
 
 This script reads the checkpoint itself (manifest.json and the chunk files it names, checking
-every master tensor's shape against GPT-2's), rebuilds the model in float64 (on the GPU when
-PyTorch sees one), runs each dump's batch and compares, per dump:
+every master tensor's shape against its model.arch's: gpt2 or llama), rebuilds the model in
+float64 (on the GPU when PyTorch sees one), runs each dump's batch and compares, per dump:
   fp32 (cpu, cuda)  relative L2 <= --tol-fp32 (1e-5)
   bf16 (cuda)       relative L2 <= --tol-bf16 (2e-2)
 for the logits, the loss (relative difference) and every parameter's gradient, with
@@ -25,6 +25,11 @@ Why 1e-5 for fp32: the CPU backend's worst error on the tiny GPT-2 of the ctest 
 keeps ~7 digits; the CUDA backend's fp32 matmuls never use TF32), while the nearest wrong
 definition, GELU with erf instead of tanh, is 2.7e-5 on the logits and up to 8.8e-5 on a
 gradient of that near-initial checkpoint (3.4e-4 after 30 steps): 1e-4 would let it through.
+The same bound holds for Llama: on the ctest's tiny Llama (GQA, eps 1e-6, theta 500000) the CPU
+backend's worst error is 1.9e-6 (a norm weight's gradient), while the nearest wrong definitions
+are orders above it: eps 1e-5 for 1e-6 (1.1e-2 on the logits), no eps (1.2e-3), theta 1e4 for
+5e5 (4.1e-3), even/odd RoPE pairs for rotate-half (5.6e-3), K/V heads taken h % n_kv_heads
+(0.65), GELU for SiLU (1.9e-2); float64 RoPE angles for float32 ones do not show at 47 positions.
 Why 2e-2 for bf16: it keeps ~3 digits (2^-9 = 2e-3 per rounding), and picotrain's own GPU
 against CPU model test uses the same bound.
 
@@ -35,12 +40,29 @@ and an LM head tied to the token embedding over the padded vocabulary (the loss 
 vocab_size columns). Weights are [out, in]: y = x @ W^T + b. Parameter names follow Hugging Face
 GPT-2 (wte, wpe, h.L.ln_1.weight, ..., ln_f.bias), as picotrain's checkpoints name them.
 
+The Llama is written from Hugging Face's LlamaForCausalLM conventions (not copied from any
+implementation): the token embedding; per block RMSNorm x * rsqrt(mean(x^2) + eps) * w, q/k/v
+projections, RoPE on q and k with inv_freq = 1/theta^(arange(0, hd, 2)/hd) and the angles
+pos * inv_freq in float32 as Hugging Face computes them, rotate_half(x) = cat(-x2, x1) (dimension
+i pairs with i + hd/2), grouped-query attention where query head h reads key/value head
+h // (n_heads / n_kv_heads), causal softmax scaled by 1/sqrt(hd), o_proj and the residual, then
+RMSNorm and down(silu(gate(x)) * up(x)) and the residual; a final RMSNorm and lm_head (the token
+embedding when tied). No biases. Its names are Hugging Face's (model.embed_tokens.weight,
+model.layers.L.self_attn.q_proj.weight, ..., model.norm.weight, lm_head.weight), as picotrain's
+checkpoints name them, and eps, theta, n_kv_heads, the MLP width and the head's tying come from
+the manifest's model. --self-test checks it against a loop that computes each position, head and
+rotated pair one scalar at a time, and its autograd gradient against a finite difference.
+
 Hugging Face folders (`picotrain convert --format hf`; --hf DIR, repeatable) are read with this
 script's own safetensors reader: an 8-byte little-endian header length, a JSON header giving
 each tensor's dtype, shape and data_offsets (counted from the end of the header), then the raw
-little-endian data. config.json must describe the checkpoint's model (GPT2LMHeadModel, n_embd,
-n_layer, n_head, n_positions, vocab_size, tanh GELU, LayerNorm eps 1e-5, tied head). Its
-tensors go into this GPT-2 by Hugging Face's names ("transformer." + picotrain's name, wte and
+little-endian data. config.json must describe the checkpoint's model: GPT2LMHeadModel (n_embd,
+n_layer, n_head, n_positions, vocab_size, tanh GELU, LayerNorm eps 1e-5, tied head), or
+LlamaForCausalLM (hidden_size, intermediate_size, the layers, heads and key/value heads,
+head_dim, max_position_embeddings, vocab_size, silu, rms_norm_eps, rope_theta, no rope_scaling,
+no biases, tie_word_embeddings). A Llama's tensors keep their names, none is transposed, and
+embed_tokens' and lm_head's rows past vocab_size are zero-padded. GPT-2's tensors go into this
+GPT-2 by Hugging Face's names ("transformer." + picotrain's name, wte and
 wpe with ".weight"), the Conv1D weights (attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj, stored
 [in, out]) transposed back and the embedding's rows past vocab_size zero-padded. Then every
 weight must equal the checkpoint's bit for bit (rounded to bf16 first when torch_dtype is
@@ -103,6 +125,35 @@ def gpt2_shapes(model):
     return shapes
 
 
+def llama_shapes(model):
+    """Every Llama parameter's name (Hugging Face's LlamaForCausalLM state dict, as picotrain's
+    checkpoints name them) and shape ([out, in] like nn.Linear), in the order the model uses them."""
+    C, L, V = model["d_model"], model["n_layers"], model["padded_vocab"]
+    hd = C // model["n_heads"]
+    Q, KV, F = model["n_heads"] * hd, model["n_kv_heads"] * hd, model["ffn_hidden"]
+    shapes = {"model.embed_tokens.weight": (V, C)}
+    for layer in range(L):
+        h = "model.layers.%d." % layer
+        for name, shape in (("input_layernorm.weight", (C,)),
+                            ("self_attn.q_proj.weight", (Q, C)), ("self_attn.k_proj.weight", (KV, C)),
+                            ("self_attn.v_proj.weight", (KV, C)), ("self_attn.o_proj.weight", (C, Q)),
+                            ("post_attention_layernorm.weight", (C,)),
+                            ("mlp.gate_proj.weight", (F, C)), ("mlp.up_proj.weight", (F, C)),
+                            ("mlp.down_proj.weight", (C, F))):
+            shapes[h + name] = shape
+    shapes["model.norm.weight"] = (C,)
+    if not model["tie_embeddings"]:
+        shapes["lm_head.weight"] = (V, C)
+    return shapes
+
+
+ARCHITECTURES = ("gpt2", "llama")
+
+
+def model_shapes(model):
+    return llama_shapes(model) if model["arch"] == "llama" else gpt2_shapes(model)
+
+
 def read_tensor(step_dir, entry, file_bytes):
     """A whole f32 tensor of the manifest, assembled from its chunks (flat ranges, or strided
     runs: the pieces of tensor-parallel ranks), every element covered exactly once."""
@@ -146,8 +197,8 @@ def read_checkpoint(path):
     if manifest.get("format") != "picotrain-checkpoint" or manifest.get("format_version") != 1:
         raise BadInput("%s: not a picotrain checkpoint of format version 1" % step_dir)
     model = manifest["model"]
-    if model.get("arch") != "gpt2":
-        raise BadInput("%s holds a %s model, not gpt2" % (step_dir, model.get("arch")))
+    if model.get("arch") not in ARCHITECTURES:
+        raise BadInput("%s holds a %s model, not one of %s" % (step_dir, model.get("arch"), ", ".join(ARCHITECTURES)))
     file_bytes = {}
     for f in manifest["files"]:
         size = os.path.getsize(os.path.join(step_dir, f["name"])) if os.path.exists(os.path.join(step_dir, f["name"])) else -1
@@ -155,15 +206,18 @@ def read_checkpoint(path):
             raise BadInput("%s: %s has %d bytes, the manifest says %d" % (step_dir, f["name"], size, f["bytes"]))
         file_bytes[f["name"]] = size
     entries = {t["name"][len("master/"):]: t for t in manifest["tensors"] if t["name"].startswith("master/")}
-    expected = gpt2_shapes(model)
+    try:
+        expected = model_shapes(model)
+    except KeyError as e:
+        raise BadInput("%s: the manifest's model has no %s" % (step_dir, e))
     if set(entries) != set(expected):
         raise BadInput("%s: master tensors missing %s, unexpected %s" % (
             step_dir, sorted(set(expected) - set(entries)) or "none", sorted(set(entries) - set(expected)) or "none"))
     weights = {}
     for name, shape in expected.items():
         if tuple(entries[name]["shape"]) != shape:
-            raise BadInput("%s: master/%s has shape %s, GPT-2 with %s has %s" %
-                           (step_dir, name, entries[name]["shape"], json.dumps(model), list(shape)))
+            raise BadInput("%s: master/%s has shape %s, %s with %s has %s" %
+                           (step_dir, name, entries[name]["shape"], model["arch"], json.dumps(model), list(shape)))
         weights[name] = read_tensor(step_dir, entries[name], file_bytes)
     return step_dir, manifest, weights
 
@@ -241,12 +295,52 @@ def read_safetensors(path):
 
 
 def read_hf_folder(path, model):
-    """(config, {picotrain name: float32 array}) of a GPT2LMHeadModel folder for `model`."""
+    """(config, {picotrain name: float32 array}) of the folder, checked to hold `model`."""
     try:
         with open(os.path.join(path, "config.json")) as f:
             config = json.load(f)
     except (OSError, ValueError) as e:
         raise BadInput("cannot read %s/config.json: %s" % (path, e))
+    read = read_llama_folder if model["arch"] == "llama" else read_gpt2_folder
+    return config, read(path, config, model)
+
+
+def pad_vocab_rows(a, model):
+    """picotrain's padded vocabulary rows (zero) under a Hugging Face [vocab_size, C] tensor."""
+    return np.concatenate([a, np.zeros((model["padded_vocab"] - a.shape[0], a.shape[1]), dtype=np.float32)])
+
+
+def check_folder_tensors(path, weights, model):
+    expected = model_shapes(model)
+    bad = sorted(set(expected) ^ set(weights)) + [n for n in expected if n in weights and weights[n].shape != expected[n]]
+    if bad:
+        raise BadInput("%s: tensors missing, unexpected or of the wrong shape: %s" % (path, ", ".join(bad)))
+
+
+def read_llama_folder(path, config, model):
+    """A LlamaForCausalLM folder: its tensor names are picotrain's; nn.Linear weights are [out, in]
+    as picotrain's (none is transposed); the embedding's and the head's rows stop at vocab_size."""
+    hd = model["d_model"] // model["n_heads"]
+    want = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": model["d_model"],
+            "num_hidden_layers": model["n_layers"], "num_attention_heads": model["n_heads"],
+            "num_key_value_heads": model["n_kv_heads"], "head_dim": hd, "intermediate_size": model["ffn_hidden"],
+            "max_position_embeddings": model["max_seq_len"], "vocab_size": model["vocab_size"],
+            "hidden_act": "silu", "rms_norm_eps": model["norm_eps"], "rope_theta": model["rope_theta"],
+            "rope_scaling": None, "attention_bias": False, "mlp_bias": False, "pretraining_tp": 1,
+            "tie_word_embeddings": model["tie_embeddings"]}
+    wrong = ["%s=%r (want %r)" % (k, config.get(k), v) for k, v in want.items() if config.get(k) != v]
+    if wrong:
+        raise BadInput("%s/config.json does not describe the checkpoint's Llama: %s" % (path, ", ".join(wrong)))
+    weights = read_safetensors(os.path.join(path, "model.safetensors"))
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        if name in weights:
+            weights[name] = pad_vocab_rows(weights[name], model)
+    check_folder_tensors(path, weights, model)
+    return weights
+
+
+def read_gpt2_folder(path, config, model):
+    """A GPT2LMHeadModel folder: "transformer." + picotrain's names, Conv1D weights [in, out]."""
     want = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": model["d_model"],
             "n_layer": model["n_layers"], "n_head": model["n_heads"], "n_positions": model["max_seq_len"],
             "vocab_size": model["vocab_size"], "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5,
@@ -262,15 +356,10 @@ def read_hf_folder(path, model):
         if name in ("wte.weight", "wpe.weight"):
             name = name[:-len(".weight")]
         weights[name] = a.T.copy() if name.endswith(CONV1D) else a
-    if "wte" in weights:  # picotrain's padded vocabulary rows are zero
-        wte = weights["wte"]
-        weights["wte"] = np.concatenate([wte, np.zeros((model["padded_vocab"] - wte.shape[0], wte.shape[1]),
-                                                       dtype=np.float32)])
-    expected = gpt2_shapes(model)
-    bad = sorted(set(expected) ^ set(weights)) + [n for n in expected if n in weights and weights[n].shape != expected[n]]
-    if bad:
-        raise BadInput("%s: tensors missing, unexpected or of the wrong shape: %s" % (path, ", ".join(bad)))
-    return config, weights
+    if "wte" in weights:
+        weights["wte"] = pad_vocab_rows(weights["wte"], model)
+    check_folder_tensors(path, weights, model)
+    return weights
 
 
 def compare_hf(path, config, hf_weights, ckpt_weights, model, dump, tol):
@@ -308,6 +397,11 @@ def round_bf16(a):
 
 
 def forward(w, model, tokens):
+    """Logits [B, T, padded_vocab] of the checkpoint's architecture with weights w (name -> tensor)."""
+    return llama_forward(w, model, tokens) if model["arch"] == "llama" else gpt2_forward(w, model, tokens)
+
+
+def gpt2_forward(w, model, tokens):
     """Logits [B, T, padded_vocab] of GPT-2 with weights w (name -> tensor) on token ids [B, T]."""
     B, T = tokens.shape
     C, NH, L = model["d_model"], model["n_heads"], model["n_layers"]
@@ -333,6 +427,70 @@ def forward(w, model, tokens):
         x = x + linear(hidden, h + "mlp.c_proj")
     x = layer_norm(x, "ln_f")
     return x @ w["wte"].T
+
+
+# ---- Llama -----------------------------------------------------------------------------------------
+
+
+def rope_angles(T, hd, theta, device):
+    """[T, hd/2] angles pos * inv_freq as Hugging Face's Llama computes them: inv_freq =
+    1 / theta^(2i/hd) and the product in float32 (the angles' rounding is part of the model at
+    long positions); their cos and sin are then taken in float64."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
+    pos = torch.arange(T, dtype=torch.int64).float()
+    return (pos[:, None] * inv_freq[None, :]).to(torch.float64).to(device)
+
+
+def rotate_half(x):
+    """(x1, x2) -> (-x2, x1) over the two halves of the last dimension: dimension i of a head
+    pairs with i + hd/2 (not 2i with 2i+1)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def llama_forward(w, model, tokens):
+    """Logits [B, T, padded_vocab] of Hugging Face's LlamaForCausalLM with weights w on ids [B, T]:
+    RMSNorm x * rsqrt(mean(x^2) + eps) * weight; RoPE (rotate-half) on q and k; grouped-query
+    attention (query head h reads key/value head h // (n_heads / n_kv_heads)), causal, scaled by
+    1/sqrt(head_dim); SwiGLU down(silu(gate(x)) * up(x)); no biases; the head lm_head, or the
+    token embedding when tied."""
+    B, T = tokens.shape
+    C, NH, L = model["d_model"], model["n_heads"], model["n_layers"]
+    NKV, eps = model["n_kv_heads"], model["norm_eps"]
+    HD = C // NH
+    causal = torch.ones(T, T, dtype=torch.bool, device=tokens.device).tril()
+    angles = torch.cat([rope_angles(T, HD, model["rope_theta"], tokens.device)] * 2, dim=-1)  # [T, HD]
+    cos, sin = angles.cos().to(w["model.norm.weight"].dtype), angles.sin().to(w["model.norm.weight"].dtype)
+
+    def rms_norm(x, name):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w[name]
+
+    def linear(x, name):
+        return x @ w[name].T
+
+    def heads(x, n):
+        return x.view(B, T, n, HD).transpose(1, 2)  # [B, n, T, HD]
+
+    def rope(x):
+        return x * cos + rotate_half(x) * sin
+
+    x = w["model.embed_tokens.weight"][tokens]
+    for layer in range(L):
+        h = "model.layers.%d." % layer
+        a = rms_norm(x, h + "input_layernorm.weight")
+        q = rope(heads(linear(a, h + "self_attn.q_proj.weight"), NH))
+        k = rope(heads(linear(a, h + "self_attn.k_proj.weight"), NKV))
+        v = heads(linear(a, h + "self_attn.v_proj.weight"), NKV)
+        k, v = (t.repeat_interleave(NH // NKV, dim=1) for t in (k, v))
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(HD)
+        probs = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
+        y = (probs @ v).transpose(1, 2).reshape(B, T, NH * HD)
+        x = x + linear(y, h + "self_attn.o_proj.weight")
+        m = rms_norm(x, h + "post_attention_layernorm.weight")
+        hidden = F.silu(linear(m, h + "mlp.gate_proj.weight")) * linear(m, h + "mlp.up_proj.weight")
+        x = x + linear(hidden, h + "mlp.down_proj.weight")
+    x = rms_norm(x, "model.norm.weight")
+    return x @ (w["model.embed_tokens.weight"] if model["tie_embeddings"] else w["lm_head.weight"]).T
 
 
 def reference(weights, model, tokens, targets, device):
@@ -384,18 +542,126 @@ def compare(dump, ref, tol, verbose):
     return [name for name, (rel, _) in checked if not rel <= tol]
 
 
+# ---- the self-test ---------------------------------------------------------------------------------
+
+
+def naive_llama_logits(w, model, tokens):
+    """Llama's logits one scalar at a time (numpy float64), written from the definitions without
+    this script's tensor code: each position, head and dimension pair in a loop. It checks
+    llama_forward's reshapes, the rotate-half pairing and the query -> key/value head map."""
+    C, NH, NKV, L = model["d_model"], model["n_heads"], model["n_kv_heads"], model["n_layers"]
+    HD, eps, theta = C // NH, model["norm_eps"], model["rope_theta"]
+    half, group = HD // 2, NH // NKV
+    W = {n: np.asarray(a, dtype=np.float64) for n, a in w.items()}
+
+    def rms_norm(v, name):
+        return v / math.sqrt(sum(e * e for e in v) / len(v) + eps) * W[name]
+
+    def rotate(v, pos):  # dimension i pairs with i + HD/2
+        out = np.empty(HD)
+        for i in range(half):
+            a = pos * theta ** (-2.0 * i / HD)
+            out[i] = v[i] * math.cos(a) - v[i + half] * math.sin(a)
+            out[i + half] = v[i + half] * math.cos(a) + v[i] * math.sin(a)
+        return out
+
+    B, T = tokens.shape
+    logits = np.empty((B, T, model["padded_vocab"]))
+    for b in range(B):
+        x = [W["model.embed_tokens.weight"][tokens[b, t]].copy() for t in range(T)]
+        for layer in range(L):
+            h = "model.layers.%d." % layer
+            a = [rms_norm(x[t], h + "input_layernorm.weight") for t in range(T)]
+            q = [W[h + "self_attn.q_proj.weight"] @ a[t] for t in range(T)]
+            k = [W[h + "self_attn.k_proj.weight"] @ a[t] for t in range(T)]
+            v = [W[h + "self_attn.v_proj.weight"] @ a[t] for t in range(T)]
+            for t in range(T):
+                y = np.empty(NH * HD)
+                for head in range(NH):
+                    kv = head // group
+                    qh = rotate(q[t][head * HD:(head + 1) * HD], t)
+                    s = [qh @ rotate(k[u][kv * HD:(kv + 1) * HD], u) / math.sqrt(HD) for u in range(t + 1)]
+                    p = np.exp(np.array(s) - max(s))
+                    p /= p.sum()
+                    y[head * HD:(head + 1) * HD] = sum(p[u] * v[u][kv * HD:(kv + 1) * HD] for u in range(t + 1))
+                x[t] = x[t] + W[h + "self_attn.o_proj.weight"] @ y
+            for t in range(T):
+                m = rms_norm(x[t], h + "post_attention_layernorm.weight")
+                g = W[h + "mlp.gate_proj.weight"] @ m
+                hidden = g / (1 + np.exp(-g)) * (W[h + "mlp.up_proj.weight"] @ m)
+                x[t] = x[t] + W[h + "mlp.down_proj.weight"] @ hidden
+        head_w = W["model.embed_tokens.weight"] if model["tie_embeddings"] else W["lm_head.weight"]
+        for t in range(T):
+            logits[b, t] = head_w @ rms_norm(x[t], "model.norm.weight")
+    return logits
+
+
+def self_test():
+    """llama_forward against naive_llama_logits on tiny random models (grouped-query and not,
+    tied and untied), and the gradients of reference() against finite differences. The loop
+    computes the angles in float64 where llama_forward rounds them to float32 as Hugging Face
+    does: at positions < 8 that moves a logit by < 1e-6 of the logits' norm."""
+    rng = np.random.default_rng(3)
+    failed = []
+    for nkv, tied in ((2, False), (4, True), (1, False)):
+        model = {"arch": "llama", "n_layers": 2, "d_model": 16, "n_heads": 4, "n_kv_heads": nkv, "ffn_hidden": 12,
+                 "vocab_size": 11, "padded_vocab": 16, "max_seq_len": 8, "norm_eps": 1e-5, "rope_theta": 10000.0,
+                 "tie_embeddings": tied}
+        weights = {n: rng.normal(0, 0.5, s).astype(np.float32) for n, s in llama_shapes(model).items()}
+        for n in ("model.embed_tokens.weight", "lm_head.weight"):
+            if n in weights:
+                weights[n][model["vocab_size"]:] = 0
+        tokens = rng.integers(0, model["vocab_size"], (2, 7))
+        with torch.no_grad():
+            got = llama_forward({n: torch.tensor(a, dtype=torch.float64) for n, a in weights.items()}, model,
+                                torch.tensor(tokens)).numpy()
+        want = naive_llama_logits(weights, model, tokens)
+        rel, _ = errors(got, want)
+        name = "Llama n_kv_heads=%d %s head vs the loop" % (nkv, "tied" if tied else "untied")
+        print("%-10s %-48s %10.3e %8.0e  %s" % ("self-test", name, rel, 1e-6, "ok" if rel <= 1e-6 else "FAIL"))
+        if not rel <= 1e-6:
+            failed.append(name)
+        # The float64 graph's gradient of one weight element against a central difference.
+        targets = rng.integers(0, model["vocab_size"], tokens.shape)
+        targets[0, 1] = -1
+        _, _, grads = reference(weights, model, tokens, targets, "cpu")
+        name, at, h = "model.layers.1.self_attn.k_proj.weight", (3, 5), 1e-6
+        loss = []
+        for sign in (1, -1):
+            w = {n: torch.tensor(a, dtype=torch.float64) for n, a in weights.items()}
+            w[name][at] += sign * h
+            with torch.no_grad():
+                lg = llama_forward(w, model, torch.tensor(tokens)).view(tokens.size, -1)[:, :model["vocab_size"]]
+            tgt = torch.tensor(targets).view(-1)
+            loss.append(float(F.cross_entropy(lg, tgt, ignore_index=-1, reduction="sum")) / tokens.size)
+        fd = (loss[0] - loss[1]) / (2 * h)
+        err = abs(grads[name][at] - fd) / max(abs(fd), 1e-12)
+        label = "grad %s%s vs finite difference" % (name.split(".", 2)[2], list(at))
+        print("%-10s %-48s %10.3e %8.0e  %s" % ("self-test", label[:48], err, 1e-6, "ok" if err <= 1e-6 else "FAIL"))
+        if not err <= 1e-6:
+            failed.append(label)
+    print("torch_reference: self-test %s" % ("FAIL: " + ", ".join(failed) if failed else "passed"))
+    return 1 if failed else 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  epilog="exit status: 0 all within bounds, 1 some not, 2 bad input")
-    ap.add_argument("--checkpoint", required=True, help="a checkpoint directory (its latest) or a step_N directory")
-    ap.add_argument("dumps", nargs="+", metavar="DUMP", help="folders written by reference_dump from that checkpoint")
+    ap.add_argument("--checkpoint", help="a checkpoint directory (its latest) or a step_N directory")
+    ap.add_argument("dumps", nargs="*", metavar="DUMP", help="folders written by reference_dump from that checkpoint")
     ap.add_argument("--tol-fp32", type=float, default=1e-5, help="bound for fp32 backends (default 1e-5)")
     ap.add_argument("--tol-bf16", type=float, default=2e-2, help="bound for the bf16 backend (default 2e-2)")
     ap.add_argument("--verbose", action="store_true", help="print every parameter, not only the worst")
     ap.add_argument("--hf", action="append", default=[], metavar="DIR",
                     help="a Hugging Face folder exported from the checkpoint (picotrain convert --format hf); "
                          "repeatable")
+    ap.add_argument("--self-test", action="store_true",
+                    help="check this script's Llama against a loop written from the definitions, then exit")
     args = ap.parse_args()
+    if args.self_test:
+        return self_test()
+    if not args.checkpoint or not args.dumps:
+        ap.error("--checkpoint and at least one DUMP are required")
 
     try:
         step_dir, manifest, weights = read_checkpoint(args.checkpoint)
@@ -408,8 +674,14 @@ def main():
 
     model = manifest["model"]
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    print("torch_reference: %s (step %d): GPT-2 %d layers, d_model %d, %d heads, vocab %d (padded %d); "
-          "float64 on %s, torch %s" % (step_dir, manifest["step"], model["n_layers"], model["d_model"],
+    if model["arch"] == "llama":
+        kind = "Llama (%d kv heads, MLP %d, eps %g, theta %g, %s head)" % (
+            model["n_kv_heads"], model["ffn_hidden"], model["norm_eps"], model["rope_theta"],
+            "tied" if model["tie_embeddings"] else "untied")
+    else:
+        kind = "GPT-2"
+    print("torch_reference: %s (step %d): %s %d layers, d_model %d, %d heads, vocab %d (padded %d); "
+          "float64 on %s, torch %s" % (step_dir, manifest["step"], kind, model["n_layers"], model["d_model"],
                                        model["n_heads"], model["vocab_size"], model["padded_vocab"], device,
                                        torch.__version__))
     print("%-10s %-40s %10s %10s %8s  %s" % ("backend", "quantity", "rel L2", "max rel", "bound", "ok"))

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "core/cpu/cpu_ops.h"
-#include "core/model/gpt2_stage.h"
+#include "core/model/decoder_stage.h"
 #include "core/model/param_store.h"
 #include "core/model/param_table.h"
 #include "core/train/optimizer.h"
@@ -47,9 +47,9 @@ ModelSection tiny_model(int d_model, int n_heads) {
 struct Model {
   ParamTable table;
   ParamStore store;
-  Gpt2Stage stage;
+  DecoderStage stage;
   Model(const ModelSection& m, Ops& ops, const std::vector<float>& weights, int B, int T)
-      : table(build_gpt2_param_table(m)), store(table, ops), stage(m, store, ops, B, T) {
+      : table(build_param_table(m)), store(table, ops), stage(m, store, ops, B, T) {
     store.load_master(weights.data());
   }
   std::vector<float> grads(Ops& ops) {
@@ -60,7 +60,7 @@ struct Model {
 };
 
 std::vector<float> initial_weights(const ModelSection& m, uint64_t seed, DType mode) {
-  const ParamTable t = build_gpt2_param_table(m);
+  const ParamTable t = build_param_table(m);
   std::vector<float> w(t.total_numel());
   init_params(t, seed, w.data());
   return rounded(mode, w);

@@ -186,7 +186,7 @@ size_t check_stored_once(const std::string& path) {
     INFO(t.name);
     CHECK(stored == t.numel());
   }
-  CHECK(r.manifest().tensors.size() == 3 * build_gpt2_param_table(tp_test_model()).specs().size());
+  CHECK(r.manifest().tensors.size() == 3 * build_param_table(tp_test_model()).specs().size());
   return strided;
 }
 
@@ -196,7 +196,7 @@ TEST_CASE("tp checkpoints restore under tp=1 and every other layout, and tp=1 on
   const World world = whole_world();
   const auto ops = make_ops(Device::cpu);
   const auto comm = MpiComm::split_world(everyone(world.size));
-  const ParamTable full = build_gpt2_param_table(tp_test_model());
+  const ParamTable full = build_param_table(tp_test_model());
   const SharedDir shared;
   const std::vector<Layout> all = layouts(world.size);
 
@@ -249,7 +249,7 @@ TEST_CASE("tp checkpoints restore under tp=1 and every other layout, and tp=1 on
 TEST_CASE("gather_tensor_parallel joins every tp rank's pieces into the whole parameters", "[mpi][tp]") {
   const World world = whole_world();
   const auto ops = make_ops(Device::cpu);
-  const ParamTable full = build_gpt2_param_table(tp_test_model());
+  const ParamTable full = build_param_table(tp_test_model());
   for (const Layout& l : layouts(world.size)) {
     INFO("tp " << l.tp << " x " << l.shards << " shards");
     RankState r(full, l, world.rank, *ops);

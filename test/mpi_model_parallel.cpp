@@ -136,14 +136,14 @@ TEST_CASE("activation memory from the shapes equals what the stages allocate und
       PipelineExecutor& ex = t.pipeline();
       size_t want = 0;
       for (size_t c = 0; c < ex.chunks().size(); c++)
-        want += gpt2_activation_bytes(dims, parse_cp_impl(l.cp_impl), DType::f32, ex.chunks()[c], ex.slots()[c],
+        want += decoder_activation_bytes(dims, parse_cp_impl(l.cp_impl), DType::f32, ex.chunks()[c], ex.slots()[c],
                                       parse_recompute(mode));
       CHECK(ex.activation_bytes() == want);
       // After a step the tensor-parallel buffers have grown: this rank holds exactly its plan
       // (ZeRO-0: nothing is allocated and freed within the step; see test_zero.cpp).
       t.step();
       const size_t plan =
-          plan_stage_memory(cfg, build_gpt2_param_table(cfg.model), DType::f32).at(0).plan.total();
+          plan_stage_memory(cfg, build_param_table(cfg.model), DType::f32).at(0).plan.total();
       CHECK(ops.memory_use().live == plan);
       CHECK(ops.memory_use().peak == plan);
     }

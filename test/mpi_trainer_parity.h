@@ -25,6 +25,7 @@
 
 #include "core/config/run_config.h"
 #include "core/cpu/cpu_ops.h"
+#include "core/model/architecture.h"
 #include "core/train/trainer.h"
 #include "mpi_test_support.h"
 #include "relative_error.h"
@@ -43,6 +44,11 @@ struct Layout {
   std::string checkpoints;  // checkpoint.dir ("" : unused)
   std::string resume = "none";
   std::string comm_backend = "auto";  // parallel.comm_backend
+  // The model: "gpt2", or "llama" with n_kv_heads (grouped-query attention) and tie_embeddings.
+  std::string arch = "gpt2";
+  int kv_heads = 2;
+  bool tied = false;
+  double lr = 1e-2;
   int ranks() const { return pp * dp * tp * cp; }
 };
 
@@ -57,13 +63,15 @@ inline RunConfig parity_config(const Layout& l, const std::filesystem::path& dir
                     {"comm_backend", l.comm_backend}}},
       {"recompute", {{"mode", l.recompute}}},
       {"batch", {{"micro_batch_size", kB}, {"seq_len", kT}, {"global_batch_tokens", kSequencesPerStep * kT}}},
-      {"optim", {{"lr", 1e-2}, {"grad_clip", 0.5}}},  // clipping is active on these steps
+      {"optim", {{"lr", l.lr}, {"grad_clip", 0.5}}},  // clipping is active on these steps (GPT-2)
       {"schedule", {{"total_steps", kSteps}, {"warmup_steps", 2}}},
       {"data", {{"train", (dir / "p_train_*.bin").string()}, {"val", (dir / "p_val_*.bin").string()},
                 {"val_tokens", 3 * kB * kT}}},
       {"checkpoint", {{"dir", l.checkpoints.empty() ? (dir / "unused").string() : l.checkpoints},
                       {"resume", l.resume}}},
   };
+  if (l.arch != "gpt2")
+    j["model"].update({{"arch", l.arch}, {"n_kv_heads", l.kv_heads}, {"tie_embeddings", l.tied}});
   return config_from_json(j, {}, l.ranks());
 }
 
@@ -132,9 +140,10 @@ inline void check_tied_copies(const RunResult& r, const Layout& l, const World& 
   const int per_stage = l.tp * l.cp * l.dp;  // order tp-cp-dp-pp: pp varies slowest
   const int pp_coord = world.rank / per_stage;
   const bool first = pp_coord == 0, last = pp_coord == l.pp - 1;
-  if (l.pp == 1 || (!first && !last)) return;
+  const Architecture arch = describe_architecture(parity_config(l, "unused").model);
+  if (l.pp == 1 || (!first && !last) || !arch.tied_head) return;
   const int peer = first ? world.rank + (l.pp - 1) * per_stage : world.rank - (l.pp - 1) * per_stage;
-  std::vector<float> mine = r.weights.at("wte"), theirs(mine.size());
+  std::vector<float> mine = r.weights.at(arch.tensor_names(ParamRole::token_embedding, -1).at(0)), theirs(mine.size());
   MPI_Sendrecv(mine.data(), static_cast<int>(mine.size()), MPI_FLOAT, peer, 7, theirs.data(),
                static_cast<int>(theirs.size()), MPI_FLOAT, peer, 7, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
   CHECK(mine == theirs);
@@ -156,6 +165,16 @@ inline void check_recompute_is_bitwise(Layout l, const World& world, const std::
   }
 }
 
+// The same model and training as `l` on one rank.
+inline Layout one_rank(const Layout& l) {
+  Layout one;
+  one.arch = l.arch;
+  one.kv_heads = l.kv_heads;
+  one.tied = l.tied;
+  one.lr = l.lr;
+  return one;
+}
+
 // Checkpoints reshard both ways between `l` (the whole world) and one rank, on the reference
 // trajectory: `l` saves at step 5 and rank 0 alone resumes it to the end; rank 0 alone saves at
 // step 5 and `l` resumes it. Checkpoint directories are made under `dir`, named after `name`.
@@ -172,7 +191,7 @@ inline void check_reshard_with_one_rank(const Layout& l, const World& world, con
       saved = t.save_checkpoint();
     }
     if (world.rank == 0) {
-      Layout one;
+      Layout one = one_rank(l);
       one.checkpoints = (dir / (name + "_to_1_resumed")).string();
       one.resume = saved;
       CpuOps ops;
@@ -184,7 +203,7 @@ inline void check_reshard_with_one_rank(const Layout& l, const World& world, con
   }
   char path[512] = {};
   if (world.rank == 0) {
-    Layout one;
+    Layout one = one_rank(l);
     one.checkpoints = (dir / ("1_to_" + name)).string();
     CpuOps ops;
     Trainer t(parity_config(one, dir), World{}, ops);

@@ -97,7 +97,7 @@ TEST_CASE("the memory plan is what a rank really allocates (dp 2, fp32)", "[mpi]
       l.zero = stage;
       l.recompute = recompute;
       const RunConfig cfg = parity_config(l, data().dir);
-      const ParamTable table = build_gpt2_param_table(cfg.model);
+      const ParamTable table = build_param_table(cfg.model);
       const MemoryPlan plan = plan_stage_memory(cfg, table, DType::f32).at(0).plan;
       const ShardLayout layout(table, stage, 2, world.rank, bucket_cap_elements(cfg.parallel.grad_bucket_mb));
       size_t largest_piece = 0;

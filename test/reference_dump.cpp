@@ -1,8 +1,8 @@
 // reference_dump: what picotrain computes for one batch from a checkpoint, for the independent
-// PyTorch GPT-2 in scripts/torch_reference.py to check. A test tool, not a user command: it
-// loads the checkpoint's fp32 master weights with picotrain's own reader (the one `picotrain
-// sample` uses: it verifies every chunk's checksum) into the model the trainer runs (ParamTable,
-// ParamStore, Gpt2Stage) on the chosen backend, and writes
+// PyTorch GPT-2 and Llama in scripts/torch_reference.py to check. A test tool, not a user
+// command: it loads the checkpoint's fp32 master weights with picotrain's own reader (it verifies
+// every chunk's checksum) into the model the trainer runs (ParamTable, ParamStore, DecoderStage)
+// on the chosen backend, and writes
 //
 //   dump.json    the checkpoint (its step directory, step, model and the checksums of its
 //                master weights' chunks), the backend, the batch shape and seed, the loss, and
@@ -35,10 +35,9 @@
 #include "core/ckpt/manifest.h"
 #include "core/common/counter_rng.h"
 #include "core/common/error.h"
-#include "core/model/gpt2_stage.h"
+#include "core/model/decoder_stage.h"
 #include "core/model/param_store.h"
 #include "core/model/param_table.h"
-#include "core/model/sample_run.h"
 #include "core/ops/ops.h"
 
 namespace {
@@ -84,10 +83,12 @@ void write_vector(const fs::path& path, const std::vector<T>& v) {
 }
 
 void run(const Args& a) {
-  // Resolved here so an error names this tool's option; the sampler's reader then reads it.
+  // Resolved here so an error names this tool's option.
   const std::string dir = pt::ckpt::resolve_checkpoint_path(a.checkpoint, "reference_dump --checkpoint");
-  const pt::CheckpointWeights w = pt::read_checkpoint_weights(dir);
-  const pt::ModelSection& m = w.model;
+  // The master weights, read as the sampler reads them (every chunk's checksum verified), but
+  // for any architecture the stage runs, not only those the KV-cache decoder samples.
+  pt::ckpt::CheckpointReader reader(dir);
+  const pt::ModelSection m = pt::ckpt::model_from_manifest(reader.manifest(), dir);
   if (a.seq_len > m.max_seq_len)
     throw pt::ConfigError("reference_dump --seq-len " + std::to_string(a.seq_len) + " is longer than the model's " +
                           "max_seq_len " + std::to_string(m.max_seq_len));
@@ -100,10 +101,13 @@ void run(const Args& a) {
   std::vector<int32_t> tokens, targets;
   make_batch(a, m.vocab_size, tokens, targets);
 
-  const pt::ParamTable table = pt::build_gpt2_param_table(m);
+  const pt::ParamTable table = pt::build_param_table(m);
+  std::vector<float> weights(table.total_numel());
+  for (const pt::ParamSpec& p : table.specs())
+    reader.read_all("master/" + p.name, p.numel, weights.data() + p.offset);
   pt::ParamStore store(table, *ops);
-  store.load_master(w.weights.data());  // the bf16 backend computes with these rounded to bf16
-  pt::Gpt2Stage stage(m, store, *ops, B, T);
+  store.load_master(weights.data());  // the bf16 backend computes with these rounded to bf16
+  pt::DecoderStage stage(m, store, *ops, B, T);
 
   stage.forward(tokens.data(), targets.data(), 0.0f);
   std::vector<float> logits(size_t(N) * m.padded_vocab);
@@ -127,7 +131,6 @@ void run(const Args& a) {
   write_vector(out / "grads.f32", grads);
   // Which weights these are, for the script to check it reads the same checkpoint: the
   // checksums of the master tensors' chunks, in manifest order.
-  const pt::ckpt::CheckpointReader reader(dir);
   nlohmann::ordered_json checksums = nlohmann::ordered_json::array();
   for (const pt::ckpt::TensorEntry& t : reader.manifest().tensors)
     if (t.name.rfind("master/", 0) == 0)

@@ -9,7 +9,7 @@
 #include "core/ckpt/checkpoint_reader.h"
 #include "core/ckpt/llmc_model_file.h"
 #include "core/cpu/cpu_ops.h"
-#include "core/model/gpt2_stage.h"
+#include "core/model/decoder_stage.h"
 
 using namespace pt;
 using namespace pt::test;
@@ -26,11 +26,11 @@ std::vector<char> file_bytes(const std::string& path) {
 // The logits of one forward pass of the model `weights` (table order) on fixed tokens.
 std::vector<float> logits_of(const ModelSection& m, const std::vector<float>& weights) {
   CpuOps ops;
-  const ParamTable table = build_gpt2_param_table(m);
+  const ParamTable table = build_param_table(m);
   ParamStore store(table, ops);
   store.load_master(weights.data());
   const int B = 2, T = 16;
-  Gpt2Stage stage(m, store, ops, B, T);
+  DecoderStage stage(m, store, ops, B, T);
   std::vector<int32_t> tokens(B * T), targets(B * T);
   for (int i = 0; i < B * T; i++) {
     tokens[i] = (i * 37 + 5) % m.vocab_size;
@@ -65,7 +65,7 @@ TEST_CASE("llm.c round trip: export, import, identical logits", "[ckpt]") {
     t.save_checkpoint();
     trained = master_weights(t);
   }
-  const ParamTable table = build_gpt2_param_table(cfg.model);
+  const ParamTable table = build_param_table(cfg.model);
   const std::string bin = (fx.dir / "model.bin").string();
   CHECK(export_llmc(fx.ckpt_dir(), bin, LlmcDtype::f32) == fx.step_dir(3));
 

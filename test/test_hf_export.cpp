@@ -17,6 +17,7 @@
 #include "core/ckpt/llmc_model_file.h"
 #include "core/ckpt/safetensors.h"
 #include "core/cpu/cpu_ops.h"
+#include "hf_test_support.h"
 #include "run_test_support.h"
 
 using namespace pt;
@@ -28,23 +29,6 @@ using ojson = nlohmann::ordered_json;
 
 namespace {
 
-std::vector<char> file_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-void write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary | std::ios::trunc)
-      .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
-
-std::vector<float> checkpoint_weights(const std::string& dir, const ParamTable& table) {
-  CheckpointReader r(resolve_checkpoint_path(dir, "test"));
-  std::vector<float> w(table.total_numel());
-  for (const auto& p : table.specs()) r.read_all("master/" + p.name, p.numel, w.data() + p.offset);
-  return w;
-}
-
 // A safetensors file from a header written by hand: 8-byte length, the JSON padded with
 // spaces to a multiple of 8, then `data`.
 std::string raw_safetensors(const std::string& header, const std::string& data) {
@@ -54,45 +38,6 @@ std::string raw_safetensors(const std::string& header, const std::string& data) 
   std::string out(8, '\0');
   std::memcpy(out.data(), &n, 8);
   return out + text + data;
-}
-
-// The tensors of a safetensors file as fp32, in data order, to rewrite it with an edit.
-struct LoadedTensor {
-  std::string name;
-  std::vector<int64_t> shape;
-  std::vector<float> data;
-};
-std::vector<LoadedTensor> load_all(const std::string& path) {
-  SafetensorsFile f(path);
-  std::vector<LoadedTensor> out;
-  for (const StTensor& t : f.tensors()) out.push_back({t.name, t.shape, f.read_f32(t.name, t.shape)});
-  return out;
-}
-
-// A copy of the folder `src` in `dst` whose model.safetensors (F32) holds `edit(tensors)`,
-// and whose config.json is `edit_config(config)`.
-void rewrite_folder(const std::string& src, const std::string& dst,
-                    const std::function<void(std::vector<LoadedTensor>&)>& edit,
-                    const std::function<void(json&)>& edit_config = {}) {
-  fs::remove_all(dst);
-  fs::create_directories(dst);
-  json config = json::parse(read_text(src + "/config.json"));
-  if (edit_config) edit_config(config);
-  std::ofstream(dst + "/config.json") << config.dump(2);
-  std::vector<LoadedTensor> tensors = load_all(src + "/model.safetensors");
-  edit(tensors);
-  std::vector<StTensor> declared;
-  for (const auto& t : tensors) declared.push_back({t.name, kStF32, t.shape});
-  SafetensorsWriter w(dst + "/model.safetensors", declared);
-  for (const auto& t : tensors) w.write(t.name, t.data.data(), t.data.size() * 4);
-  w.commit();
-}
-
-LoadedTensor* tensor_named(std::vector<LoadedTensor>& ts, const std::string& name) {
-  for (auto& t : ts)
-    if (t.name == name) return &t;
-  FAIL("no tensor " << name);
-  return nullptr;
 }
 
 // The Hugging Face tensor of a picotrain parameter, computed here independently of
@@ -121,7 +66,7 @@ TEST_CASE("Hugging Face folder: export, the bytes by hand, import back bit for b
     t.save_checkpoint();
     trained = master_weights(t);
   }
-  const ParamTable table = build_gpt2_param_table(cfg.model);
+  const ParamTable table = build_param_table(cfg.model);
   const std::string hf = (fx.dir / "hf").string();
   CHECK(export_hf(fx.ckpt_dir(), hf, HfDtype::f32) == fx.step_dir(3));
   CHECK(is_hf_model_folder(hf));
@@ -421,7 +366,7 @@ TEST_CASE("Hugging Face tables: a parameter without a rule, or a rule without a 
   m.vocab_size = 200;
   m.max_seq_len = 64;
   m.padded_vocab = 256;
-  const ParamTable table = build_gpt2_param_table(m);
+  const ParamTable table = build_param_table(m);
   const std::vector<HfTensor> ts = hf_tensors(hf_gpt2(), table, m);
   CHECK(ts.size() == table.specs().size());
   HfArchitecture missing = hf_gpt2();
@@ -454,7 +399,7 @@ TEST_CASE("picotrain convert --format hf: export and import from the command lin
   l = run_command(bin + " convert --from " + hf + " --to " + back);
   CHECK(l.exit_code == 0);
   CHECK_THAT(l.output, Contains("imported " + hf + " into " + back + "/step_00000000 (weights only, step 0)"));
-  const ParamTable table = build_gpt2_param_table(fx.config().model);
+  const ParamTable table = build_param_table(fx.config().model);
   CHECK(same_bytes(checkpoint_weights(back, table), checkpoint_weights(ckpt, table)));
 
   // The format rule: .bin is llm.c's by default; any other --to must name its format.

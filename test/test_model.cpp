@@ -5,7 +5,7 @@
 #include <random>
 
 #include "core/cpu/cpu_ops.h"
-#include "core/model/gpt2_stage.h"
+#include "core/model/decoder_stage.h"
 #include "core/model/param_store.h"
 #include "core/model/param_table.h"
 #include "core/train/optimizer.h"
@@ -17,7 +17,7 @@ struct CpuModel {
   CpuOps ops;
   ParamTable table;
   ParamStore store;
-  CpuModel(const ModelSection& m, uint64_t seed) : table(build_gpt2_param_table(m)), store(table, ops) {
+  CpuModel(const ModelSection& m, uint64_t seed) : table(build_param_table(m)), store(table, ops) {
     std::vector<float> host(table.total_numel());
     init_params(table, seed, host.data());
     store.load_master(host.data());
@@ -39,7 +39,7 @@ static ModelSection small_model() {
 TEST_CASE("GPT-2 124M parameter count matches llm.c", "[model]") {
   ModelSection m;  // defaults are GPT-2 small
   m.padded_vocab = 50304;
-  const ParamTable t = build_gpt2_param_table(m);
+  const ParamTable t = build_param_table(m);
   // llm.c prints "num_parameters: 124475904" for the padded model.
   CHECK(t.total_numel() == 124475904);
   CHECK(t.get("wte").weight_decay);
@@ -49,7 +49,7 @@ TEST_CASE("GPT-2 124M parameter count matches llm.c", "[model]") {
 
 TEST_CASE("initialisation is a pure function of (seed, name, index)", "[model]") {
   const ModelSection m = small_model();
-  const ParamTable t = build_gpt2_param_table(m);
+  const ParamTable t = build_param_table(m);
   std::vector<float> a(t.total_numel()), b(t.total_numel()), c(t.total_numel());
   init_params(t, 42, a.data());
   init_params(t, 42, b.data());
@@ -76,7 +76,7 @@ TEST_CASE("initialisation is a pure function of (seed, name, index)", "[model]")
   SECTION("a parameter's values do not depend on the other parameters") {
     ModelSection deeper = m;
     deeper.n_layers = 3;
-    const ParamTable t3 = build_gpt2_param_table(deeper);
+    const ParamTable t3 = build_param_table(deeper);
     std::vector<float> d(t3.total_numel());
     init_params(t3, 42, d.data());
     const ParamSpec& p2 = t.get("h.1.attn.c_attn.weight");
@@ -90,7 +90,7 @@ TEST_CASE("the initial loss is about ln(vocab) and padded logits get no gradient
   CpuModel model(m, 1);
   const ParamTable& t = model.table;
   const int B = 2, T = 16;
-  Gpt2Stage stage(m, model.store, model.ops, B, T);
+  DecoderStage stage(m, model.store, model.ops, B, T);
   std::mt19937 rng(3);
   std::vector<int32_t> tok(B * T), tgt(B * T);
   for (int i = 0; i < B * T; i++) tok[i] = rng() % m.vocab_size, tgt[i] = rng() % m.vocab_size;
@@ -110,7 +110,7 @@ TEST_CASE("the tiny model overfits one fixed batch", "[model][train]") {
   CpuOps& ops = model.ops;
   ParamStore& store = model.store;
   const int B = 4, T = 32, N = B * T;
-  Gpt2Stage stage(m, store, ops, B, T);
+  DecoderStage stage(m, store, ops, B, T);
   std::mt19937 rng(11);
   std::vector<int32_t> seq(N + 1);
   for (auto& s : seq) s = rng() % m.vocab_size;

@@ -15,7 +15,7 @@
 #include "core/config/run_config.h"
 #include "core/cpu/cpu_ops.h"
 #include "core/dist/local_comm.h"
-#include "core/model/gpt2_stage.h"
+#include "core/model/decoder_stage.h"
 #include "core/model/pipeline_stages.h"
 #include "core/train/pipeline_executor.h"
 #include "core/train/pp_simulator.h"
@@ -74,7 +74,7 @@ TEST_CASE("layers split evenly, by chunk, or as parallel.pp_layers lists", "[pip
 
 TEST_CASE("each stage holds only its parameters; the first and last both hold wte", "[pipeline]") {
   const RunConfig c = config(2, 4);
-  const ParamTable full = build_gpt2_param_table(c.model);
+  const ParamTable full = build_param_table(c.model);
   const auto first = pipeline_chunks(c.model, c.parallel, 0), last = pipeline_chunks(c.model, c.parallel, 1);
   const ParamTable t0 = stage_param_table(full, first, 4), t1 = stage_param_table(full, last, 4);
   const auto n0 = names(t0), n1 = names(t1);
@@ -150,7 +150,7 @@ TEST_CASE("a model cut into chunks computes the whole model's gradients, bit for
   const RunConfig c = config(2, 4, "afab", 1, {1, 3});
   const ModelSection& m = c.model;
   CpuOps ops;
-  const ParamTable table = build_gpt2_param_table(m);
+  const ParamTable table = build_param_table(m);
   std::vector<float> init(table.total_numel());
   init_params(table, 3, init.data());
   const int B = 2, T = 8, N = B * T, micro = 3;
@@ -163,7 +163,7 @@ TEST_CASE("a model cut into chunks computes the whole model's gradients, bit for
   // The whole model, 1F1B order on one rank.
   ParamStore whole_store(table, ops);
   whole_store.load_master(init.data());
-  Gpt2Stage whole(m, whole_store, ops, B, T);
+  DecoderStage whole(m, whole_store, ops, B, T);
   double whole_loss = 0;
   for (int k = 0; k < micro; k++) {
     whole_loss += whole.forward(tok.data() + k * N, tgt.data() + k * N, dloss);
@@ -175,8 +175,8 @@ TEST_CASE("a model cut into chunks computes the whole model's gradients, bit for
   ParamStore store(table, ops);
   store.load_master(init.data());
   const auto a_layers = pipeline_chunks(m, c.parallel, 0)[0], b_layers = pipeline_chunks(m, c.parallel, 1)[0];
-  Gpt2Stage a(m, store, ops, B, T, a_layers, {micro, micro}, Recompute::none);
-  Gpt2Stage b(m, store, ops, B, T, b_layers, {micro, micro}, Recompute::selective);
+  DecoderStage a(m, store, ops, B, T, a_layers, {micro, micro}, Recompute::none);
+  DecoderStage b(m, store, ops, B, T, b_layers, {micro, micro}, Recompute::selective);
   double loss = 0;
   for (int k = 0; k < micro; k++) {
     a.forward({k, k}, tok.data() + k * N, nullptr, dloss);
@@ -211,7 +211,7 @@ TEST_CASE("a model cut into chunks computes the whole model's gradients, bit for
 TEST_CASE("the pipeline's evaluation forward on one rank is the whole model's", "[pipeline]") {
   RunConfig c = config(1, 2);
   CpuOps ops;
-  const ParamTable table = build_gpt2_param_table(c.model);
+  const ParamTable table = build_param_table(c.model);
   std::vector<float> init(table.total_numel());
   init_params(table, 4, init.data());
   ParamStore s1(table, ops), s2(table, ops);
@@ -220,7 +220,7 @@ TEST_CASE("the pipeline's evaluation forward on one rank is the whole model's", 
   PipelineExecutor ex(c, 0, s1, ops);
   LocalComm pp(0, ops);
   ex.connect(pp, nullptr);
-  Gpt2Stage whole(c.model, s2, ops, 2, 8);
+  DecoderStage whole(c.model, s2, ops, 2, 8);
   std::vector<int32_t> tok(16), tgt(16);
   for (int i = 0; i < 16; i++) tok[i] = (i * 7) % 50, tgt[i] = (i * 3 + 1) % 50;
   CHECK(ex.forward_only(tok.data(), tgt.data()) == whole.forward(tok.data(), tgt.data(), 0.0f));

@@ -177,7 +177,7 @@ TEST_CASE("plan's step time: compute from FLOPs, the bubble formula, links by no
 
   const LayoutPlan& dp8 = find_layout(plan, "dp8 tp1 pp1 cp1");
   const RunConfig& c = dp8.layout.cfg;
-  const ParamTable model = build_gpt2_param_table(c.model);
+  const ParamTable model = build_param_table(c.model);
   const double flops = flops_per_token(model, c.model, c.batch.seq_len, c.logging.flops_formula);
   CHECK(dp8.time.compute_s == Approx(c.batch.global_batch_tokens * flops / (8 * hw.peak_tflops * 1e12 * hw.mfu)));
   CHECK(dp8.time.bubble_s == 0);

@@ -9,7 +9,7 @@
 
 #include "core/config/run_config.h"
 #include "core/cpu/cpu_ops.h"
-#include "core/model/gpt2_stage.h"
+#include "core/model/decoder_stage.h"
 #include "core/model/param_store.h"
 #include "core/model/param_table.h"
 #include "core/train/memory_plan.h"
@@ -42,12 +42,12 @@ struct Result {
 // order: the slots' kept activations must survive the others' forwards and recomputes).
 Result run(const ModelSection& m, const StageLayers& layers, Recompute mode) {
   CpuOps ops;
-  const ParamTable table = build_gpt2_param_table(m);
+  const ParamTable table = build_param_table(m);
   std::vector<float> init(table.total_numel());
   init_params(table, 17, init.data());
   ParamStore store(table, ops);
   store.load_master(init.data());
-  Gpt2Stage stage(m, store, ops, kB, kT, layers, StageSlots{kMicro, kMicro}, mode);
+  DecoderStage stage(m, store, ops, kB, kT, layers, StageSlots{kMicro, kMicro}, mode);
   std::mt19937 rng(2);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   Result r;
@@ -109,7 +109,7 @@ TEST_CASE("recompute none, selective and full give bitwise identical gradients",
 TEST_CASE("recompute shrinks the activations by what the memory plan counts", "[recompute][memory]") {
   const ModelSection m = small_model();
   CpuOps ops;
-  const ParamTable table = build_gpt2_param_table(m);
+  const ParamTable table = build_param_table(m);
   ParamStore store(table, ops);
   for (const StageLayers& layers : {whole_model_layers(m), StageLayers{1, 3, false, false, 1},
                                     StageLayers{0, 2, true, false, 0}, StageLayers{2, 3, false, true, 2}})
@@ -118,8 +118,8 @@ TEST_CASE("recompute shrinks the activations by what the memory plan counts", "[
       for (Recompute mode : {Recompute::none, Recompute::selective, Recompute::full}) {
         INFO(layers.describe() << ", " << slots.io << " + " << slots.activations << " slots, recompute "
                                << to_string(mode));
-        const Gpt2Stage stage(m, store, ops, kB, kT, layers, slots, mode);
-        CHECK(gpt2_activation_bytes(m, kB, kT, DType::f32, layers, slots, mode) == stage.activation_bytes());
+        const DecoderStage stage(m, store, ops, kB, kT, layers, slots, mode);
+        CHECK(decoder_activation_bytes(m, kB, kT, DType::f32, layers, slots, mode) == stage.activation_bytes());
         bytes[static_cast<int>(mode)] = stage.activation_bytes();
       }
       // One block of one micro-batch only moves buffers from the slot to the shared set.
@@ -131,8 +131,8 @@ TEST_CASE("recompute shrinks the activations by what the memory plan counts", "[
   // block's output), selective 9 N*C, full N*C; the shared set grows by what is rebuilt.
   const StageLayers mid{0, 3, false, false, 0};
   auto per_set = [&](Recompute mode) {
-    return gpt2_activation_bytes(m, kB, kT, DType::f32, mid, {1, 2}, mode) -
-           gpt2_activation_bytes(m, kB, kT, DType::f32, mid, {1, 1}, mode);
+    return decoder_activation_bytes(m, kB, kT, DType::f32, mid, {1, 2}, mode) -
+           decoder_activation_bytes(m, kB, kT, DType::f32, mid, {1, 1}, mode);
   };
   const size_t NC = static_cast<size_t>(kN) * m.d_model, lse = static_cast<size_t>(kB) * m.n_heads * kT;
   // 3 blocks (the last one's output is the shared output buffer).
@@ -140,8 +140,8 @@ TEST_CASE("recompute shrinks the activations by what the memory plan counts", "[
   CHECK(per_set(Recompute::selective) == 4 * (3 * 8 * NC + 2 * NC));
   CHECK(per_set(Recompute::full) == 4 * (2 * NC));
   // An I/O slot: the input and its gradient.
-  CHECK(gpt2_activation_bytes(m, kB, kT, DType::f32, mid, {2, 1}, Recompute::full) -
-            gpt2_activation_bytes(m, kB, kT, DType::f32, mid, {1, 1}, Recompute::full) ==
+  CHECK(decoder_activation_bytes(m, kB, kT, DType::f32, mid, {2, 1}, Recompute::full) -
+            decoder_activation_bytes(m, kB, kT, DType::f32, mid, {1, 1}, Recompute::full) ==
         4 * 2 * NC);
 }
 

@@ -1,5 +1,5 @@
 // Sampling, in process on the CPU backend: the KV-cache decoder's logits equal a full forward's
-// (Gpt2Stage, no cache) at every step, for any prompt chunking and past max_seq_len; token
+// (DecoderStage, no cache) at every step, for any prompt chunking and past max_seq_len; token
 // choice (greedy, top-k, temperature, the seeded stream); generation is reproducible and greedy
 // is the argmax of the full forward step by step; incremental UTF-8.
 #include <catch2/catch.hpp>
@@ -12,7 +12,7 @@
 #include "core/common/counter_rng.h"
 #include "core/cpu/cpu_ops.h"
 #include "core/model/gpt2_decoder.h"
-#include "core/model/gpt2_stage.h"
+#include "core/model/decoder_stage.h"
 #include "core/model/param_store.h"
 #include "core/model/param_table.h"
 #include "core/model/sampler.h"
@@ -60,13 +60,13 @@ struct Model {
   ParamStore store;
   std::vector<float> weights;
   explicit Model(const ModelSection& model, uint64_t seed = 5)
-      : m(model), table(build_gpt2_param_table(model)), store(table, ops), weights(random_weights(table, model, seed)) {
+      : m(model), table(build_param_table(model)), store(table, ops), weights(random_weights(table, model, seed)) {
     store.load_master(weights.data());
   }
   // Logits [T, vocab_size] of every position of `tokens` (T <= max_seq_len) in one forward.
   std::vector<std::vector<float>> full_forward(const std::vector<int32_t>& tokens) {
     const int T = static_cast<int>(tokens.size());
-    Gpt2Stage stage(m, store, ops, 1, T);
+    DecoderStage stage(m, store, ops, 1, T);
     const std::vector<int32_t> no_targets(T, -1);
     stage.forward(tokens.data(), no_targets.data(), 0.0f);
     std::vector<float> all(size_t(T) * m.padded_vocab);

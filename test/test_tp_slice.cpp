@@ -90,7 +90,7 @@ TEST_CASE("TpSlice::for_each_run splits a local range at run boundaries", "[tp_s
 
 TEST_CASE("tensor_parallel_table cuts every parameter to the rank's piece", "[tp_slice]") {
   const ModelSection m = tp_test_model();
-  const ParamTable full = build_gpt2_param_table(m);
+  const ParamTable full = build_param_table(m);
   const int64_t C = m.d_model, V = m.padded_vocab;
   for (int tp : {2, 4}) {
     for (int rank = 0; rank < tp; rank++) {
@@ -134,7 +134,7 @@ TEST_CASE("tensor_parallel_table cuts every parameter to the rank's piece", "[tp
 
 TEST_CASE("c_attn pieces hold q, then k, then v rows of the rank's heads", "[tp_slice]") {
   const ModelSection m = tp_test_model();
-  const ParamTable full = build_gpt2_param_table(m);
+  const ParamTable full = build_param_table(m);
   const int64_t C = m.d_model, hd = m.d_model / m.n_heads;
   for (int tp : {2, 4}) {
     const int64_t heads = m.n_heads / tp, rows = heads * hd;  // per rank and group
@@ -157,18 +157,18 @@ TEST_CASE("c_attn pieces hold q, then k, then v rows of the rank's heads", "[tp_
 
 TEST_CASE("a tp that does not divide a split dimension is a ConfigError naming it", "[tp_slice]") {
   ModelSection m = tp_test_model();
-  const ParamTable full = build_gpt2_param_table(m);
+  const ParamTable full = build_param_table(m);
   CHECK_THROWS_AS(tensor_parallel_table(full, 3, 0), ConfigError);
   CHECK_THROWS_WITH(tensor_parallel_table(full, 3, 1), Contains("parallel.tp=3 does not divide") && Contains("wte"));
   // The padded vocabulary splits 8 ways, but c_attn's q|k|v groups of 36 rows do not.
   m.d_model = 36;
   m.n_heads = 4;
-  CHECK_THROWS_WITH(tensor_parallel_table(build_gpt2_param_table(m), 8, 0),
+  CHECK_THROWS_WITH(tensor_parallel_table(build_param_table(m), 8, 0),
                     Contains("parallel.tp=8 does not divide the 36 rows of parameter h.0.attn.c_attn.weight"));
 }
 
 TEST_CASE("the tp pieces' initial values are exactly the tp=1 model's", "[tp_slice]") {
-  const ParamTable full = build_gpt2_param_table(tp_test_model());
+  const ParamTable full = build_param_table(tp_test_model());
   std::vector<float> want(full.total_numel());
   init_params(full, 1234, want.data());
   for (int tp : {2, 4}) {

@@ -16,7 +16,7 @@
 #include "core/cpu/cpu_ops.h"
 #include "core/data/shard.h"
 #include "core/dist/local_comm.h"
-#include "core/model/gpt2_stage.h"
+#include "core/model/decoder_stage.h"
 #include "core/model/shard_layout.h"
 #include "core/train/grad_sync.h"
 #include "core/plan/stage_memory.h"
@@ -74,7 +74,7 @@ void check_partition(const ParamTable& t, const ShardLayout& l) {
 }  // namespace
 
 TEST_CASE("buckets are whole layers filled from the last layer, padded per shard", "[zero]") {
-  const ParamTable t = build_gpt2_param_table(tiny_model());
+  const ParamTable t = build_param_table(tiny_model());
   const size_t block = t.get("h.1.ln_1.weight").offset - t.get("h.0.ln_1.weight").offset;
   const size_t lnf = 2 * 32, emb = t.get("h.0.ln_1.weight").offset;
 
@@ -118,7 +118,7 @@ TEST_CASE("buckets are whole layers filled from the last layer, padded per shard
 
 TEST_CASE("the memory plan follows the ZeRO stage", "[zero]") {
   const ModelSection m = tiny_model();
-  const ParamTable t = build_gpt2_param_table(m);
+  const ParamTable t = build_param_table(m);
   const size_t N = t.total_numel();
   const auto plan = [&](int stage, int shards) {
     return plan_memory(ShardLayout(t, stage, shards, 0, N), DType::f32, 0);
@@ -146,8 +146,8 @@ TEST_CASE("the memory plan follows the ZeRO stage", "[zero]") {
     CpuOps ops;
     ParamStore store(t, ops);
     for (auto [B, T] : {std::pair{2, 16}, std::pair{3, 7}}) {
-      const Gpt2Stage stage(m, store, ops, B, T);
-      CHECK(gpt2_activation_bytes(m, B, T, DType::f32) == stage.activation_bytes());
+      const DecoderStage stage(m, store, ops, B, T);
+      CHECK(decoder_activation_bytes(m, B, T, DType::f32) == stage.activation_bytes());
     }
   }
 }
@@ -155,7 +155,7 @@ TEST_CASE("the memory plan follows the ZeRO stage", "[zero]") {
 // A shard group of one rank (one GPU, or dp = cp = 1 beside tp or pp) gains nothing from
 // sharding: every stage must cost what ZeRO-0 does, in either compute dtype, and say so.
 TEST_CASE("with one shard every ZeRO stage plans ZeRO-0's bytes", "[zero][memory]") {
-  const ParamTable t = build_gpt2_param_table(tiny_model());
+  const ParamTable t = build_param_table(tiny_model());
   const size_t N = t.total_numel();
   for (DType compute : {DType::f32, DType::bf16}) {
     const MemoryPlan z0 = plan_memory(ShardLayout(t, 0, 1, 0, N), compute, 0);
@@ -231,7 +231,7 @@ class RecordingComm final : public Comm {
 // ZeRO-1 reduces like ZeRO-0: in place over dp x cp (then the replicas' group), no
 // reduce-scatter of the arena onto itself.
 TEST_CASE("GradSync starts each final bucket's reduction and waits for them at the end of the step", "[zero]") {
-  const ParamTable t = build_gpt2_param_table(tiny_model());
+  const ParamTable t = build_param_table(tiny_model());
   const size_t block = t.get("h.1.ln_1.weight").offset - t.get("h.0.ln_1.weight").offset;
   CpuOps ops;
   struct Case {
@@ -351,7 +351,7 @@ TEST_CASE("the memory plan is what a rank really allocates (one rank, fp32)", "[
       for (int stage : {0, 1, 2, 3}) {
         INFO("ZeRO-" << stage << ", recompute " << recompute << ", buckets of " << bucket_mb << " MiB");
         const RunConfig cfg = data.config(stage, bucket_mb, {std::string("recompute.mode=") + recompute});
-        const ParamTable table = build_gpt2_param_table(cfg.model);
+        const ParamTable table = build_param_table(cfg.model);
         const MemoryPlan plan = plan_stage_memory(cfg, table, DType::f32).at(0).plan;
         const size_t psi = table.total_numel();
         CpuOps ops;

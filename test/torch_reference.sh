@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
-# ctest torch_reference: the independent PyTorch GPT-2 (scripts/torch_reference.py) against
-# picotrain's CPU backend, from a real checkpoint of configs/tiny-gpt2.json (GPT-2's 50257-token
-# vocabulary, padded to 50304), and proof that the comparison can fail:
+# ctest torch_reference: the independent PyTorch GPT-2 and Llama (scripts/torch_reference.py)
+# against picotrain's CPU backend, from real checkpoints with GPT-2's 50257-token vocabulary
+# (padded to 50304), and proof that the comparison can fail. First the script's own Llama is
+# checked against a loop written from the definitions (--self-test). Then, for each model
+#   gpt2:  configs/tiny-gpt2.json;
+#   llama: the same run settings as a Llama of 2 layers, d_model 64, 4 query heads over 2
+#          key/value heads, an untied head, norm_eps 1e-6 and rope_theta 500000 (not the
+#          defaults, so they must travel through the checkpoint and the folder):
 #   1. two training steps on random tokens, a checkpoint after each;
 #   2. reference_dump on each backend from the latest checkpoint; the script must pass (exit 0);
 #   3. the first backend's dump with one gradient element moved by 10x the bound of its tensor's
@@ -14,7 +19,9 @@
 #
 #   test/torch_reference.sh PICOTRAIN REFERENCE_DUMP SOURCE_DIR
 #   TORCH_REFERENCE_BACKENDS="cpu:fp32 cuda:fp32 cuda:bf16" test/torch_reference.sh ...  # gpu_check.sh
-# The backends are DEVICE:DTYPE pairs (default cpu:fp32, the one CI has).
+#   TORCH_REFERENCE_ARCHS=llama test/torch_reference.sh ...  # one model only
+# The backends are DEVICE:DTYPE pairs (default cpu:fp32, the one CI has); the models gpt2, llama
+# (default both).
 # Exit status: 0 passed, 1 failed, 77 skipped: no python3 with torch and numpy (Debian's
 # python3-torch is for /usr/bin/python3, which may not be the python3 first on PATH;
 # PICOTRAIN_PYTHON names another interpreter).
@@ -23,6 +30,7 @@ PICOTRAIN=$1
 REFERENCE_DUMP=$2
 SRC=$3
 read -r -a BACKENDS <<<"${TORCH_REFERENCE_BACKENDS:-cpu:fp32}"
+read -r -a ARCHS <<<"${TORCH_REFERENCE_ARCHS:-gpt2 llama}"
 
 PY=""
 for candidate in ${PICOTRAIN_PYTHON:-} python3 /usr/bin/python3; do
@@ -52,7 +60,10 @@ expect() {
   fi
 }
 
-# 1. An llm.c shard of random GPT-2 ids (header: magic 20240520, version 1, token count).
+# The script's Llama against its loop over the definitions, before it judges picotrain's.
+expect 0 "torch_reference.py --self-test" "$PY" "$SRC/scripts/torch_reference.py" --self-test
+
+# An llm.c shard of random GPT-2 ids (header: magic 20240520, version 1, token count).
 "$PY" - "$WORK/tok_train_000000.bin" <<'EOF'
 import sys
 import numpy as np
@@ -63,27 +74,39 @@ with open(sys.argv[1], "wb") as f:
     f.write(header.tobytes())
     f.write(tokens.tobytes())
 EOF
-expect 0 "train configs/tiny-gpt2.json for 2 steps" \
-  "$PICOTRAIN" train --device cpu --config "$SRC/configs/tiny-gpt2.json" --set run.out_dir="$WORK/run" \
-  --set "data.train=$WORK/tok_train_*.bin" --set data.val= --set batch.global_batch_tokens=512 \
-  --set schedule.total_steps=2 --set schedule.warmup_steps=1 --set checkpoint.every_steps=1 \
-  --set logging.sample_every=0
-CKPT="$WORK/run/checkpoints"
 
-# 2. Every backend against the reference.
-DUMPS=()
-for backend in "${BACKENDS[@]}"; do
-  device=${backend%%:*}
-  dtype=${backend#*:}
-  expect 0 "reference_dump --device $device --dtype $dtype" "$REFERENCE_DUMP" --checkpoint "$CKPT" \
-    --out "$WORK/${device}_$dtype" --device "$device" --dtype "$dtype"
-  DUMPS+=("$WORK/${device}_$dtype")
-done
-expect 0 "torch_reference.py: ${BACKENDS[*]}" "$PY" "$SRC/scripts/torch_reference.py" --checkpoint "$CKPT" "${DUMPS[@]}"
+# check_model NAME GRAD HF_TENSOR HF_AS [--set ...]: steps 1-5 for one model, in $WORK/NAME, from
+# configs/tiny-gpt2.json with the --set options given. GRAD is the gradient perturbed in step 3;
+# HF_TENSOR the folder's tensor changed in step 5, which the script names HF_AS (picotrain's name).
+check_model() {
+  local name=$1 grad=$2 hf_tensor=$3 hf_as=$4
+  shift 4
+  local dir="$WORK/$name"
+  mkdir -p "$dir"
 
-# 3. One wrong gradient element must fail the comparison.
-cp -r "${DUMPS[0]}" "$WORK/perturbed"
-"$PY" - "$WORK/perturbed" h.1.mlp.c_fc.bias <<'EOF'
+  # 1. Two training steps.
+  expect 0 "$name: train for 2 steps" \
+    "$PICOTRAIN" train --device cpu --config "$SRC/configs/tiny-gpt2.json" "$@" --set run.out_dir="$dir/run" \
+    --set "data.train=$WORK/tok_train_*.bin" --set data.val= --set batch.global_batch_tokens=512 \
+    --set schedule.total_steps=2 --set schedule.warmup_steps=1 --set checkpoint.every_steps=1 \
+    --set logging.sample_every=0
+  local ckpt="$dir/run/checkpoints"
+
+  # 2. Every backend against the reference.
+  local dumps=() backend device dtype
+  for backend in "${BACKENDS[@]}"; do
+    device=${backend%%:*}
+    dtype=${backend#*:}
+    expect 0 "$name: reference_dump --device $device --dtype $dtype" "$REFERENCE_DUMP" --checkpoint "$ckpt" \
+      --out "$dir/${device}_$dtype" --device "$device" --dtype "$dtype"
+    dumps+=("$dir/${device}_$dtype")
+  done
+  expect 0 "$name: torch_reference.py: ${BACKENDS[*]}" "$PY" "$SRC/scripts/torch_reference.py" \
+    --checkpoint "$ckpt" "${dumps[@]}"
+
+  # 3. One wrong gradient element must fail the comparison.
+  cp -r "${dumps[0]}" "$dir/perturbed"
+  "$PY" - "$dir/perturbed" "$grad" <<'EOF'
 import json, os, sys
 import numpy as np
 folder, name = sys.argv[1], sys.argv[2]
@@ -95,25 +118,25 @@ bound = 2e-2 if meta["compute_dtype"] == "bf16" else 1e-5  # torch_reference.py'
 g[7] += 10 * bound * np.linalg.norm(g.astype(np.float64))
 grads.flush()
 EOF
-expect 1 "torch_reference.py: a perturbed gradient" "$PY" "$SRC/scripts/torch_reference.py" --checkpoint "$CKPT" \
-  "$WORK/perturbed"
-grep -q "over the bound: grad h.1.mlp.c_fc.bias" "$WORK/out.log" ||
-  { echo "torch_reference: FAILED: the perturbed tensor h.1.mlp.c_fc.bias is not named"; exit 1; }
+  expect 1 "$name: torch_reference.py: a perturbed gradient" "$PY" "$SRC/scripts/torch_reference.py" \
+    --checkpoint "$ckpt" "$dir/perturbed"
+  grep -q "over the bound: grad $grad" "$WORK/out.log" ||
+    { echo "torch_reference: FAILED: the perturbed tensor $grad is not named"; exit 1; }
 
-# 4. A dump made from another checkpoint is refused, not compared.
-expect 0 "reference_dump on the CPU from step 1" "$REFERENCE_DUMP" --checkpoint "$CKPT/step_00000001" \
-  --out "$WORK/step1" --device cpu
-expect 2 "torch_reference.py: a dump of step 1 against step 2" "$PY" "$SRC/scripts/torch_reference.py" \
-  --checkpoint "$CKPT" "$WORK/step1"
+  # 4. A dump made from another checkpoint is refused, not compared.
+  expect 0 "$name: reference_dump on the CPU from step 1" "$REFERENCE_DUMP" --checkpoint "$ckpt/step_00000001" \
+    --out "$dir/step1" --device cpu
+  expect 2 "$name: torch_reference.py: a dump of step 1 against step 2" "$PY" "$SRC/scripts/torch_reference.py" \
+    --checkpoint "$ckpt" "$dir/step1"
 
-# 5. Hugging Face folders out and back in.
-expect 0 "convert --format hf" "$PICOTRAIN" convert --from "$CKPT" --to "$WORK/hf" --format hf
-expect 0 "convert --format hf --dtype bf16" "$PICOTRAIN" convert --from "$CKPT" --to "$WORK/hf16" --format hf \
-  --dtype bf16
-expect 0 "torch_reference.py --hf: fp32 and bf16 folders" "$PY" "$SRC/scripts/torch_reference.py" \
-  --checkpoint "$CKPT" --hf "$WORK/hf" --hf "$WORK/hf16" "${DUMPS[0]}"
-cp -r "$WORK/hf" "$WORK/hf_perturbed"
-"$PY" - "$WORK/hf_perturbed/model.safetensors" transformer.h.1.mlp.c_fc.weight <<'EOF'
+  # 5. Hugging Face folders out and back in.
+  expect 0 "$name: convert --format hf" "$PICOTRAIN" convert --from "$ckpt" --to "$dir/hf" --format hf
+  expect 0 "$name: convert --format hf --dtype bf16" "$PICOTRAIN" convert --from "$ckpt" --to "$dir/hf16" \
+    --format hf --dtype bf16
+  expect 0 "$name: torch_reference.py --hf: fp32 and bf16 folders" "$PY" "$SRC/scripts/torch_reference.py" \
+    --checkpoint "$ckpt" --hf "$dir/hf" --hf "$dir/hf16" "${dumps[0]}"
+  cp -r "$dir/hf" "$dir/hf_perturbed"
+  "$PY" - "$dir/hf_perturbed/model.safetensors" "$hf_tensor" <<'EOF'
 import json, struct, sys
 path, name = sys.argv[1], sys.argv[2]
 with open(path, "r+b") as f:
@@ -124,12 +147,31 @@ with open(path, "r+b") as f:
     f.seek(-4, 1)
     f.write(struct.pack("<f", x + 1e-3))
 EOF
-expect 1 "torch_reference.py --hf: a changed weight" "$PY" "$SRC/scripts/torch_reference.py" --checkpoint "$CKPT" \
-  --hf "$WORK/hf_perturbed" "${DUMPS[0]}"
-grep -q "weight h.1.mlp.c_fc.weight" "$WORK/out.log" ||
-  { echo "torch_reference: FAILED: the changed tensor h.1.mlp.c_fc.weight is not named"; exit 1; }
-expect 0 "convert the Hugging Face folder back" "$PICOTRAIN" convert --from "$WORK/hf" --to "$WORK/imported"
-expect 0 "torch_reference.py: the imported checkpoint is the dumped one" "$PY" "$SRC/scripts/torch_reference.py" \
-  --checkpoint "$WORK/imported" "${DUMPS[0]}"
+  expect 1 "$name: torch_reference.py --hf: a changed weight" "$PY" "$SRC/scripts/torch_reference.py" \
+    --checkpoint "$ckpt" --hf "$dir/hf_perturbed" "${dumps[0]}"
+  grep -q "weight $hf_as" "$WORK/out.log" ||
+    { echo "torch_reference: FAILED: the changed tensor $hf_as is not named"; exit 1; }
+  expect 0 "$name: convert the Hugging Face folder back" "$PICOTRAIN" convert --from "$dir/hf" --to "$dir/imported"
+  expect 0 "$name: torch_reference.py: the imported checkpoint is the dumped one" "$PY" \
+    "$SRC/scripts/torch_reference.py" --checkpoint "$dir/imported" "${dumps[0]}"
+}
+
+for arch in "${ARCHS[@]}"; do
+  case $arch in
+    gpt2)
+      check_model gpt2 h.1.mlp.c_fc.bias transformer.h.1.mlp.c_fc.weight h.1.mlp.c_fc.weight
+      ;;
+    llama)
+      check_model llama model.layers.1.self_attn.k_proj.weight model.layers.1.mlp.up_proj.weight \
+        model.layers.1.mlp.up_proj.weight \
+        --set model.arch=llama --set model.n_layers=2 --set model.d_model=64 --set model.n_heads=4 \
+        --set model.n_kv_heads=2 --set model.norm_eps=1e-6 --set model.rope_theta=500000
+      ;;
+    *)
+      echo "torch_reference: unknown model $arch in TORCH_REFERENCE_ARCHS (gpt2, llama)"
+      exit 1
+      ;;
+  esac
+done
 
 echo "torch_reference: passed"

@@ -10,18 +10,8 @@ namespace pt::ckpt {
 namespace {
 
 // Every architecture that has a Hugging Face form.
-//
-// Llama goes here next: an hf_llama() entry (hf_llama.cpp) with arch "llama", model_type
-// "llama", class_name "LlamaForCausalLM". Its picotrain parameter names ARE Hugging Face's
-// (model.embed_tokens.weight, model.layers.{L}.self_attn.q_proj.weight, ..., model.norm.weight,
-// lm_head.weight), so each rule maps a name to itself and none transposes (nn.Linear is
-// [out, in] like picotrain); embed_tokens and lm_head carry vocab_rows. Its config_json writes
-// LlamaConfig (hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
-// num_key_value_heads, max_position_embeddings, rms_norm_eps, rope_theta, hidden_act "silu",
-// tie_word_embeddings, torch_dtype), model_from_config reads them back, base_prefix stays
-// empty (LlamaForCausalLM saves "model." itself), and an untied lm_head is an ordinary rule.
 const std::vector<const HfArchitecture*>& all_architectures() {
-  static const std::vector<const HfArchitecture*> all = {&hf_gpt2()};
+  static const std::vector<const HfArchitecture*> all = {&hf_gpt2(), &hf_llama()};
   return all;
 }
 
@@ -95,7 +85,7 @@ std::vector<HfTensor> hf_tensors(const HfArchitecture& arch, const ParamTable& t
     out.push_back(std::move(t));
   }
   for (size_t r = 0; r < arch.rules.size(); r++)
-    if (uses[r] == 0)
+    if (uses[r] == 0 && !arch.rules[r].optional)
       throw RuntimeError("the " + arch.class_name + " rule for " + arch.rules[r].picotrain +
                          " matches no parameter of the model");
   return out;

@@ -5,8 +5,7 @@
 // architecture; they walk the architecture's ParamTable and apply its rules, so a parameter
 // added to a table without a rule is an error, never a tensor silently left out.
 //
-// Architectures: gpt2 (GPT2LMHeadModel, hf_gpt2.cpp). Llama (LlamaForCausalLM) is the next
-// one: see hf_architecture.cpp for where it goes and what its entry holds.
+// Architectures: gpt2 (GPT2LMHeadModel, hf_gpt2.cpp) and llama (LlamaForCausalLM, hf_llama.cpp).
 #pragma once
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -30,6 +29,9 @@ struct HfTensorRule {
   // Rows past model.vocab_size are picotrain's vocabulary padding: left out on export,
   // zero-filled on import (Hugging Face's tensor has exactly vocab_size rows).
   bool vocab_rows = false;
+  // A parameter only some models of the architecture have (Llama's lm_head, absent when the
+  // head is tied to the embedding): a rule that matches nothing is then no error.
+  bool optional = false;
 };
 
 struct HfArchitecture {
@@ -80,7 +82,8 @@ void from_hf(const HfTensor& t, const float* hf, float* pt);
 const char* torch_dtype_name(HfDtype dtype);
 const char* safetensors_dtype_name(HfDtype dtype);
 
-// The GPT-2 entry (hf_gpt2.cpp).
+// The GPT-2 entry (hf_gpt2.cpp) and the Llama entry (hf_llama.cpp).
 const HfArchitecture& hf_gpt2();
+const HfArchitecture& hf_llama();
 
 }  // namespace pt::ckpt

@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "core/ckpt/hf_architecture.h"
+#include "core/ckpt/hf_config_keys.h"
 #include "core/common/error.h"
 
 namespace pt::ckpt {
@@ -76,24 +77,9 @@ nlohmann::ordered_json gpt2_config_json(const ModelSection& m, HfDtype dtype) {
 // would read the file; a value that changes what the model computes away from picotrain's
 // GPT-2 is refused with the key, instead of importing weights that would give other logits.
 ModelSection gpt2_model_from_config(const nlohmann::json& c, const std::string& path) {
-  auto fail = [&](const std::string& key, const std::string& why) -> RuntimeError {
-    return RuntimeError(path + ": \"" + key + "\": " + why);
-  };
-  auto whole = [&](const char* key, int def) {
-    if (!c.contains(key) || c[key].is_null()) return def;
-    const nlohmann::json& v = c[key];
-    if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > INT32_MAX)
-      throw fail(key, v.dump() + " is not a whole number >= 1");
-    return static_cast<int>(v.get<int64_t>());
-  };
-  auto flag = [&](const char* key, bool def) {
-    if (!c.contains(key) || c[key].is_null()) return def;
-    if (!c[key].is_boolean()) throw fail(key, c[key].dump() + " is not true or false");
-    return c[key].get<bool>();
-  };
-  auto require = [&](const char* key, bool got, bool want, const std::string& why) {
-    if (got != want) throw fail(key, std::string(got ? "true" : "false") + " is not supported: " + why);
-  };
+  const HfConfigKeys k(c, path);
+  auto whole = [&](const char* key, int def) { return k.whole(key, def); };
+  auto fail = [&](const std::string& key, const std::string& why) { return k.fail(key, why); };
 
   ModelSection m;
   m.arch = "gpt2";
@@ -107,12 +93,7 @@ ModelSection gpt2_model_from_config(const nlohmann::json& c, const std::string& 
   if (c.contains("n_inner") && !c["n_inner"].is_null() && c["n_inner"] != nlohmann::json(4 * m.d_model))
     throw fail("n_inner", c["n_inner"].dump() +
                               " is not supported: picotrain's MLP is 4 * n_embd = " + std::to_string(4 * m.d_model));
-  std::string act = "gelu_new";
-  if (c.contains("activation_function")) {
-    if (!c["activation_function"].is_string())
-      throw fail("activation_function", c["activation_function"].dump() + " is not a string");
-    act = c["activation_function"].get<std::string>();
-  }
+  const std::string act = k.text("activation_function", "gelu_new");
   if (act != "gelu_new" && act != "gelu_pytorch_tanh")
     throw fail("activation_function", "\"" + act +
                                           "\" is not supported: picotrain computes tanh-approximate GELU "
@@ -122,13 +103,14 @@ ModelSection gpt2_model_from_config(const nlohmann::json& c, const std::string& 
     if (!eps.is_number() || eps.get<double>() != 1e-5)
       throw fail("layer_norm_epsilon", eps.dump() + " is not supported: picotrain's GPT-2 LayerNorm uses 1e-5");
   }
-  require("scale_attn_weights", flag("scale_attn_weights", true), true,
-          "picotrain scales attention by 1/sqrt(head_dim)");
-  require("scale_attn_by_inverse_layer_idx", flag("scale_attn_by_inverse_layer_idx", false), false,
-          "picotrain does not scale attention by layer");
-  require("add_cross_attention", flag("add_cross_attention", false), false, "picotrain's GPT-2 is decoder-only");
-  require("tie_word_embeddings", flag("tie_word_embeddings", true), true,
-          "picotrain's GPT-2 ties its head to the token embedding");
+  k.require("scale_attn_weights", k.flag("scale_attn_weights", true), true,
+            "picotrain scales attention by 1/sqrt(head_dim)");
+  k.require("scale_attn_by_inverse_layer_idx", k.flag("scale_attn_by_inverse_layer_idx", false), false,
+            "picotrain does not scale attention by layer");
+  k.require("add_cross_attention", k.flag("add_cross_attention", false), false,
+            "picotrain's GPT-2 is decoder-only");
+  k.require("tie_word_embeddings", k.flag("tie_word_embeddings", true), true,
+            "picotrain's GPT-2 ties its head to the token embedding");
   // Padding as picotrain's configs pad by default (50257 -> 50304, llm.c's).
   m.pad_vocab_multiple = ModelSection{}.pad_vocab_multiple;
   m.padded_vocab = (m.vocab_size + m.pad_vocab_multiple - 1) / m.pad_vocab_multiple * m.pad_vocab_multiple;
@@ -144,7 +126,7 @@ const HfArchitecture& hf_gpt2() {
     h.model_type = "gpt2";
     h.class_name = "GPT2LMHeadModel";
     h.rules = gpt2_rules();
-    h.param_table = &build_gpt2_param_table;
+    h.param_table = &build_param_table;
     h.config_json = &gpt2_config_json;
     h.model_from_config = &gpt2_model_from_config;
     h.base_prefix = "transformer.";

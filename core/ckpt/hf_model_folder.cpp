@@ -148,7 +148,9 @@ std::string import_hf(const std::string& in_dir, const std::string& out_dir) {
     const std::string name = name_in_file(f, t.name, arch.base_prefix);
     if (name.empty())
       throw RuntimeError(f.path() + " has no tensor " + t.name + ", which the " + arch.class_name + " of " +
-                         config_path + " needs");
+                         config_path + " needs" +
+                         (t.name == arch.tied_head ? " (its tie_word_embeddings is false: the head is not the embedding)"
+                                                   : ""));
     const std::vector<float> data = f.read_f32(name, t.shape);
     from_hf(t, data.data(), weights.data() + t.param->offset);
     used[name] = t.name;

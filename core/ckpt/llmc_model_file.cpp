@@ -76,7 +76,7 @@ LlmcFileInfo read_llmc_header(const std::string& path) {
     throw RuntimeError(path + ": llm.c model file version " + std::to_string(h[1]) +
                        " is not supported (3: fp32, 5: bf16)");
   info.model = model_from_header(h, path);
-  const ParamTable table = build_gpt2_param_table(info.model);
+  const ParamTable table = build_param_table(info.model);
   const uint64_t want = kLlmcHeaderBytes + table.total_numel() * (info.dtype == LlmcDtype::f32 ? 4 : 2);
   if (size != want)
     throw RuntimeError(path + " is " + std::to_string(size) + " bytes; its header describes " +
@@ -89,7 +89,7 @@ std::string export_llmc(const std::string& checkpoint, const std::string& out_fi
   CheckpointReader r(dir);
   const ModelSection m = model_from_manifest(r.manifest(), dir);
   if (m.arch != "gpt2") throw ConfigError("convert: llm.c files hold GPT-2 models; " + dir + " is " + m.arch);
-  const ParamTable table = build_gpt2_param_table(m);
+  const ParamTable table = build_param_table(m);
 
   int32_t h[256] = {};
   h[0] = kLlmcModelMagic;
@@ -135,7 +135,7 @@ std::string import_llmc(const std::string& in_file, const std::string& out_dir) 
   const LlmcFileInfo info = read_llmc_header(in_file);
   refuse_nonempty_import_target(out_dir);
 
-  const ParamTable table = build_gpt2_param_table(info.model);
+  const ParamTable table = build_param_table(info.model);
   std::vector<float> weights(table.total_numel());
   {
     const FileReader f(in_file);

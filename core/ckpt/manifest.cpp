@@ -177,9 +177,20 @@ Manifest manifest_from_json(const std::string& text, const std::string& path) {
 }
 
 json model_shape_json(const ModelSection& m) {
-  return json{{"arch", m.arch},           {"n_layers", m.n_layers},       {"d_model", m.d_model},
-              {"n_heads", m.n_heads},     {"vocab_size", m.vocab_size}, {"max_seq_len", m.max_seq_len},
-              {"padded_vocab", m.padded_vocab}};
+  json j{{"arch", m.arch},           {"n_layers", m.n_layers},       {"d_model", m.d_model},
+         {"n_heads", m.n_heads},     {"vocab_size", m.vocab_size}, {"max_seq_len", m.max_seq_len},
+         {"padded_vocab", m.padded_vocab}};
+  // Llama's family keys, resolved (what the model is built with): they change the tensors'
+  // shapes (n_kv_heads, ffn_hidden, an lm_head or none) or what the weights mean (norm_eps,
+  // rope_theta). GPT-2 fixes all of them, so its keys (and the hash of old checkpoints) stay.
+  if (m.is_llama()) {
+    j["n_kv_heads"] = m.kv_heads();
+    j["ffn_hidden"] = m.ffn_width();
+    j["norm_eps"] = m.eps();
+    j["rope_theta"] = m.rope_base();
+    j["tie_embeddings"] = m.tied();
+  }
+  return j;
 }
 
 std::string model_hash(const ModelSection& m) {
@@ -214,9 +225,18 @@ ModelSection model_from_manifest(const Manifest& m, const std::string& where) {
   s.vocab_size = get<int>(m.model, "vocab_size", path);
   s.max_seq_len = get<int>(m.model, "max_seq_len", path);
   s.padded_vocab = get<int>(m.model, "padded_vocab", path);
-  if (s.n_layers < 1 || s.d_model < 1 || s.n_heads < 1 || s.d_model % s.n_heads != 0 || s.vocab_size < 1 ||
-      s.padded_vocab < s.vocab_size || s.max_seq_len < 1)
-    throw CorruptCheckpoint(path + ": \"model\" " + m.model.dump() + " is not a valid model shape");
+  bool valid = s.n_layers >= 1 && s.d_model >= 1 && s.n_heads >= 1 && s.d_model % s.n_heads == 0 &&
+               s.vocab_size >= 1 && s.padded_vocab >= s.vocab_size && s.max_seq_len >= 1;
+  if (s.is_llama()) {
+    s.n_kv_heads = get<int>(m.model, "n_kv_heads", path);
+    s.ffn_hidden = get<int>(m.model, "ffn_hidden", path);
+    s.norm_eps = get<double>(m.model, "norm_eps", path);
+    s.rope_theta = get<double>(m.model, "rope_theta", path);
+    s.tie_embeddings = get<bool>(m.model, "tie_embeddings", path);
+    valid = valid && s.n_kv_heads >= 1 && s.n_heads % s.n_kv_heads == 0 && s.ffn_hidden >= 1 && s.norm_eps > 0 &&
+            s.norm_eps < 1 && s.rope_theta > 0;
+  }
+  if (!valid) throw CorruptCheckpoint(path + ": \"model\" " + m.model.dump() + " is not a valid model shape");
   s.pad_vocab_multiple = pad_multiple_for(s.vocab_size, s.padded_vocab);
   return s;
 }

@@ -83,7 +83,7 @@ struct ParallelSection {
   std::string comm_backend = "auto";
 };
 
-// Activation recompute: what forward keeps for backward (core/model/gpt2_stage.h).
+// Activation recompute: what forward keeps for backward (core/model/decoder_stage.h).
 struct RecomputeSection {
   std::string mode = "none";  // none | selective | full
 };

@@ -7,8 +7,14 @@
 namespace pt {
 
 namespace {
+// PaLM's N: the parameters a token's forward multiplies by. Not the position embedding nor an
+// untied token embedding (lookups); a tied one is the LM head, a matmul.
 double matmul_params(const ParamTable& t) {
-  return static_cast<double>(t.total_numel() - t.get("wpe").numel);
+  size_t lookups = 0;
+  for (const ParamSpec& p : t.specs())
+    if (p.role == ParamRole::position_embedding || (p.role == ParamRole::token_embedding && !p.also_head))
+      lookups += p.numel;
+  return static_cast<double>(t.total_numel() - lookups);
 }
 }  // namespace
 

@@ -3,8 +3,11 @@
 // Two formulas, selected by logging.flops_formula; both count a forward + backward pass
 // (x3 of the forward's 2 FLOPs per multiply-add) and neither counts activation recompute:
 //   palm: 6*N + 12*L*d*T  — PaLM appendix B. N = parameters taking part in matmuls: every
-//         parameter except the position embedding (a lookup); the tied token embedding is
-//         counted once, as the LM head. Attention scores with no causal discount.
+//         parameter except the lookups, the position embedding and an untied token embedding
+//         (Llama's: its lm_head is counted); a tied token embedding is counted once, as the LM
+//         head. Grouped-query attention's smaller K/V projections are in N as they are; the
+//         attention term is unchanged (scores and values are computed for every query head of
+//         d = n_heads*head_dim channels). No causal discount.
 //   llmc: 6*N + 6*L*d*T   — llm.c's estimate. N = all parameters (padded vocab included);
 //         the attention term is halved for the causal mask.
 // Here d = d_model, L = n_layers, T = the sequence length trained on.

@@ -14,7 +14,7 @@ Gpt2Decoder::Gpt2Decoder(const ModelSection& model, const ParamStore& store, Ops
 }
 
 Gpt2Decoder::Gpt2Decoder(const ModelSection& model, const float* host_weights, Ops& ops) : m_(model), ops_(ops) {
-  own_table_ = std::make_unique<ParamTable>(build_gpt2_param_table(model));
+  own_table_ = std::make_unique<ParamTable>(build_param_table(model));
   const ParamTable& table = *own_table_;
   const Tensor arena = alloc(table.total_numel(), ops.compute_dtype());
   ops.upload(arena, host_weights, DType::f32, table.total_numel());
@@ -140,7 +140,7 @@ void Gpt2Decoder::extend(const int32_t* tokens, int n) {
   ops_.embedding_forward(x, tokens_, wte_, n, C, 0, Vp);
   ops_.position_forward(x, wpe_, pos_, 1, n, C);
   // x is the residual stream. Each residual add is fused with the LayerNorm after it (ln_2, the
-  // next layer's ln_1), bit for bit the add and the norm, as in training (gpt2_stage.cpp).
+  // next layer's ln_1), bit for bit the add and the norm, as in training (decoder_stage.cpp).
   ops_.layernorm_forward(ln, mean, rstd, x, layers_[0].ln1w, layers_[0].ln1b, n, C);
   for (int l = 0; l < m_.n_layers; l++) {
     const LayerParams& p = layers_[l];

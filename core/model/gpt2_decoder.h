@@ -1,5 +1,5 @@
 // Gpt2Decoder: GPT-2 inference with a KV cache, for sampling. It runs the same layers as
-// Gpt2Stage (core/model/gpt2_stage.h) through the same Ops, but forward only, for one sequence,
+// DecoderStage (core/model/decoder_stage.h) through the same Ops, but forward only, for one sequence,
 // keeping each layer's keys and values ([max_seq_len, C] per layer) so that a new token costs
 // one row of every matmul and one query's attention over the cache instead of a forward over
 // the whole context.

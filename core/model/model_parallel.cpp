@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "core/model/architecture.h"
+
 namespace pt {
 
 StageDims StageDims::make(const ModelSection& m, int B, int seq_len, int tp, bool sp, int cp) {
@@ -10,7 +12,12 @@ StageDims StageDims::make(const ModelSection& m, int B, int seq_len, int tp, boo
   };
   need(tp >= 1 && cp >= 1, "tensor and context parallel degrees must be at least 1");
   need(seq_len % cp == 0, "parallel.cp=" + std::to_string(cp) + " must divide batch.seq_len=" + std::to_string(seq_len));
+  const Architecture a = describe_architecture(m);
   need(m.n_heads % tp == 0, "parallel.tp=" + std::to_string(tp) + " must divide model.n_heads=" + std::to_string(m.n_heads));
+  need(a.n_kv_heads % tp == 0,
+       "parallel.tp=" + std::to_string(tp) + " must divide model.n_kv_heads=" + std::to_string(a.n_kv_heads));
+  need(a.ffn_hidden % tp == 0,
+       "parallel.tp=" + std::to_string(tp) + " must divide model.ffn_hidden=" + std::to_string(a.ffn_hidden));
   need(m.padded_vocab % tp == 0,
        "parallel.tp=" + std::to_string(tp) + " must divide model.padded_vocab=" + std::to_string(m.padded_vocab));
   StageDims d;
@@ -25,10 +32,15 @@ StageDims StageDims::make(const ModelSection& m, int B, int seq_len, int tp, boo
   d.C = m.d_model;
   d.Cl = m.d_model / tp;
   d.NHl = m.n_heads / tp;
-  d.Fl = 4 * m.d_model / tp;
+  d.NKVl = a.n_kv_heads / tp;
+  d.QKVl = a.qkv_width() / tp;
+  d.Fl = a.ffn_hidden / tp;
+  d.Ul = a.mlp_up_width() / tp;
   d.Vl = m.padded_vocab / tp;
   d.tp = tp;
   d.cp = cp;
+  d.norm_mean = a.norm == NormKind::layernorm;
+  d.learned_positions = a.positions == PositionKind::learned;
   return d;
 }
 

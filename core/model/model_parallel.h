@@ -1,4 +1,4 @@
-// ModelParallel: the tensor- and context-parallel groups a Stage (core/model/gpt2_stage.h) runs
+// ModelParallel: the tensor- and context-parallel groups a stage (core/model/decoder_stage.h) runs
 // over, and StageDims: the per-rank activation shapes they give a stage, shared by the stage's
 // allocation and the memory accounting (core/train/memory_plan.h) so the two cannot disagree.
 //
@@ -38,12 +38,18 @@ struct StageDims {
   int N = 0;      // B * T: the tokens every matmul sees
   int rows = 0;   // tokens of the residual stream on this rank: N / tp under sequence parallel, else N
   int C = 0;      // d_model
-  int Cl = 0;     // attention channels on this rank: C / tp
-  int NHl = 0;    // heads on this rank: n_heads / tp
-  int Fl = 0;     // MLP hidden width on this rank: 4 C / tp
+  int Cl = 0;     // attention channels on this rank (its query heads, and the attention output): C / tp
+  int NHl = 0;    // query heads on this rank: n_heads / tp
+  int NKVl = 0;   // key/value heads on this rank: n_kv_heads / tp
+  int QKVl = 0;   // the q | k | v projection's width on this rank: (NHl + 2 NKVl) head_dim
+  int Fl = 0;     // MLP hidden width on this rank: ffn_hidden / tp
+  int Ul = 0;     // the MLP's up-projection width on this rank: Fl, or 2 Fl with SwiGLU's gate
   int Vl = 0;     // vocabulary rows on this rank: padded_vocab / tp
   int tp = 1, cp = 1;
   bool sp = false;
+  // What the architecture's blocks keep besides the widths above (the memory plan counts them):
+  bool norm_mean = true;          // LayerNorm keeps a mean per row and has a bias; RMSNorm neither
+  bool learned_positions = true;  // a position embedding (else RoPE, which every stage applies)
 
   size_t lse() const { return static_cast<size_t>(B) * NHl * T; }  // attention log-sum-exps
   size_t rows_c() const { return static_cast<size_t>(rows) * C; }  // one residual-stream tensor

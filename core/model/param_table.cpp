@@ -31,47 +31,80 @@ size_t ParamTable::count_numel(bool (*pred)(const ParamSpec&)) const {
   return n;
 }
 
-ParamTable build_gpt2_param_table(const ModelSection& m) {
-  if (m.arch != "gpt2")
-    throw ConfigError("model.arch=\"" + m.arch + "\": the model code builds GPT-2 only so far (the Llama blocks come next)");
-  const int64_t C = m.d_model, L = m.n_layers;
+ParamTable build_param_table(const ModelSection& m) {
+  const Architecture a = describe_architecture(m);
+  const int64_t C = a.d_model, L = a.n_layers;
   const double std = 0.02;
-  const double resid_std = 0.02 / std::sqrt(2.0 * L);  // GPT-2: scale residual projections
+  const double resid_std = a.scaled_residual_init ? 0.02 / std::sqrt(2.0 * L) : std;
   std::vector<ParamSpec> s;
-  auto add = [&](std::string name, std::vector<int64_t> shape, Split split, int layer, Init init, double sd) {
-    ParamSpec p;
-    p.name = std::move(name);
-    p.shape = std::move(shape);
-    p.split = split;
-    p.layer = layer;
-    p.init = init;
-    p.init_std = sd;
-    p.weight_decay = p.shape.size() == 2;
-    s.push_back(std::move(p));
+  // One role's tensors. `rows`: the output rows of each logical part (q | k | v, gate | up); a
+  // role held as one tensor fuses its parts (GPT-2's c_attn: split_groups 3, so a tensor-
+  // parallel rank holds its heads' rows of each part), a role held as one tensor per part
+  // splits each alike. `cols`: the input features (0: a vector).
+  auto add = [&](ParamRole role, int layer, const std::vector<int64_t>& rows, int64_t cols, Split split, Init init,
+                 double sd) {
+    const std::vector<std::string> names = a.tensor_names(role, layer);
+    if (names.empty()) return;
+    check(names.size() == 1 || names.size() == rows.size(),
+          std::string("architecture ") + a.name + ": role " + to_string(role) + " has " +
+              std::to_string(names.size()) + " tensors for " + std::to_string(rows.size()) + " parts");
+    for (size_t i = 0; i < names.size(); i++) {
+      ParamSpec p;
+      p.name = names[i];
+      int64_t r = rows[i];
+      if (names.size() == 1 && rows.size() > 1) {
+        for (size_t j = 1; j < rows.size(); j++)
+          check(rows[j] == rows[0], "a fused tensor's parts must be equal: " + p.name);
+        r = rows[0] * static_cast<int64_t>(rows.size());
+        p.split_groups = static_cast<int>(rows.size());
+      }
+      p.shape = cols > 0 ? std::vector<int64_t>{r, cols} : std::vector<int64_t>{r};
+      p.split = split;
+      p.layer = layer;
+      p.init = init;
+      p.init_std = sd;
+      p.weight_decay = p.shape.size() == 2;
+      p.role = role;
+      s.push_back(std::move(p));
+    }
   };
-  add("wte", {m.padded_vocab, C}, Split::vocab, -1, Init::normal, std);
-  s.back().live_rows = m.vocab_size;
-  add("wpe", {m.max_seq_len, C}, Split::replicated, -1, Init::normal, std);
+  // A matrix and its bias: the bias splits with a column-parallel matrix and stays whole with a
+  // row-parallel one (it is added once, after the reduction).
+  auto linear = [&](ParamRole w, ParamRole b, int layer, const std::vector<int64_t>& rows, int64_t cols, Split split,
+                    double sd) {
+    add(w, layer, rows, cols, split, Init::normal, sd);
+    add(b, layer, rows, 0, split == Split::column ? Split::column : Split::replicated, Init::zeros, 0);
+  };
+  auto norm = [&](ParamRole w, ParamRole b, int layer) {
+    add(w, layer, {C}, 0, Split::replicated, Init::ones, 0);
+    if (a.norm_has_bias()) add(b, layer, {C}, 0, Split::replicated, Init::zeros, 0);
+  };
+  const int64_t Vp = a.padded_vocab, Q = a.q_width(), KV = a.kv_width(), F = a.ffn_hidden;
+  add(ParamRole::token_embedding, -1, {Vp}, C, Split::vocab, Init::normal, std);
+  s.back().live_rows = a.vocab_size;
+  s.back().also_head = a.tied_head;
+  if (a.positions == PositionKind::learned)
+    add(ParamRole::position_embedding, -1, {a.max_seq_len}, C, Split::replicated, Init::normal, std);
+  const std::vector<int64_t> up_rows = a.mlp == MlpKind::swiglu ? std::vector<int64_t>{F, F} : std::vector<int64_t>{F};
   for (int l = 0; l < L; l++) {
-    const std::string h = "h." + std::to_string(l) + ".";
-    add(h + "ln_1.weight", {C}, Split::replicated, l, Init::ones, 0);
-    add(h + "ln_1.bias", {C}, Split::replicated, l, Init::zeros, 0);
-    add(h + "attn.c_attn.weight", {3 * C, C}, Split::column, l, Init::normal, std);
-    s.back().split_groups = 3;
-    add(h + "attn.c_attn.bias", {3 * C}, Split::column, l, Init::zeros, 0);
-    s.back().split_groups = 3;
-    add(h + "attn.c_proj.weight", {C, C}, Split::row, l, Init::normal, resid_std);
-    add(h + "attn.c_proj.bias", {C}, Split::replicated, l, Init::zeros, 0);
-    add(h + "ln_2.weight", {C}, Split::replicated, l, Init::ones, 0);
-    add(h + "ln_2.bias", {C}, Split::replicated, l, Init::zeros, 0);
-    add(h + "mlp.c_fc.weight", {4 * C, C}, Split::column, l, Init::normal, std);
-    add(h + "mlp.c_fc.bias", {4 * C}, Split::column, l, Init::zeros, 0);
-    add(h + "mlp.c_proj.weight", {C, 4 * C}, Split::row, l, Init::normal, resid_std);
-    add(h + "mlp.c_proj.bias", {C}, Split::replicated, l, Init::zeros, 0);
+    norm(ParamRole::norm1, ParamRole::norm1_bias, l);
+    linear(ParamRole::qkv, ParamRole::qkv_bias, l, {Q, KV, KV}, C, Split::column, std);
+    linear(ParamRole::attn_out, ParamRole::attn_out_bias, l, {C}, Q, Split::row, resid_std);
+    norm(ParamRole::norm2, ParamRole::norm2_bias, l);
+    linear(ParamRole::mlp_up, ParamRole::mlp_up_bias, l, up_rows, C, Split::column, std);
+    linear(ParamRole::mlp_down, ParamRole::mlp_down_bias, l, {C}, F, Split::row, resid_std);
   }
-  add("ln_f.weight", {C}, Split::replicated, static_cast<int>(L), Init::ones, 0);
-  add("ln_f.bias", {C}, Split::replicated, static_cast<int>(L), Init::zeros, 0);
+  norm(ParamRole::final_norm, ParamRole::final_norm_bias, static_cast<int>(L));
+  add(ParamRole::head, static_cast<int>(L), {Vp}, C, Split::vocab, Init::normal, std);
+  if (s.back().role == ParamRole::head) s.back().live_rows = a.vocab_size;
   return ParamTable(std::move(s));
+}
+
+std::vector<const ParamSpec*> role_specs(const ParamTable& table, ParamRole role, int layer) {
+  std::vector<const ParamSpec*> out;
+  for (const ParamSpec& p : table.specs())
+    if (p.role == role && p.layer == layer) out.push_back(&p);
+  return out;
 }
 
 ParamTable tensor_parallel_table(const ParamTable& full, int tp, int tp_rank) {

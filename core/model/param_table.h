@@ -4,14 +4,16 @@
 // checkpoint manifests are all derived from this one table.
 //
 // Order and names: embeddings, then each block's tensors contiguously (so a pipeline stage
-// or a ZeRO-3 layer gather is one contiguous range), then the final LayerNorm. Names follow
-// Hugging Face GPT-2; weights are stored [out, in] as in llm.c.
+// or a ZeRO-3 layer gather is one contiguous range), then the final norm and an untied head.
+// Names are the architecture's (Hugging Face's); weights are stored [out, in] as in llm.c and
+// PyTorch's nn.Linear.
 #pragma once
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "core/config/run_config.h"
+#include "core/model/architecture.h"
 #include "core/model/tp_slice.h"
 
 namespace pt {
@@ -38,6 +40,8 @@ struct ParamSpec {
   double init_std = 0.0;
   bool weight_decay = false;  // matrices (2-D) only
   int64_t live_rows = -1;     // global rows >= live_rows are padding kept at zero (padded vocab); -1: all
+  ParamRole role = ParamRole::token_embedding;  // what the model uses it for (architecture.h)
+  bool also_head = false;  // the token embedding that is also the LM head (a tied head)
   size_t numel = 0;
   size_t offset = 0;  // in the flat parameter arena
 };
@@ -55,10 +59,15 @@ class ParamTable {
   size_t total_ = 0;
 };
 
-// GPT-2 exactly: tied LM head, learned positions, pre-LN blocks, 4x GELU MLP, biases.
-// Init: N(0, 0.02), residual output projections N(0, 0.02/sqrt(2*n_layers)), biases 0,
-// LayerNorm weights 1, padded vocabulary rows 0.
-ParamTable build_gpt2_param_table(const ModelSection& model);
+// The model's parameters, from its Architecture (core/model/architecture.h): the embeddings
+// (layer -1), each block's tensors in role order (norm1, qkv, attn_out, norm2, mlp_up, mlp_down,
+// each followed by its bias where there is one), the final norm and an untied head (layer
+// n_layers). Init: matrices and embeddings N(0, 0.02) (GPT-2: the residual output projections
+// N(0, 0.02/sqrt(2*n_layers))), biases 0, norm weights 1, padded vocabulary rows 0.
+ParamTable build_param_table(const ModelSection& model);
+// The specs of `role` in block `layer` (-1 / n_layers outside the blocks), in table order; empty
+// when the table has none (no such tensor in the architecture, or not on this pipeline stage).
+std::vector<const ParamSpec*> role_specs(const ParamTable& table, ParamRole role, int layer);
 
 // Tensor parallel: the same parameters as `full`, each cut to what rank `tp_rank` of `tp`
 // holds (its Split: column, row, vocab, or whole when replicated), with ParamSpec::tp saying

@@ -50,7 +50,7 @@ ParamTable stage_param_table(const ParamTable& full, const std::vector<StageLaye
   std::vector<ParamSpec> specs;
   for (const ParamSpec& p : full.specs()) {
     bool used = false;
-    if (p.layer < 0) used = p.name == "wte" ? embedding || head : embedding;
+    if (p.layer < 0) used = p.also_head ? embedding || head : embedding;  // a tied head's copy
     else if (p.layer >= n_layers) used = head;
     else
       for (const StageLayers& s : chunks) used = used || (p.layer >= s.first_layer && p.layer < s.end_layer);
@@ -62,7 +62,7 @@ ParamTable stage_param_table(const ParamTable& full, const std::vector<StageLaye
 
 bool is_tied_copy(const ParamSpec& p, const std::vector<StageLayers>& chunks) {
   const bool embedding = std::any_of(chunks.begin(), chunks.end(), [](const StageLayers& s) { return s.embedding; });
-  return p.name == "wte" && !embedding;
+  return p.also_head && !embedding;
 }
 
 }  // namespace pt

@@ -20,8 +20,8 @@ CheckpointWeights read_checkpoint_weights(const std::string& path) {
   w.dir = ckpt::resolve_checkpoint_path(path, "sample --checkpoint");
   ckpt::CheckpointReader reader(w.dir);
   w.model = ckpt::model_from_manifest(reader.manifest(), w.dir);
-  if (w.model.arch != "gpt2") throw ConfigError("sample: " + w.dir + " holds a " + w.model.arch + " model; only gpt2 samples");
-  const ParamTable table = build_gpt2_param_table(w.model);
+  if (const std::string why = sampling_unsupported(w.model); !why.empty()) throw ConfigError("sample: " + w.dir + ": " + why);
+  const ParamTable table = build_param_table(w.model);
   w.weights.resize(table.total_numel());
   for (const auto& p : table.specs()) reader.read_all("master/" + p.name, p.numel, w.weights.data() + p.offset);
   return w;
@@ -98,6 +98,12 @@ void run_sample_command(const SampleCommand& c, std::FILE* out) {
   std::fflush(out);
 }
 
+std::string sampling_unsupported(const ModelSection& model) {
+  if (model.arch == "gpt2") return "";
+  return "the KV-cache decoder (core/model/gpt2_decoder.h) decodes GPT-2 only so far, not model.arch=\"" +
+         model.arch + "\"";
+}
+
 namespace {
 
 // Tokenizers for training samples, loaded once per process; a null entry is one that failed
@@ -144,6 +150,11 @@ std::optional<TrainingSample> print_training_sample(const RunConfig& cfg, int st
                                                     const std::function<std::vector<float>()>& gather_master) {
   const auto& lg = cfg.logging;
   if (lg.sample_every <= 0 || step <= 0 || (!run_finished && step % lg.sample_every != 0)) return std::nullopt;
+  if (const std::string why = sampling_unsupported(cfg.model); !why.empty()) {
+    static std::once_flag warned;  // once per process, like the missing-tokenizer warning
+    if (lead) std::call_once(warned, [&] { print_line(Stream::out, "warning   | logging.sample_every: " + why + "; skipping samples"); });
+    return std::nullopt;
+  }
   // ZeRO-3 holds no full parameters anywhere, tensor parallel only pieces of them: every rank
   // takes part in the gather.
   const auto& specs = store.table().specs();

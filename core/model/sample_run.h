@@ -63,6 +63,9 @@ struct TrainingSample {
 };
 TrainingSample sample_training_text(const RunConfig& cfg, Gpt2Decoder& decoder, const Tokenizer& tok);
 
+// Why the model cannot be sampled ("" when it can): the decoder runs GPT-2 only so far.
+std::string sampling_unsupported(const ModelSection& model);
+
 // The trainer's hook, called on every rank after each step (run_finished: after the last one).
 // When logging.sample_every > 0 and `step` is a multiple of it, or the run has finished, the
 // lead rank prints logging.sample_tokens tokens sampled after logging.sample_prompt (seed

@@ -52,7 +52,7 @@ Plan make_plan(const std::string& config_path, const std::vector<std::string>& o
       continue;
     }
     LayoutPlan lp;
-    const ParamTable model = build_gpt2_param_table(c.cfg.model);
+    const ParamTable model = build_param_table(c.cfg.model);
     lp.memory = plan_stage_memory(c.cfg, model, planned_dtype(c.cfg));
     for (size_t s = 0; s < lp.memory.size(); s++)
       if (lp.memory[s].plan.total() > lp.peak().total()) lp.peak_stage = static_cast<int>(s);
@@ -82,7 +82,7 @@ std::string format_plan(const Plan& plan, const Hardware& hw, const std::string&
                plan.gpus, combos);
   } else {
     const RunConfig& cfg = plan.example;
-    const ParamTable model = build_gpt2_param_table(cfg.model);
+    const ParamTable model = build_param_table(cfg.model);
     const double per_token = flops_per_token(model, cfg.model, cfg.batch.seq_len, cfg.logging.flops_formula);
     out += format("plan      | %s on %d GPUs, %d per node (%d node%s): %.2fM parameters, %lld tokens per step of %d-token "
                "sequences, ZeRO-%d, recompute %s, %s\n",

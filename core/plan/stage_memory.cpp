@@ -30,7 +30,7 @@ std::vector<StageMemory> plan_stage_memory(const RunConfig& cfg, const ParamTabl
     size_t activations = 0;
     for (size_t c = 0; c < chunks.size(); c++) {
       activations +=
-          gpt2_activation_bytes(dims, parse_cp_impl(par.cp_impl), compute, chunks[c], slots[c], recompute);
+          decoder_activation_bytes(dims, parse_cp_impl(par.cp_impl), compute, chunks[c], slots[c], recompute);
       s.chunks += (c ? "; " : "") + chunks[c].describe() + ", " + std::to_string(slots[c].activations) +
                   " micro-batch(es) in flight";
     }

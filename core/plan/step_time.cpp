@@ -5,7 +5,7 @@
 
 #include "core/dist/grid.h"
 #include "core/metrics/flops.h"
-#include "core/model/gpt2_stage.h"
+#include "core/model/decoder_stage.h"
 #include "core/model/pipeline_stages.h"
 #include "core/parallel/cp_attention.h"
 #include "core/train/pp_bubble.h"

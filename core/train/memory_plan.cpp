@@ -87,17 +87,20 @@ std::string MemoryPlan::describe() const {
   return s;
 }
 
-size_t gpt2_activation_bytes(const StageDims& d, CpImpl cp_impl, DType compute, const StageLayers& layers,
+size_t decoder_activation_bytes(const StageDims& d, CpImpl cp_impl, DType compute, const StageLayers& layers,
                              StageSlots slots, Recompute recompute) {
   // Element counts of one tensor of each shape: the residual stream (rows x C, 1/tp of the
-  // tokens under sequence parallel), the attention channels (N x C/tp), the MLP hidden (N x 4C/tp).
+  // tokens under sequence parallel), the attention channels (N x C/tp), the q|k|v projection
+  // (N x QKVl), the MLP hidden (N x Fl) and its up-projection (N x Ul: 2 Fl with SwiGLU's gate).
   const size_t N = d.N, rows = d.rows, RC = d.rows_c();
-  const size_t AC = N * d.Cl, FC = N * d.Fl, L = static_cast<size_t>(layers.layers());
-  // What selective recompute rebuilds: ln1, ln2 (RC each), atty (AC), the GELU output (FC), and
-  // in f32 the LayerNorms' mean and rstd (rows each) and the attention's log-sum-exps. What
-  // only full recompute rebuilds, the matmul inputs: qkv (3 AC), res2 (RC), fch (FC).
-  const size_t rebuilt = 2 * RC + AC + FC, rebuilt_f32 = 4 * rows + d.lse();
-  const size_t matmul_in = 3 * AC + RC + FC;
+  const size_t AC = N * d.Cl, QKV = N * d.QKVl, FC = N * d.Fl, UC = N * d.Ul, L = static_cast<size_t>(layers.layers());
+  // A norm's f32 statistics per row: LayerNorm's mean and rstd, RMSNorm's rstd.
+  const size_t stats = d.norm_mean ? 2 : 1;
+  // What selective recompute rebuilds: ln1, ln2 (RC each), atty (AC), the activation's output
+  // (FC), and in f32 the norms' statistics and the attention's log-sum-exps. What only full
+  // recompute rebuilds, the matmul inputs: qkv (QKV), res2 (RC), fch (UC).
+  const size_t rebuilt = 2 * RC + AC + FC, rebuilt_f32 = 2 * stats * rows + d.lse();
+  const size_t matmul_in = QKV + RC + UC;
   // Per block and activation set, what the mode keeps; every block but the chunk's last also
   // keeps its output (the next block's input, RC). An I/O set holds the input and dres.
   size_t kept = 0, kept_f32 = 0;
@@ -106,36 +109,39 @@ size_t gpt2_activation_bytes(const StageDims& d, CpImpl cp_impl, DType compute, 
   const size_t per_set_act = L * kept + (L - 1) * RC, per_io_act = 2 * RC;
   const size_t per_set_f32 = L * kept_f32, per_set_i32 = layers.embedding ? N : 0;
   // The shared set: the two projections and the stage's output (RC each), the backward scratch
-  // (a LayerNorm's or the attention output's gradient, dqkv, dfch and its GELU input), and
-  // what the slots do not keep.
-  size_t shared_act = 3 * RC + std::max(RC, AC) + 3 * AC + 2 * FC, shared_f32 = 0, shared_i32 = 0;
+  // (a norm's or the attention output's gradient, dqkv, dfch and the activation's input
+  // gradient), and what the slots do not keep.
+  size_t shared_act = 3 * RC + std::max(RC, AC) + QKV + UC + FC, shared_f32 = 0, shared_i32 = 0;
   if (recompute == Recompute::selective) shared_act += rebuilt, shared_f32 += rebuilt_f32;
   if (recompute == Recompute::full) shared_act += rebuilt + matmul_in, shared_f32 += rebuilt_f32;
-  if (d.sp) shared_f32 += 2 * static_cast<size_t>(d.C);  // a LayerNorm's partial weight gradients
+  if (d.sp) shared_f32 += (d.norm_mean ? 2 : 1) * static_cast<size_t>(d.C);  // a norm's partial weight gradients
+  // Positions: of the T tokens (the position embedding's backward, or RoPE on every stage) and
+  // of each residual row (the position embedding's forward).
+  if (!d.learned_positions) shared_i32 += d.T;
   if (layers.embedding) {
-    shared_i32 += d.T + rows;                  // positions: of the T tokens, of each residual row
+    if (d.learned_positions) shared_i32 += d.T + rows;
     if (d.sp) shared_act += N * d.C;           // every token's embedding before the reduce-scatter
   }
-  if (layers.head) {  // targets; final LayerNorm and its statistics; logits; per-token losses
+  if (layers.head) {  // targets; final norm and its statistics; logits; per-token losses
     shared_i32 += N;
     shared_act += RC + N * d.Vl;
-    shared_f32 += 2 * rows + N;
+    shared_f32 += stats * rows + N;
   }
   const size_t S = static_cast<size_t>(slots.activations), IO = static_cast<size_t>(slots.io);
   return dtype_size(compute) * (S * per_set_act + IO * per_io_act + shared_act) +
          sizeof(float) * (S * per_set_f32 + shared_f32) + dtype_size(DType::i32) * (S * per_set_i32 + shared_i32) +
-         CpAttention::scratch_bytes(cp_impl, d.cp, d.B, d.T, d.Cl, d.NHl, d.NHl, compute) +  // GPT-2: MHA
+         CpAttention::scratch_bytes(cp_impl, d.cp, d.B, d.T, d.Cl, d.NHl, d.NKVl, compute) +
          TensorParallel::scratch_bytes(d.tp, d.sp, N, static_cast<size_t>(d.C), compute) +
          (layers.head ? VocabParallelCrossEntropy::scratch_bytes(d.tp, N) : 0);
 }
 
-size_t gpt2_activation_bytes(const ModelSection& m, int B, int T, DType compute, const StageLayers& layers,
+size_t decoder_activation_bytes(const ModelSection& m, int B, int T, DType compute, const StageLayers& layers,
                              StageSlots slots, Recompute recompute) {
-  return gpt2_activation_bytes(StageDims::make(m, B, T, 1, false, 1), CpImpl::ring, compute, layers, slots, recompute);
+  return decoder_activation_bytes(StageDims::make(m, B, T, 1, false, 1), CpImpl::ring, compute, layers, slots, recompute);
 }
 
-size_t gpt2_activation_bytes(const ModelSection& m, int B, int T, DType compute) {
-  return gpt2_activation_bytes(m, B, T, compute, whole_model_layers(m), StageSlots{}, Recompute::none);
+size_t decoder_activation_bytes(const ModelSection& m, int B, int T, DType compute) {
+  return decoder_activation_bytes(m, B, T, compute, whole_model_layers(m), StageSlots{}, Recompute::none);
 }
 
 }  // namespace pt

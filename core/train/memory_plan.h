@@ -21,7 +21,7 @@
 #include <string>
 
 #include "core/config/run_config.h"
-#include "core/model/gpt2_stage.h"
+#include "core/model/decoder_stage.h"
 #include "core/model/model_parallel.h"
 #include "core/model/pipeline_stages.h"
 #include "core/model/shard_layout.h"
@@ -38,7 +38,7 @@ struct MemoryPlan {
   size_t grads_working = 0;   // ZeRO-2/3: layer gradient buffers at the peak, + one reduced piece
   size_t master = 0;          // fp32 master weights (0 when they are the params)
   size_t optimizer = 0;       // Adam m and v
-  size_t activations = 0;     // every micro-batch in flight, what the recompute mode keeps (gpt2_stage.h)
+  size_t activations = 0;     // every micro-batch in flight, what the recompute mode keeps (decoder_stage.h)
   size_t total() const;
   // "params 0.1 MiB, grads ..., total ...": one line for the start-up log.
   std::string describe() const;
@@ -54,17 +54,17 @@ std::string describe_memory_use(const MemoryUse& use, size_t plan_total);
 
 MemoryPlan plan_memory(const ShardLayout& layout, DType compute_dtype, size_t activation_bytes);
 
-// Bytes of the activations (and backward scratch) of a GPT-2 stage running the blocks and ends
+// Bytes of the activations (and backward scratch) of a decoder stage (any architecture) running the blocks and ends
 // of `layers` with `slots` micro-batches in flight under `recompute`, each of the per-rank shape
 // `dims` (tensor, sequence and context parallel: model_parallel.h), from the shapes: the
-// buffers Gpt2Stage allocates (see its header for what each mode keeps), and the context-
+// buffers DecoderStage allocates (see its header for what each mode keeps), and the context-
 // parallel attention's scratch (cp_impl).
-size_t gpt2_activation_bytes(const StageDims& dims, CpImpl cp_impl, DType compute_dtype, const StageLayers& layers,
+size_t decoder_activation_bytes(const StageDims& dims, CpImpl cp_impl, DType compute_dtype, const StageLayers& layers,
                              StageSlots slots, Recompute recompute);
 // B x T micro-batches on one rank (no tensor or context parallel).
-size_t gpt2_activation_bytes(const ModelSection& model, int B, int T, DType compute_dtype, const StageLayers& layers,
+size_t decoder_activation_bytes(const ModelSection& model, int B, int T, DType compute_dtype, const StageLayers& layers,
                              StageSlots slots, Recompute recompute);
 // The whole model, one micro-batch, no recompute.
-size_t gpt2_activation_bytes(const ModelSection& model, int B, int T, DType compute_dtype);
+size_t decoder_activation_bytes(const ModelSection& model, int B, int T, DType compute_dtype);
 
 }  // namespace pt

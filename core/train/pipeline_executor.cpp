@@ -53,7 +53,7 @@ class SlotPool {
   std::vector<int> peak_;
 };
 
-// The two kinds of slots (gpt2_stage.h) through one step's action list. An I/O slot lives from
+// The two kinds of slots (decoder_stage.h) through one step's action list. An I/O slot lives from
 // the receive of the input (or the forward, without one) to the send of the input's gradient
 // (or the backward, without one); an activation set from the forward to the backward.
 class SlotTable {
@@ -142,7 +142,7 @@ PipelineExecutor::PipelineExecutor(const RunConfig& cfg, int pp_rank, ParamStore
   slots_ = pipeline_slots(actions_, v_);
   const Recompute recompute = parse_recompute(cfg.recompute.mode);
   for (int c = 0; c < v_; c++)
-    chunks_.push_back(std::make_unique<Gpt2Stage>(cfg.model, store, ops, B_, cfg.batch.seq_len,
+    chunks_.push_back(std::make_unique<DecoderStage>(cfg.model, store, ops, B_, cfg.batch.seq_len,
                                                   chunk_layers_[static_cast<size_t>(c)], slots_[static_cast<size_t>(c)],
                                                   recompute, mp));
   // Where GradSync's last micro-step begins: from here on only the last micro-batch computes.
@@ -152,7 +152,9 @@ PipelineExecutor::PipelineExecutor(const RunConfig& cfg, int pp_rank, ParamStore
     if (actions_[i].micro_batch != m_ - 1) break;
     last_micro_start_ = i;
   }
-  tied_hooks_->hold_embeddings = pp_ > 1 && (has_embedding() || has_head());
+  // A tied head: the first and the last stage each hold the token embedding (an untied head is
+  // the last stage's own, like the final norm).
+  tied_hooks_->hold_embeddings = pp_ > 1 && cfg.model.tied() && (has_embedding() || has_head());
   for (auto& ch : chunks_) ch->set_hooks(tied_hooks_.get());
 }
 
@@ -164,7 +166,7 @@ void PipelineExecutor::connect(Comm& pp_group, Comm* embedding_group) {
             std::to_string(pp_group.rank()) + "), the layout pp=" + std::to_string(pp_) + " (this rank " +
             std::to_string(rank_) + ")");
   check(!tied_hooks_->hold_embeddings || (embedding_group && embedding_group->size() == 2),
-        "PipelineExecutor: the first and the last stage need a 2-rank embedding group for the tied wte");
+        "PipelineExecutor: the first and the last stage need a 2-rank embedding group for the tied embedding");
   pp_group_ = &pp_group;
   embedding_group_ = tied_hooks_->hold_embeddings ? embedding_group : nullptr;
 }
@@ -218,7 +220,7 @@ PipelineStepStats PipelineExecutor::train_step(const int32_t* inputs, const int3
   for (size_t i = 0; i < actions_.size(); i++) {
     const PipeAction& a = actions_[i];
     if (sync_ && i == last_micro_start_ && i != first_compute) sync_->start_micro_step(true);
-    Gpt2Stage& ch = *chunks_[static_cast<size_t>(a.chunk)];
+    DecoderStage& ch = *chunks_[static_cast<size_t>(a.chunk)];
     const int mb = a.micro_batch;
     if (timeline) timeline->enter(phase_of(a.op));
     switch (a.op) {
@@ -257,7 +259,9 @@ PipelineStepStats PipelineExecutor::train_step(const int32_t* inputs, const int3
   if (tied_hooks_->hold_embeddings) {
     check(tied_hooks_->embeddings_held, "internal error: the embeddings' gradient was never reported");
     if (timeline) timeline->enter(StepPhase::grad_sync);
-    embedding_group_->all_reduce(store_.grad("wte"));
+    const std::vector<const ParamSpec*> embedding = role_specs(store_.table(), ParamRole::token_embedding, -1);
+    check(embedding.size() == 1, "internal error: a stage holding the tied head without the token embedding");
+    embedding_group_->all_reduce(store_.grad(*embedding[0]));
     tied_hooks_->embeddings_held = false;
     if (tied_hooks_->inner) tied_hooks_->inner->grads_ready(-1);
   }
@@ -269,7 +273,7 @@ double PipelineExecutor::forward_only(const int32_t* inputs, const int32_t* targ
   const int stages = pp_ * v_;
   double loss = 0;
   for (int c = 0; c < v_; c++) {
-    Gpt2Stage& ch = *chunks_[static_cast<size_t>(c)];
+    DecoderStage& ch = *chunks_[static_cast<size_t>(c)];
     const int vs = c * pp_ + rank_;
     if (vs > 0) pp_group_->recv(ch.input(0), (vs - 1) % pp_);
     loss += ch.forward(MicroSlot{}, inputs, targets, 0.0f);

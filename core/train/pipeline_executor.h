@@ -39,7 +39,7 @@
 #include "core/config/run_config.h"
 #include "core/dist/comm.h"
 #include "core/metrics/step_timeline.h"
-#include "core/model/gpt2_stage.h"
+#include "core/model/decoder_stage.h"
 #include "core/model/layer_hooks.h"
 #include "core/model/param_store.h"
 #include "core/model/pipeline_stages.h"
@@ -60,7 +60,7 @@ struct PipelineStepStats {
 double pipeline_bubble_of(const PhaseTimes& t);
 
 // The slots each of this rank's chunks needs for `actions` (its pipeline_schedule list): the most
-// micro-batches a chunk holds at once in each kind of slot (gpt2_stage.h), at least one.
+// micro-batches a chunk holds at once in each kind of slot (decoder_stage.h), at least one.
 std::vector<StageSlots> pipeline_slots(const std::vector<PipeAction>& actions, int virtual_stages);
 
 class PipelineExecutor {
@@ -98,7 +98,7 @@ class PipelineExecutor {
   const std::vector<PipeAction>& actions() const { return actions_; }
   const std::vector<StageSlots>& slots() const { return slots_; }
   size_t activation_bytes() const;
-  Gpt2Stage& chunk(int c) { return *chunks_[static_cast<size_t>(c)]; }
+  DecoderStage& chunk(int c) { return *chunks_[static_cast<size_t>(c)]; }
 
  private:
   class TiedEmbeddingHooks;
@@ -112,7 +112,7 @@ class PipelineExecutor {
   std::vector<PipeAction> actions_;
   std::vector<StageSlots> slots_;
   size_t last_micro_start_ = 0;  // index in actions_ where only the last micro-batch remains
-  std::vector<std::unique_ptr<Gpt2Stage>> chunks_;
+  std::vector<std::unique_ptr<DecoderStage>> chunks_;
   std::unique_ptr<TiedEmbeddingHooks> tied_hooks_;
 };
 

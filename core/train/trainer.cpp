@@ -34,7 +34,7 @@ void lap(std::vector<std::pair<std::string, double>>& parts, const char* part, C
 }  // namespace
 
 Trainer::Trainer(const RunConfig& cfg, const World& world, Ops& ops)
-    : cfg_(cfg), world_(world), ops_(ops), table_(build_gpt2_param_table(cfg.model)), timeline_(ops) {
+    : cfg_(cfg), world_(world), ops_(ops), table_(build_param_table(cfg.model)), timeline_(ops) {
   // Everything a rank can check and set up alone comes first. If it fails on any rank, every
   // rank throws here, before a first collective could leave the others waiting.
   std::exception_ptr failure;

@@ -31,7 +31,7 @@
 #include "core/dist/world.h"
 #include "core/metrics/metrics_log.h"
 #include "core/metrics/step_timeline.h"
-#include "core/model/gpt2_stage.h"
+#include "core/model/decoder_stage.h"
 #include "core/model/param_store.h"
 #include "core/model/param_table.h"
 #include "core/model/sample_run.h"

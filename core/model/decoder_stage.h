@@ -1,8 +1,15 @@
-// Gpt2Stage: a consecutive range of GPT-2 blocks run through the Ops interface: the whole model
-// on one pipeline rank, or one chunk of a pipeline (core/model/pipeline_stages.h). It holds
-//  - with `embedding`: the token + position embedding in front of its blocks; otherwise its
+// DecoderStage: a consecutive range of transformer blocks run through the Ops interface: the
+// whole model on one pipeline rank, or one chunk of a pipeline (core/model/pipeline_stages.h).
+// What the blocks are is the model's Architecture (core/model/architecture.h), read as data:
+// the norm (LayerNorm, or RMSNorm without a mean or bias), biases or none, learned positions or
+// RoPE (applied in place to the q and k heads of the projection's output, at each token's global
+// position), the MLP's activation (GELU, or SwiGLU over a gate | up projection twice as wide),
+// grouped-query attention's K/V heads, a tied or untied LM head. Parameters are found by role
+// (ParamRole), never by name. "ln1/ln2" below stand for the block's two norms of either kind.
+// It holds
+//  - with `embedding`: the token (+ position) embedding in front of its blocks; otherwise its
 //    input is an activation [B*T, C] received from the previous stage (input(slot));
-//  - with `head`: the final LayerNorm, the LM head tied to the token embedding and the fused
+//  - with `head`: the final norm, the LM head (the token embedding when tied) and the fused
 //    softmax cross-entropy over the real (unpadded) vocabulary behind them; otherwise its output
 //    is the activation [B*T, C] to send on (output()), and backward starts from the gradient
 //    of that output received back (grad_output(slot)).
@@ -23,31 +30,33 @@
 // free again.
 //
 // The head's backward runs at the end of the training forward: the logits' gradient (written in
-// place by the fused cross-entropy) goes through the LM head and the final LayerNorm at once, and
+// place by the fused cross-entropy) goes through the LM head and the final norm at once, and
 // only the gradient of the last block's output is kept per micro-batch ([B*T, C] instead of
 // the [B*T, padded_vocab] logits).
 //
 // Activation recompute (recompute.mode), per block, what forward keeps for backward:
 //   none       ln1 (+ mean, rstd), qkv, atty, lse, res2, ln2 (+ mean, rstd), fch, fch_gelu,
 //              and the block's output (the next block's input): 16 B*T*C + 4 B*T + B*NH*T floats
-//   selective  qkv, res2, fch and the output: 9 B*T*C. Backward first rebuilds the cheap,
-//              memory-heavy rest from them: both LayerNorm outputs (and statistics) with one
-//              LayerNorm forward each, the attention output and its log-sum-exps (the
-//              softmax state) with one attention forward, the GELU output with one GELU.
+//              at GPT-2's widths (core/train/memory_plan.h counts every architecture's)
+//   selective  qkv, res2, fch and the output: 9 B*T*C (GPT-2). Backward first rebuilds the cheap,
+//              memory-heavy rest from them: both norm outputs (and statistics) with one
+//              norm forward each, the attention output and its log-sum-exps (the
+//              softmax state) with one attention forward, the activation output with one activation.
 //              The matmuls (the FLOPs) are never redone.
 //   full       only the block's output (the next block's input): B*T*C. Backward re-runs the
-//              block's forward up to the MLP's GELU from its input, then backpropagates.
+//              block's forward up to the MLP's activation from its input, then backpropagates.
 // (The last block of a chunk keeps nothing of its own output: it is the stage's output, sent
 // on, or consumed at once by the head.) Recompute runs the same kernels on the same inputs, so
-// gradients are bitwise those of mode none; where forward computed a LayerNorm fused with the
-// residual add before it (below), recompute rebuilds it with layernorm_forward from the stored
-// residual, which Ops::residual_layernorm_forward guarantees gives the same bits. The rebuilt
+// gradients are bitwise those of mode none; where forward computed a norm fused with the
+// residual add before it (below), recompute rebuilds it with the plain norm from the stored
+// residual, which Ops::residual_layernorm_forward (and residual_rmsnorm_forward) guarantees
+// gives the same bits. The rebuilt
 // buffers live in the one shared set.
 //
-// Fused residual adds: every residual add that a LayerNorm follows in this stage runs as one
-// Ops::residual_layernorm_forward: res2 = x + attproj with ln_2, and res3 = res2 + fcproj with
-// the next block's ln_1 (or ln_f, the last block of the head's stage). The latter runs after
-// block l's parameters are released and block l+1's (or the final LayerNorm's) acquired, so the
+// Fused residual adds: every residual add that a norm follows in this stage runs as one
+// Ops::residual_layernorm_forward (residual_rmsnorm_forward): res2 = x + attproj with ln_2, and res3 = res2 + fcproj with
+// the next block's norm_1 (or the final norm, the last block of the head's stage). The latter runs after
+// block l's parameters are released and block l+1's (or the final norm's) acquired, so the
 // hooks see the same calls in the same order as without fusion. The last block of a stage
 // without the head ends in a plain add (its output is sent on).
 //
@@ -59,12 +68,12 @@
 //  - Tensor parallel (Megatron): the QKV and MLP up-projections are column-parallel, the
 //    attention and MLP output projections row-parallel (core/parallel/tensor_parallel.h); each
 //    rank runs attention on its n_heads/tp heads. The token embedding is vocab-parallel: each
-//    rank looks up the tokens in its rows of wte (zero elsewhere) and the partial embeddings are
-//    summed over tp; the tied LM head is a column-parallel layer over those rows, and the loss
+//    rank looks up the tokens in its rows of the token embedding (zero elsewhere) and the partial embeddings are
+//    summed over tp; the LM head is a column-parallel layer over the vocabulary rows, and the loss
 //    the vocab-parallel cross-entropy (vocab_parallel_ce.h), so no rank holds the full logits.
-//  - Sequence parallel: the residual stream, the LayerNorms and the residual adds hold rows/tp
+//  - Sequence parallel: the residual stream, the norms and the residual adds hold rows/tp
 //    tokens per rank; the column-parallel layers all-gather their input, the row-parallel ones
-//    reduce-scatter their output (and the reverse in backward). The LayerNorm weights then get a
+//    reduce-scatter their output (and the reverse in backward). The norm weights then get a
 //    partial gradient on each rank, summed over tp before it joins the parameter's gradient;
 //    the position embedding's gradient is taken from the all-gathered stream gradient, whole.
 //  - Context parallel: the stage sees T/cp tokens of each sequence (the caller passes this
@@ -78,6 +87,7 @@
 #include <vector>
 
 #include "core/config/run_config.h"
+#include "core/model/architecture.h"
 #include "core/model/layer_hooks.h"
 #include "core/model/model_parallel.h"
 #include "core/model/param_store.h"
@@ -109,20 +119,20 @@ struct MicroSlot {
   int activations = 0;
 };
 
-class Gpt2Stage {
+class DecoderStage {
  public:
   // The whole model, one micro-batch in flight, no recompute, one rank. B x T is the
   // micro-batch shape every forward/backward uses.
-  Gpt2Stage(const ModelSection& model, ParamStore& store, Ops& ops, int B, int T);
+  DecoderStage(const ModelSection& model, ParamStore& store, Ops& ops, int B, int T);
   // The chunk `layers` with `slots` micro-batches in flight at most, over the tensor- and
   // context-parallel groups `mp` (not owned). T is the whole sequence length; the stage holds
   // T / cp tokens of each sequence. `store` holds this rank's tensor-parallel pieces
   // (tensor_parallel_table).
-  Gpt2Stage(const ModelSection& model, ParamStore& store, Ops& ops, int B, int T, const StageLayers& layers,
+  DecoderStage(const ModelSection& model, ParamStore& store, Ops& ops, int B, int T, const StageLayers& layers,
             StageSlots slots, Recompute recompute, const ModelParallel& mp = {});
-  ~Gpt2Stage();
-  Gpt2Stage(const Gpt2Stage&) = delete;
-  Gpt2Stage& operator=(const Gpt2Stage&) = delete;
+  ~DecoderStage();
+  DecoderStage(const DecoderStage&) = delete;
+  DecoderStage& operator=(const DecoderStage&) = delete;
 
   // Forward of one micro-batch into the slots `at`. tokens (B*T host ids; under context
   // parallel this rank's B x T/cp) are read with the embedding, else input(at.io) must hold the
@@ -185,26 +195,36 @@ class Gpt2Stage {
     bool backward_due = false;
   };
   LayerParams layer_params(int l, bool grads) const;
+  // The parameters (or gradients) of `role` in `layer` as one tensor over its adjacent pieces;
+  // null where the architecture has none (biases, learned positions).
+  Tensor role_tensor(ParamRole role, int layer, bool grad) const;
+  // The architecture's norm, norm after a residual add, MLP activation and RoPE (in place; with
+  // backward, the transpose rotation of a gradient). A null mean is RMSNorm's.
+  void norm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor w, Tensor b);
+  void residual_norm_forward(Tensor residual, Tensor out, Tensor mean, Tensor rstd, Tensor a, Tensor b, Tensor w,
+                             Tensor bias);
+  void mlp_activation_forward(const LayerActs& a);
+  void rope(Tensor qkv, bool backward);
   LayerActs buffers(const ActSlot& s, int l) const;  // kept buffers, the rest from the shared set
   Tensor block_input(const IoSlot& io, const ActSlot& s, int l) const;
   // Runs block l's forward from x into a, up to the MLP projection a.fcproj: the residual add
-  // that ends the block (a.res3) is the caller's, fused with the LayerNorm that follows where
+  // that ends the block (a.res3) is the caller's, fused with the norm that follows where
   // there is one. `ln1_ready`: a.ln1 and its statistics already hold ln_1(x) (computed by the
-  // previous block's fused add). `to_gelu`: stop after the GELU (full recompute).
+  // previous block's fused add). `to_gelu`: stop after the activation (full recompute).
   void block_forward(const LayerActs& a, const LayerParams& p, Tensor x, bool ln1_ready, bool to_gelu);
   // Token + position embedding of this rank's tokens into the residual stream `out`.
   void embed(Tensor out, Tensor tokens);
   void embed_backward(Tensor dres, Tensor tokens);
-  // LayerNorm backward over the residual rows; under sequence parallel its weight gradients are
+  // The norm's backward over the residual rows; under sequence parallel its weight gradients are
   // summed over tp first (see the file comment).
-  void layernorm_backward(Tensor dinp, Tensor dw, Tensor db, Tensor dout, Tensor inp, Tensor w, Tensor mean,
-                          Tensor rstd);
+  void norm_backward(Tensor dinp, Tensor dw, Tensor db, Tensor dout, Tensor inp, Tensor w, Tensor mean, Tensor rstd);
   void recompute_block(const LayerActs& a, const LayerParams& p, Tensor x);
   void check_slots(MicroSlot at) const;
   const IoSlot& io(int io_slot) const;
   Tensor alloc_act(size_t n, DType dtype);
 
   ModelSection m_;
+  Architecture arch_;
   StageDims d_;
   ParamStore& store_;
   LayerHooks no_hooks_;
@@ -223,7 +243,7 @@ class Gpt2Stage {
   // backward scratch
   Tensor dbtc_, dqkv_, dfch_, dfch_gelu_;
   // sequence parallel: every token's embedding (and, in backward, its gradient) before the
-  // reduce-scatter / after the all-gather; a LayerNorm's partial weight gradients
+  // reduce-scatter / after the all-gather; a norm's partial weight gradients
   Tensor emb_full_, ln_grads_;
 
   ModelParallel mp_;

@@ -1,0 +1,156 @@
+// Llama as transformers' LlamaForCausalLM (models/llama: configuration_llama.py,
+// modeling_llama.py).
+//
+// Names: picotrain's Llama parameters are named as LlamaForCausalLM's state dict
+// (model.embed_tokens.weight, model.layers.N.self_attn.q_proj.weight, ..., model.norm.weight,
+// lm_head.weight), so each rule maps a name to itself.
+// Layout: every projection is an nn.Linear without bias, weight [out, in] like picotrain's: no
+// transposes. The embedding and an untied head lose picotrain's padded vocabulary rows on the way
+// out and get them back as zeros on the way in. A tied head is not a tensor in picotrain's table
+// and save_pretrained leaves it out too; an older file that holds it must hold the embedding.
+#include "core/ckpt/hf_architecture.h"
+#include "core/ckpt/hf_config_keys.h"
+#include "core/common/error.h"
+
+namespace pt::ckpt {
+
+namespace {
+
+std::vector<HfTensorRule> llama_rules() {
+  std::vector<HfTensorRule> rules = {{"model.embed_tokens.weight", "model.embed_tokens.weight", false, true}};
+  for (const char* name : {"input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                           "self_attn.v_proj.weight", "self_attn.o_proj.weight", "post_attention_layernorm.weight",
+                           "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"}) {
+    const std::string n = std::string("model.layers.{L}.") + name;
+    rules.push_back({n, n, false, false});
+  }
+  rules.push_back({"model.norm.weight", "model.norm.weight", false, false});
+  // Only an untied head is a parameter.
+  rules.push_back({"lm_head.weight", "lm_head.weight", false, true, /*optional=*/true});
+  return rules;
+}
+
+// A model trained on GPT-2's tokenizer (picotrain's, 50257 ids) has <|endoftext|> = 50256 to
+// begin and end documents; another vocabulary has no id picotrain knows, so the fields are
+// null rather than LlamaConfig's defaults 1 and 2, which would name ordinary tokens.
+constexpr int kGpt2Vocab = 50257;
+constexpr int kGpt2EndOfText = 50256;
+
+nlohmann::ordered_json llama_config_json(const ModelSection& m, HfDtype dtype) {
+  const nlohmann::ordered_json eot =
+      m.vocab_size == kGpt2Vocab ? nlohmann::ordered_json(kGpt2EndOfText) : nlohmann::ordered_json(nullptr);
+  return {
+      {"architectures", {"LlamaForCausalLM"}},
+      {"model_type", "llama"},
+      {"vocab_size", m.vocab_size},  // unpadded: the padding rows are not exported
+      {"hidden_size", m.d_model},
+      {"intermediate_size", m.ffn_width()},
+      {"num_hidden_layers", m.n_layers},
+      {"num_attention_heads", m.n_heads},
+      {"num_key_value_heads", m.kv_heads()},
+      {"head_dim", m.head_dim()},
+      {"hidden_act", "silu"},
+      {"max_position_embeddings", m.max_seq_len},
+      {"rms_norm_eps", m.eps()},
+      {"rope_theta", m.rope_base()},
+      {"rope_scaling", nullptr},  // plain RoPE: no NTK, linear, YaRN or Llama 3 rescaling
+      {"attention_bias", false},
+      {"mlp_bias", false},
+      {"attention_dropout", 0.0},  // picotrain trains without dropout
+      {"pretraining_tp", 1},
+      {"initializer_range", 0.02},
+      {"use_cache", true},
+      {"bos_token_id", eot},
+      {"eos_token_id", eot},
+      {"tie_word_embeddings", m.tied()},
+      {"torch_dtype", torch_dtype_name(dtype)},
+  };
+}
+
+// config.json -> ModelSection. A key left out takes LlamaConfig's default, as transformers
+// would read the file (rms_norm_eps 1e-6, rope_theta 10000, tie_word_embeddings false, ...);
+// a value that makes transformers compute something picotrain's Llama does not is refused with
+// the key, instead of importing weights that would give other logits.
+ModelSection llama_model_from_config(const nlohmann::json& c, const std::string& path) {
+  const HfConfigKeys k(c, path);
+  ModelSection m;
+  m.arch = "llama";
+  m.vocab_size = k.whole("vocab_size", 32000);
+  m.d_model = k.whole("hidden_size", 4096);
+  m.ffn_hidden = k.whole("intermediate_size", 11008);
+  m.n_layers = k.whole("num_hidden_layers", 32);
+  m.n_heads = k.whole("num_attention_heads", 32);
+  m.n_kv_heads = k.whole("num_key_value_heads", m.n_heads);
+  m.max_seq_len = k.whole("max_position_embeddings", 2048);
+  m.norm_eps = k.positive("rms_norm_eps", 1e-6);
+  if (m.norm_eps >= 1) throw k.fail("rms_norm_eps", k.at("rms_norm_eps").dump() + " is not below 1");
+  m.rope_theta = k.positive("rope_theta", 10000.0);
+  m.tie_embeddings = k.flag("tie_word_embeddings", false);
+
+  if (m.d_model % m.n_heads != 0)
+    throw k.fail("num_attention_heads", std::to_string(m.n_heads) + " does not divide hidden_size=" +
+                                            std::to_string(m.d_model) + " (picotrain's head_dim is their quotient)");
+  if (m.n_heads % m.n_kv_heads != 0)
+    throw k.fail("num_key_value_heads", std::to_string(m.n_kv_heads) + " does not divide num_attention_heads=" +
+                                            std::to_string(m.n_heads));
+  if (k.given("head_dim") && k.whole("head_dim", 0) != m.head_dim())
+    throw k.fail("head_dim", k.at("head_dim").dump() + " is not supported: picotrain's head_dim is hidden_size / " +
+                                 "num_attention_heads = " + std::to_string(m.head_dim()));
+  if (m.head_dim() % 2 != 0)
+    throw k.fail("num_attention_heads", "head_dim " + std::to_string(m.head_dim()) +
+                                            " is odd; RoPE rotates pairs of dimensions");
+  const std::string act = k.text("hidden_act", "silu");
+  if (act != "silu")
+    throw k.fail("hidden_act", "\"" + act + "\" is not supported: picotrain's Llama MLP is SwiGLU (silu)");
+  k.require("attention_bias", k.flag("attention_bias", false), false, "picotrain's Llama has no biases");
+  k.require("mlp_bias", k.flag("mlp_bias", false), false, "picotrain's Llama has no biases");
+  if (k.given("pretraining_tp") && k.whole("pretraining_tp", 1) != 1)
+    throw k.fail("pretraining_tp",
+                 k.at("pretraining_tp").dump() + " is not supported: picotrain computes each projection whole (1)");
+  // RoPE as picotrain computes it: theta^(-2i/head_dim) on every position, nothing rescaled. A
+  // "default" rope type is that; every other (linear, dynamic, yarn, llama3, ...) is not.
+  auto plain_rope = [&](const char* key) {
+    if (!k.given(key)) return;
+    const nlohmann::json& r = k.at(key);
+    const nlohmann::json type = r.is_object() ? r.value("rope_type", r.value("type", nlohmann::json("default")))
+                                              : nlohmann::json(nullptr);
+    if (type != "default")
+      throw k.fail(key, r.dump() + " is not supported: picotrain computes plain RoPE (rope_scaling null)");
+  };
+  plain_rope("rope_scaling");
+  // transformers 5 folds rope_theta and rope_scaling into one rope_parameters object.
+  plain_rope("rope_parameters");
+  if (k.given("rope_parameters") && k.at("rope_parameters").contains("rope_theta")) {
+    const HfConfigKeys rp(k.at("rope_parameters"), path + " rope_parameters");
+    m.rope_theta = rp.positive("rope_theta", m.rope_theta);
+  }
+
+  m.pad_vocab_multiple = ModelSection{}.pad_vocab_multiple;
+  m.padded_vocab = (m.vocab_size + m.pad_vocab_multiple - 1) / m.pad_vocab_multiple * m.pad_vocab_multiple;
+  return m;
+}
+
+}  // namespace
+
+const HfArchitecture& hf_llama() {
+  static const HfArchitecture a = [] {
+    HfArchitecture h;
+    h.arch = "llama";
+    h.model_type = "llama";
+    h.class_name = "LlamaForCausalLM";
+    h.rules = llama_rules();
+    h.param_table = &build_param_table;
+    h.config_json = &llama_config_json;
+    h.model_from_config = &llama_model_from_config;
+    // A folder saved from LlamaModel (the body alone) names its tensors without "model.".
+    h.base_prefix = "model.";
+    // rotary_emb.inv_freq was a persistent buffer in transformers before 4.38.
+    h.ignored_suffixes = {".rotary_emb.inv_freq"};
+    h.tied_head = "lm_head.weight";
+    h.tied_to = "model.embed_tokens.weight";
+    return h;
+  }();
+  return a;
+}
+
+}  // namespace pt::ckpt
