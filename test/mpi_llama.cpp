@@ -154,27 +154,11 @@ TEST_CASE("llama: the activation memory the stages allocate is the plan's", "[mp
   std::vector<Layout> layouts = {llama(1, 2, 1), llama(1, 1, world.size)};
   layouts[0].sp = true;
   if (world.size == 4) layouts.push_back(llama(1, 2, 2));
-  for (Layout l : layouts)
-    for (const char* mode : {"none", "selective", "full"}) {
-      l.recompute = mode;
-      if (l.ranks() != world.size) continue;
-      INFO(describe(l));
-      const RunConfig cfg = parity_config(l, data().dir);
-      CpuOps ops;
-      Trainer t(cfg, world, ops);
-      const auto& b = cfg.batch;
-      const StageDims dims = StageDims::make(cfg.model, b.micro_batch_size, b.seq_len, l.tp, l.sp, l.cp);
-      PipelineExecutor& ex = t.pipeline();
-      size_t want = 0;
-      for (size_t c = 0; c < ex.chunks().size(); c++)
-        want += decoder_activation_bytes(dims, parse_cp_impl(l.cp_impl), DType::f32, ex.chunks()[c], ex.slots()[c],
-                                         parse_recompute(mode));
-      CHECK(ex.activation_bytes() == want);
-      t.step();
-      const size_t plan = plan_stage_memory(cfg, build_param_table(cfg.model), DType::f32).at(0).plan.total();
-      CHECK(ops.memory_use().live == plan);
-      CHECK(ops.memory_use().peak == plan);
-    }
+  for (const Layout& l : layouts) {
+    if (l.ranks() != world.size) continue;
+    INFO(describe(l));
+    check_activation_memory(l, world, data().dir);
+  }
 }
 
 TEST_CASE("llama over eight ranks: 4-D layouts train like one rank", "[mpi][llama][pipeline]") {

@@ -124,27 +124,8 @@ TEST_CASE("activation memory from the shapes equals what the stages allocate und
   std::vector<Layout> layouts = {layout(1, world.size, 1), layout(1, world.size, 1, true), layout(1, 1, world.size),
                                  layout(1, 1, world.size, false, "ulysses")};
   if (world.size == 4) layouts.push_back(layout(1, 2, 2, true));
-  for (Layout l : layouts)
-    for (const char* mode : {"none", "selective", "full"}) {
-      l.recompute = mode;
-      INFO(describe(l));
-      const RunConfig cfg = parity_config(l, data().dir);
-      CpuOps ops;
-      Trainer t(cfg, world, ops);
-      const auto& b = cfg.batch;
-      const StageDims dims = StageDims::make(cfg.model, b.micro_batch_size, b.seq_len, l.tp, l.sp, l.cp);
-      PipelineExecutor& ex = t.pipeline();
-      size_t want = 0;
-      for (size_t c = 0; c < ex.chunks().size(); c++)
-        want += decoder_activation_bytes(dims, parse_cp_impl(l.cp_impl), DType::f32, ex.chunks()[c], ex.slots()[c],
-                                      parse_recompute(mode));
-      CHECK(ex.activation_bytes() == want);
-      // After a step the tensor-parallel buffers have grown: this rank holds exactly its plan
-      // (ZeRO-0: nothing is allocated and freed within the step; see test_zero.cpp).
-      t.step();
-      const size_t plan =
-          plan_stage_memory(cfg, build_param_table(cfg.model), DType::f32).at(0).plan.total();
-      CHECK(ops.memory_use().live == plan);
-      CHECK(ops.memory_use().peak == plan);
-    }
+  for (const Layout& l : layouts) {
+    INFO(describe(l));
+    check_activation_memory(l, world, data().dir);
+  }
 }

@@ -26,6 +26,8 @@
 #include "core/config/run_config.h"
 #include "core/cpu/cpu_ops.h"
 #include "core/model/architecture.h"
+#include "core/plan/stage_memory.h"
+#include "core/train/memory_plan.h"
 #include "core/train/trainer.h"
 #include "mpi_test_support.h"
 #include "relative_error.h"
@@ -162,6 +164,32 @@ inline void check_recompute_is_bitwise(Layout l, const World& world, const std::
       CHECK(r.steps[s].grad_norm == none.steps[s].grad_norm);
     }
     CHECK(r.weights == none.weights);
+  }
+}
+
+// What `l`'s stages allocate for activations equals decoder_activation_bytes' formula, under each
+// recompute mode, and after a step (the tensor-parallel buffers have grown) this rank holds
+// exactly its memory plan (ZeRO-0: nothing is allocated and freed within the step; see
+// test_zero.cpp).
+inline void check_activation_memory(Layout l, const World& world, const std::filesystem::path& dir) {
+  for (const char* mode : {"none", "selective", "full"}) {
+    INFO("recompute " << mode);
+    l.recompute = mode;
+    const RunConfig cfg = parity_config(l, dir);
+    CpuOps ops;
+    Trainer t(cfg, world, ops);
+    const auto& b = cfg.batch;
+    const StageDims dims = StageDims::make(cfg.model, b.micro_batch_size, b.seq_len, l.tp, l.sp, l.cp);
+    PipelineExecutor& ex = t.pipeline();
+    size_t want = 0;
+    for (size_t c = 0; c < ex.chunks().size(); c++)
+      want += decoder_activation_bytes(dims, parse_cp_impl(l.cp_impl), DType::f32, ex.chunks()[c], ex.slots()[c],
+                                       parse_recompute(mode));
+    CHECK(ex.activation_bytes() == want);
+    t.step();
+    const size_t plan = plan_stage_memory(cfg, build_param_table(cfg.model), DType::f32).at(0).plan.total();
+    CHECK(ops.memory_use().live == plan);
+    CHECK(ops.memory_use().peak == plan);
   }
 }
 
