@@ -499,6 +499,22 @@ TEST_CASE("the shipped configs load", "[config]") {
     CHECK(c.schedule.total_steps == 200);
     CHECK(c.data.val == "data/tiny/corpus_val_*.bin");
   }
+  SECTION("the Llama configs: tiny, and Llama 3's published shapes") {
+    const auto tiny_llama = pt::load_config(dir + "tiny-llama.json", {}, 1);
+    CHECK(tiny_llama.model.arch == "llama");
+    CHECK(tiny_llama.model.n_kv_heads == 2);
+    const auto l8 = pt::load_config(dir + "llama3-8b.json", {}, 8);
+    CHECK(l8.model.ffn_hidden == 14336);
+    CHECK(l8.model.n_kv_heads == 8);
+    CHECK(l8.model.vocab_size == 128256);
+    CHECK(l8.model.rope_theta == 500000.0);
+    CHECK(pt::load_config(dir + "llama3-70b.json", {}, 32).model.ffn_hidden == 28672);
+    const auto l405 = pt::load_config(dir + "llama3-405b.json", {}, 16384);
+    CHECK(l405.model.ffn_hidden == 53248);
+    CHECK(l405.model.n_layers == 126);
+    CHECK(l405.parallel.dp == 128);  // tp 8 x pp 16 x dp 128 = 16384
+    CHECK(l405.batch.global_batch_tokens == 16777216);
+  }
   SECTION("tiny admits the layouts the parallel tests use") {
     for (int tp : {1, 2, 4})
       for (int pp : {1, 2, 4})
