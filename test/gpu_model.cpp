@@ -1,7 +1,8 @@
-// The whole GPT-2 model on CudaOps against the same model on CpuOps, from the same weights:
+// The whole model on CudaOps against the same model on CpuOps, from the same weights:
 //  - one training step (loss, the logits of an eval pass, and every parameter's gradient) in
 //    fp32 mode (relative L2 <= 1e-4) and bf16 mode (<= 2e-2), for a head size on the tensor-core
-//    attention (64) and one on the CUDA-core kernels (32);
+//    attention (64) and one on the CUDA-core kernels (32), for GPT-2 and for Llama (RMSNorm,
+//    RoPE, SwiGLU, grouped-query attention on one K/V head, an untied head);
 //  - 50 AdamW steps in bf16 following the CPU's fp32 loss curve: at every step
 //    |loss_gpu - loss_cpu| <= 0.02 + 0.02 * loss_cpu (bf16 activations shift each step's loss by
 //    well under 1%; the slack covers the two runs drifting apart over 50 updates), and 20 steps
@@ -31,8 +32,10 @@ using namespace pt::gputest;
 
 namespace {
 
-ModelSection tiny_model(int d_model, int n_heads) {
+ModelSection tiny_model(int d_model, int n_heads, const std::string& arch = "gpt2") {
   ModelSection m;
+  m.arch = arch;
+  if (arch == "llama") m.n_kv_heads = 1;  // every query head shares one K/V head
   m.n_layers = 2;
   m.d_model = d_model;
   m.n_heads = n_heads;
@@ -113,23 +116,25 @@ std::vector<float> slice(const std::vector<float>& v, const ParamSpec& p) {
 
 TEST_CASE("one training step on the GPU matches the CPU backend", "[gpu][model]") {
   const int B = 2, T = 47, N = B * T;  // T: a partial last tile for every attention kernel
-  for (DType mode : {DType::f32, DType::bf16}) {
-    for (int n_heads : {2, 3}) {  // d_model 128 / 2 = HS 64 (tensor cores in bf16); 96 / 3 = HS 32
-      const ModelSection m = tiny_model(n_heads == 2 ? 128 : 96, n_heads);
-      INFO("mode " << mode_name(mode) << ", d_model " << m.d_model << ", n_heads " << n_heads);
-      const std::vector<float> w = initial_weights(m, 5, mode);
-      const Batch batch = random_batch(N, m.vocab_size, 6);
-      CpuOps& cops = cpu();
-      Ops& gops = gpu(mode);
-      Model cm(m, cops, w, B, T), gm(m, gops, w, B, T);
-      const StepResult ref = one_step(cm, cops, batch, N, m.padded_vocab);
-      const StepResult got = one_step(gm, gops, batch, N, m.padded_vocab);
-      const double tol = mode == DType::f32 ? 1e-4 : 2e-2;
-      INFO("loss cpu " << ref.loss << ", gpu " << got.loss);
-      CHECK(std::fabs(got.loss - ref.loss) <= tol * std::fabs(ref.loss));
-      expect_close("logits", got.logits, ref.logits, tol);
-      for (const ParamSpec& p : cm.table.specs())
-        expect_close("grad " + p.name, slice(got.grads, p), slice(ref.grads, p), tol);
+  for (const std::string arch : {"gpt2", "llama"}) {
+    for (DType mode : {DType::f32, DType::bf16}) {
+      for (int n_heads : {2, 3}) {  // d_model 128 / 2 = HS 64 (tensor cores in bf16); 96 / 3 = HS 32
+        const ModelSection m = tiny_model(n_heads == 2 ? 128 : 96, n_heads, arch);
+        INFO(arch << ", mode " << mode_name(mode) << ", d_model " << m.d_model << ", n_heads " << n_heads);
+        const std::vector<float> w = initial_weights(m, 5, mode);
+        const Batch batch = random_batch(N, m.vocab_size, 6);
+        CpuOps& cops = cpu();
+        Ops& gops = gpu(mode);
+        Model cm(m, cops, w, B, T), gm(m, gops, w, B, T);
+        const StepResult ref = one_step(cm, cops, batch, N, m.padded_vocab);
+        const StepResult got = one_step(gm, gops, batch, N, m.padded_vocab);
+        const double tol = mode == DType::f32 ? 1e-4 : 2e-2;
+        INFO("loss cpu " << ref.loss << ", gpu " << got.loss);
+        CHECK(std::fabs(got.loss - ref.loss) <= tol * std::fabs(ref.loss));
+        expect_close("logits", got.logits, ref.logits, tol);
+        for (const ParamSpec& p : cm.table.specs())
+          expect_close("grad " + p.name, slice(got.grads, p), slice(ref.grads, p), tol);
+      }
     }
   }
 }

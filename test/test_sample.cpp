@@ -1,7 +1,9 @@
 // Sampling, in process on the CPU backend: the KV-cache decoder's logits equal a full forward's
-// (DecoderStage, no cache) at every step, for any prompt chunking and past max_seq_len; token
-// choice (greedy, top-k, temperature, the seeded stream); generation is reproducible and greedy
-// is the argmax of the full forward step by step; incremental UTF-8.
+// (DecoderStage, no cache) at every step, for any prompt chunking and past max_seq_len, for
+// GPT-2 and for Llama (RoPE at the cached positions, grouped-query attention's shared K/V heads,
+// SwiGLU, RMSNorm, an untied head); token choice (greedy, top-k, temperature, the seeded
+// stream); generation is reproducible and greedy is the argmax of the full forward step by step;
+// incremental UTF-8.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -11,7 +13,7 @@
 
 #include "core/common/counter_rng.h"
 #include "core/cpu/cpu_ops.h"
-#include "core/model/gpt2_decoder.h"
+#include "core/model/kv_cache_decoder.h"
 #include "core/model/decoder_stage.h"
 #include "core/model/param_store.h"
 #include "core/model/param_table.h"
@@ -35,13 +37,32 @@ ModelSection small_model() {
   return m;
 }
 
-// Random weights everywhere (biases and LayerNorm parameters too, so a wrong slice of the fused
-// qkv bias shows), padded vocabulary rows zero as in a real model.
+// The same shape as Llama: three query heads sharing one K/V head, a SwiGLU of width 40, an
+// untied head, a RoPE base small enough that the angles turn over the 24 positions.
+ModelSection small_llama() {
+  ModelSection m = small_model();
+  m.arch = "llama";
+  m.n_kv_heads = 1;
+  m.ffn_hidden = 40;
+  m.rope_theta = 100.0;
+  m.tie_embeddings = false;
+  return m;
+}
+
+// Each test runs for both architectures.
+#define FOR_EACH_ARCH(m)                                                                   \
+  const ModelSection m = GENERATE(small_model(), small_llama());                           \
+  CAPTURE(m.arch)
+
+// Random weights everywhere (biases and norm parameters too, so a wrong slice of the fused
+// qkv bias shows), padded vocabulary rows zero as in a real model (the token embedding's, and
+// an untied head's).
 std::vector<float> random_weights(const ParamTable& table, const ModelSection& m, uint64_t seed) {
   std::vector<float> w(table.total_numel());
   for (size_t i = 0; i < w.size(); i++) w[i] = static_cast<float>(0.15 * counter_normal(seed, 1, i));
-  const ParamSpec& wte = table.get("wte");
-  std::fill(w.begin() + wte.offset + size_t(m.vocab_size) * m.d_model, w.begin() + wte.offset + wte.numel, 0.0f);
+  for (const ParamSpec& p : table.specs())
+    if (p.role == ParamRole::token_embedding || p.role == ParamRole::head)
+      std::fill(w.begin() + p.offset + size_t(m.vocab_size) * m.d_model, w.begin() + p.offset + p.numel, 0.0f);
   return w;
 }
 
@@ -93,14 +114,15 @@ int32_t argmax(const std::vector<float>& v) {
 }  // namespace
 
 TEST_CASE("KV-cache decoding gives the full forward's logits at every step", "[sample]") {
-  Model model(small_model());
+  FOR_EACH_ARCH(m);
+  Model model(m);
   const int T = model.m.max_seq_len;
   const std::vector<int32_t> tokens = random_tokens(T, model.m.vocab_size, 3);
   const auto full = model.full_forward(tokens);
 
   for (int prompt : {1, 5, T}) {
     DYNAMIC_SECTION("a prompt of " << prompt << " tokens, then one token at a time") {
-      Gpt2Decoder dec(model.m, model.store, model.ops);
+      KvCacheDecoder dec(model.m, model.store, model.ops);
       auto logits = dec.prime(std::span(tokens).first(prompt));
       require_logits_close(logits, full[prompt - 1], "after the prompt");
       for (int t = prompt; t < T; t++) {
@@ -111,20 +133,20 @@ TEST_CASE("KV-cache decoding gives the full forward's logits at every step", "[s
     }
   }
   SECTION("weights uploaded from the host equal the ParamStore's") {
-    Gpt2Decoder a(model.m, model.store, model.ops), b(model.m, model.weights.data(), model.ops);
+    KvCacheDecoder a(model.m, model.store, model.ops), b(model.m, model.weights.data(), model.ops);
     const auto sa = a.prime(tokens), lb = b.prime(tokens);
     CHECK(pt::test::bitwise_equal(std::vector<float>(sa.begin(), sa.end()), std::vector<float>(lb.begin(), lb.end())));
     require_logits_close(lb, full[T - 1], "uploaded weights");
   }
   SECTION("an id outside the vocabulary is refused and changes nothing") {
-    Gpt2Decoder dec(model.m, model.store, model.ops);
+    KvCacheDecoder dec(model.m, model.store, model.ops);
     dec.prime(std::span(tokens).first(4));
     CHECK_THROWS_WITH(dec.push(model.m.vocab_size), Catch::Matchers::Contains("outside the model's vocabulary"));
     CHECK(dec.length() == 4);
     require_logits_close(dec.push(tokens[4]), full[4], "after the refused id");
   }
   SECTION("priming again starts over") {
-    Gpt2Decoder dec(model.m, model.store, model.ops);
+    KvCacheDecoder dec(model.m, model.store, model.ops);
     dec.prime(random_tokens(7, model.m.vocab_size, 9));
     dec.push(4);
     require_logits_close(dec.prime(std::span(tokens).first(3)), full[2], "second prime");
@@ -133,14 +155,15 @@ TEST_CASE("KV-cache decoding gives the full forward's logits at every step", "[s
 }
 
 TEST_CASE("past max_seq_len the decoder sees the last max_seq_len tokens", "[sample]") {
-  Model model(small_model());
+  FOR_EACH_ARCH(m);
+  Model model(m);
   const int T = model.m.max_seq_len, extra = 6;
   const std::vector<int32_t> tokens = random_tokens(T + extra, model.m.vocab_size, 4);
   auto window_logits = [&](int last) {  // the full forward over tokens (last - T, last]
     return model.full_forward(std::vector<int32_t>(tokens.begin() + last - T + 1, tokens.begin() + last + 1)).back();
   };
   SECTION("one token at a time") {
-    Gpt2Decoder dec(model.m, model.store, model.ops);
+    KvCacheDecoder dec(model.m, model.store, model.ops);
     dec.prime(std::span(tokens).first(T));
     for (int t = T; t < T + extra; t++) {
       auto logits = dec.push(tokens[t]);
@@ -149,7 +172,7 @@ TEST_CASE("past max_seq_len the decoder sees the last max_seq_len tokens", "[sam
     }
   }
   SECTION("a prompt longer than max_seq_len keeps its end") {
-    Gpt2Decoder dec(model.m, model.store, model.ops);
+    KvCacheDecoder dec(model.m, model.store, model.ops);
     require_logits_close(dec.prime(tokens), window_logits(T + extra - 1), "long prompt");
     CHECK(dec.length() == T);
   }
@@ -196,11 +219,12 @@ TEST_CASE("choose_token: greedy, top-k and temperature", "[sample]") {
 }
 
 TEST_CASE("generation: reproducible, greedy is the full forward's argmax", "[sample]") {
-  Model model(small_model());
+  FOR_EACH_ARCH(m);
+  Model model(m);
   const std::vector<int32_t> prompt = random_tokens(4, model.m.vocab_size, 8);
   const int n = model.m.max_seq_len - 4;  // the whole sequence fits one full forward
   auto run = [&](double temperature, int top_k, uint64_t seed) {
-    Gpt2Decoder dec(model.m, model.store, model.ops);
+    KvCacheDecoder dec(model.m, model.store, model.ops);
     SampleOptions o;
     o.max_new_tokens = n;
     o.temperature = temperature;
@@ -230,7 +254,7 @@ TEST_CASE("generation: reproducible, greedy is the full forward's argmax", "[sam
   }
   SECTION("the stop token ends the sample, and is in it") {
     const auto greedy = run(0.0, 0, 1);
-    Gpt2Decoder dec(model.m, model.store, model.ops);
+    KvCacheDecoder dec(model.m, model.store, model.ops);
     SampleOptions o;
     o.max_new_tokens = n;
     o.temperature = 0;
@@ -240,7 +264,7 @@ TEST_CASE("generation: reproducible, greedy is the full forward's argmax", "[sam
     CHECK(stopped == std::vector<int32_t>(greedy.begin(), greedy.begin() + first + 1));
   }
   SECTION("only the first `vocab` ids are candidates") {
-    Gpt2Decoder dec(model.m, model.store, model.ops);
+    KvCacheDecoder dec(model.m, model.store, model.ops);
     SampleOptions o;
     o.max_new_tokens = 30;
     o.temperature = 3.0;
@@ -248,7 +272,7 @@ TEST_CASE("generation: reproducible, greedy is the full forward's argmax", "[sam
     for (int32_t id : generate(dec, prompt, o, 10)) CHECK(id < 10);
   }
   SECTION("more tokens than max_seq_len") {
-    Gpt2Decoder dec(model.m, model.store, model.ops);
+    KvCacheDecoder dec(model.m, model.store, model.ops);
     SampleOptions o;
     o.max_new_tokens = 3 * model.m.max_seq_len;
     CHECK(generate(dec, prompt, o, model.m.vocab_size).size() == size_t(o.max_new_tokens));

@@ -13,7 +13,7 @@
 
 #include "ckpt_test_support.h"
 #include "core/cpu/cpu_ops.h"
-#include "core/model/gpt2_decoder.h"
+#include "core/model/kv_cache_decoder.h"
 #include "core/model/sample_run.h"
 #include "core/model/sampler.h"
 #include "core/tokenizer/tokenizer.h"
@@ -66,7 +66,7 @@ std::string make_checkpoint(const CkptFixture& fx, int steps, const std::vector<
 std::string library_sample(const std::string& ckpt, const std::string& prompt, const SampleOptions& o) {
   const CheckpointWeights w = read_checkpoint_weights(ckpt);
   CpuOps ops;
-  Gpt2Decoder dec(w.model, w.weights.data(), ops);
+  KvCacheDecoder dec(w.model, w.weights.data(), ops);
   const auto tok = make_tokenizer("bytes");
   return prompt + tok->decode(generate(dec, prompt_context(*tok, prompt), o, tok->vocab_size()));
 }
@@ -162,6 +162,25 @@ TEST_CASE("picotrain sample prints the prompt and the continuation", "[sample][c
   }
 }
 
+TEST_CASE("picotrain sample decodes a Llama checkpoint", "[sample][cli]") {
+  // Grouped-query attention (2 query heads on 1 K/V head), RoPE, SwiGLU, an untied head: the
+  // decoder finds all of it by role in the checkpoint's weights.
+  REQUIRE(fs::exists(PICOTRAIN_BIN));
+  CkptFixture fx("sample_llama");
+  const std::string ckpt = make_checkpoint(fx, 3, {"model.arch=llama", "model.n_kv_heads=1", "model.ffn_hidden=48"});
+  CHECK(read_checkpoint_weights(ckpt).model.arch == "llama");
+  SampleOptions o;
+  o.max_new_tokens = 20;
+  o.seed = 9;
+  const Run a = picotrain(fx.dir, "sample --checkpoint " + q(fx.ckpt_dir()) + " --prompt Hi -n 20 --seed 9");
+  INFO(a.err);
+  REQUIRE(a.rc == 0);
+  CHECK(a.out == library_sample(ckpt, "Hi", o) + "\n");
+  CHECK(a.out.size() == 2 + 20 + 1);  // the byte tokenizer: one byte a token
+  CHECK_THAT(a.err, Contains(": llama, 2 layers, d_model 32, 2 heads (1 K/V)"));
+  CHECK(a.error_lines().empty());
+}
+
 TEST_CASE("picotrain sample: bad arguments exit 2 with one error line", "[sample][cli]") {
   REQUIRE(fs::exists(PICOTRAIN_BIN));
   CkptFixture fx("sample_bad");
@@ -203,7 +222,7 @@ TEST_CASE("picotrain sample with the GPT-2 tokenizer", "[sample][cli]") {
   // The text printed is the decoding of the sampled ids, whatever the chunks it came out in.
   const CheckpointWeights w = read_checkpoint_weights(ckpt);
   CpuOps ops;
-  Gpt2Decoder dec(w.model, w.weights.data(), ops);
+  KvCacheDecoder dec(w.model, w.weights.data(), ops);
   SampleOptions o;
   o.max_new_tokens = 12;
   o.seed = 3;

@@ -188,18 +188,7 @@ Tensor DecoderStage::grad_input(int io_slot) const {
 }
 
 Tensor DecoderStage::role_tensor(ParamRole role, int layer, bool grad) const {
-  // A role's tensors lie one after another in every arena the store holds (param_table.h), so
-  // they are one tensor: llama's q, k, v projections one matmul.
-  const std::vector<const ParamSpec*> specs = role_specs(store_.table(), role, layer);
-  if (specs.empty()) return Tensor{};
-  Tensor whole = grad ? store_.grad(*specs[0]) : store_.param(*specs[0]);
-  for (size_t i = 1; i < specs.size(); i++) {
-    const Tensor next = grad ? store_.grad(*specs[i]) : store_.param(*specs[i]);
-    check(next.data == static_cast<char*>(whole.data) + whole.bytes(),
-          "DecoderStage: the tensors of role " + std::string(to_string(role)) + " are not adjacent (" + specs[i]->name + ")");
-    whole.numel += next.numel;
-  }
-  return whole;
+  return grad ? store_.role_grad(role, layer) : store_.role_param(role, layer);
 }
 
 DecoderStage::LayerParams DecoderStage::layer_params(int l, bool grads) const {

@@ -52,6 +52,28 @@ Tensor ParamStore::locate(Tensor arena, const std::vector<Tensor>& at, const Par
 Tensor ParamStore::param(const ParamSpec& p) const { return locate(params_, params_at_, p, "parameters"); }
 Tensor ParamStore::grad(const ParamSpec& p) const { return locate(grads_, grads_at_, p, "gradients"); }
 
+Tensor ParamStore::role_param(ParamRole role, int layer) const {
+  return joined_role_tensor(table_, role, layer, [&](const ParamSpec& p) { return param(p); });
+}
+
+Tensor ParamStore::role_grad(ParamRole role, int layer) const {
+  return joined_role_tensor(table_, role, layer, [&](const ParamSpec& p) { return grad(p); });
+}
+
+Tensor joined_role_tensor(const ParamTable& table, ParamRole role, int layer,
+                          const std::function<Tensor(const ParamSpec&)>& get) {
+  const std::vector<const ParamSpec*> specs = role_specs(table, role, layer);
+  if (specs.empty()) return Tensor{};
+  Tensor whole = get(*specs[0]);
+  for (size_t i = 1; i < specs.size(); i++) {
+    const Tensor next = get(*specs[i]);
+    check(next.data == static_cast<char*>(whole.data) + whole.bytes(),
+          "the tensors of role " + std::string(to_string(role)) + " are not adjacent (" + specs[i]->name + ")");
+    whole.numel += next.numel;
+  }
+  return whole;
+}
+
 Tensor ParamStore::whole_slice(Tensor shard, const ParamSpec& p, const char* what) const {
   check(holds_whole_shard(), std::string("the ") + what + " of " + p.name + " are sharded over " +
                                  std::to_string(layout_.shard_count()) + " ranks (ZeRO-" +

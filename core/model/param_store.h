@@ -13,6 +13,7 @@
 // reduced gradient IS the gradient arena (ZeRO 0-1), and with an f32 compute dtype the master
 // weights ARE the params (ZeRO 0-2) or the parameter shard (ZeRO-3).
 #pragma once
+#include <functional>
 #include <vector>
 
 #include "core/model/param_table.h"
@@ -44,6 +45,10 @@ class ParamStore {
   Tensor grad(const ParamSpec& p) const;
   Tensor param(const std::string& name) const { return param(table_.get(name)); }
   Tensor grad(const std::string& name) const { return grad(table_.get(name)); }
+  // The parameters (or gradients) of `role` in block `layer` as one tensor over its adjacent
+  // pieces (llama's q, k, v projections are one matmul); null where the table has none.
+  Tensor role_param(ParamRole role, int layer) const;
+  Tensor role_grad(ParamRole role, int layer) const;
   // One parameter's optimizer state: only when this rank's shard is the whole model.
   Tensor master(const ParamSpec& p) const { return whole_slice(master_, p, "master weights"); }
   Tensor adam_m(const ParamSpec& p) const { return whole_slice(m_, p, "Adam moments"); }
@@ -92,5 +97,11 @@ class ParamStore {
   Tensor master_, m_, v_, grad_shard_, param_shard_;
   std::vector<Tensor> params_at_, grads_at_;  // attached working buffers, by layer
 };
+
+// The tensors of `role` in block `layer` of `table`, each found with `get` (a store's param or
+// grad, or a slice of an arena laid out like the table), joined into one tensor: they lie one
+// after another in every arena made from the table, which this checks. Null where there are none.
+Tensor joined_role_tensor(const ParamTable& table, ParamRole role, int layer,
+                          const std::function<Tensor(const ParamSpec&)>& get);
 
 }  // namespace pt

@@ -8,7 +8,7 @@
 #include "core/ckpt/checkpoint_reader.h"
 #include "core/ckpt/manifest.h"
 #include "core/common/error.h"
-#include "core/model/gpt2_decoder.h"
+#include "core/model/kv_cache_decoder.h"
 #include "core/model/param_table.h"
 #include "core/tokenizer/gpt2_tokenizer.h"
 #include "core/common/console.h"
@@ -20,7 +20,6 @@ CheckpointWeights read_checkpoint_weights(const std::string& path) {
   w.dir = ckpt::resolve_checkpoint_path(path, "sample --checkpoint");
   ckpt::CheckpointReader reader(w.dir);
   w.model = ckpt::model_from_manifest(reader.manifest(), w.dir);
-  if (const std::string why = sampling_unsupported(w.model); !why.empty()) throw ConfigError("sample: " + w.dir + ": " + why);
   const ParamTable table = build_param_table(w.model);
   w.weights.resize(table.total_numel());
   for (const auto& p : table.specs()) reader.read_all("master/" + p.name, p.numel, w.weights.data() + p.offset);
@@ -78,12 +77,13 @@ void run_sample_command(const SampleCommand& c, std::FILE* out) {
   const auto ops = make_ops(c.device);
   std::fflush(out);  // nothing of `out` may follow the info line out of order
   print_linef(Stream::err,
-              "sample    | %s: gpt2, %d layers, d_model %d, %d heads, vocab %d, max_seq_len %d; %s tokenizer; "
+              "sample    | %s: %s, %d layers, d_model %d, %d heads (%d K/V), vocab %d, max_seq_len %d; %s tokenizer; "
               "%d tokens, %s; %s",
-              w.dir.c_str(), m.n_layers, m.d_model, m.n_heads, m.vocab_size, m.max_seq_len, name.c_str(),
+              w.dir.c_str(), m.arch.c_str(), m.n_layers, m.d_model, m.n_heads, m.kv_heads(), m.vocab_size,
+              m.max_seq_len, name.c_str(),
               o.max_new_tokens, describe(o).c_str(), ops->device_description().c_str());
 
-  Gpt2Decoder decoder(m, w.weights.data(), *ops);
+  KvCacheDecoder decoder(m, w.weights.data(), *ops);
   std::fwrite(c.prompt.data(), 1, c.prompt.size(), out);
   std::fflush(out);
   Utf8Stream text;
@@ -96,12 +96,6 @@ void run_sample_command(const SampleCommand& c, std::FILE* out) {
   std::fwrite(rest.data(), 1, rest.size(), out);
   std::fputc('\n', out);
   std::fflush(out);
-}
-
-std::string sampling_unsupported(const ModelSection& model) {
-  if (model.arch == "gpt2") return "";
-  return "the KV-cache decoder (core/model/gpt2_decoder.h) decodes GPT-2 only so far, not model.arch=\"" +
-         model.arch + "\"";
 }
 
 namespace {
@@ -150,11 +144,6 @@ std::optional<TrainingSample> print_training_sample(const RunConfig& cfg, int st
                                                     const std::function<std::vector<float>()>& gather_master) {
   const auto& lg = cfg.logging;
   if (lg.sample_every <= 0 || step <= 0 || (!run_finished && step % lg.sample_every != 0)) return std::nullopt;
-  if (const std::string why = sampling_unsupported(cfg.model); !why.empty()) {
-    static std::once_flag warned;  // once per process, like the missing-tokenizer warning
-    if (lead) std::call_once(warned, [&] { print_line(Stream::out, "warning   | logging.sample_every: " + why + "; skipping samples"); });
-    return std::nullopt;
-  }
   // ZeRO-3 holds no full parameters anywhere, tensor parallel only pieces of them: every rank
   // takes part in the gather.
   const auto& specs = store.table().specs();
@@ -165,9 +154,9 @@ std::optional<TrainingSample> print_training_sample(const RunConfig& cfg, int st
   const std::shared_ptr<const Tokenizer> tok = training_tokenizer(cfg.model.vocab_size);
   if (!tok) return std::nullopt;
 
-  const std::unique_ptr<Gpt2Decoder> decoder =
-      gathered.empty() ? std::make_unique<Gpt2Decoder>(cfg.model, store, ops)
-                       : std::make_unique<Gpt2Decoder>(cfg.model, gathered.data(), ops);
+  const std::unique_ptr<KvCacheDecoder> decoder =
+      gathered.empty() ? std::make_unique<KvCacheDecoder>(cfg.model, store, ops)
+                       : std::make_unique<KvCacheDecoder>(cfg.model, gathered.data(), ops);
   const TrainingSample sample = sample_training_text(cfg, *decoder, *tok);
   print_block("step " + std::to_string(step) + ", " + std::to_string(sample.tokens) + " tokens (" + sample.settings +
                   "):",
@@ -175,7 +164,7 @@ std::optional<TrainingSample> print_training_sample(const RunConfig& cfg, int st
   return sample;
 }
 
-TrainingSample sample_training_text(const RunConfig& cfg, Gpt2Decoder& decoder, const Tokenizer& tok) {
+TrainingSample sample_training_text(const RunConfig& cfg, KvCacheDecoder& decoder, const Tokenizer& tok) {
   const auto& lg = cfg.logging;
   SampleOptions o;
   o.max_new_tokens = lg.sample_tokens;

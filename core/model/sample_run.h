@@ -50,7 +50,7 @@ CheckpointWeights read_checkpoint_weights(const std::string& path);
 // The tokens a prompt is sampled after: the document start (see the file comment) + the prompt.
 std::vector<int32_t> prompt_context(const Tokenizer& tok, std::string_view prompt);
 
-class Gpt2Decoder;
+class KvCacheDecoder;
 
 // The training sample (the log's, and the run report's): logging.sample_tokens tokens after
 // logging.sample_prompt from `decoder`'s model, seed run.seed, temperature 0.8, top-k 200,
@@ -61,10 +61,7 @@ struct TrainingSample {
   std::string settings;   // "temperature 0.8, top-k 200, seed 1337"
   std::string tokenizer;  // "bytes" | "gpt2"
 };
-TrainingSample sample_training_text(const RunConfig& cfg, Gpt2Decoder& decoder, const Tokenizer& tok);
-
-// Why the model cannot be sampled ("" when it can): the decoder runs GPT-2 only so far.
-std::string sampling_unsupported(const ModelSection& model);
+TrainingSample sample_training_text(const RunConfig& cfg, KvCacheDecoder& decoder, const Tokenizer& tok);
 
 // The trainer's hook, called on every rank after each step (run_finished: after the last one).
 // When logging.sample_every > 0 and `step` is a multiple of it, or the run has finished, the

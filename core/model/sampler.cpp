@@ -46,7 +46,7 @@ double sample_uniform(uint64_t seed, uint64_t i) {
   return counter_uniform(seed, stream, i);
 }
 
-std::vector<int32_t> generate(Gpt2Decoder& decoder, std::span<const int32_t> context, const SampleOptions& o,
+std::vector<int32_t> generate(KvCacheDecoder& decoder, std::span<const int32_t> context, const SampleOptions& o,
                               int vocab, const std::function<void(int32_t)>& on_token) {
   std::vector<int32_t> out;
   if (o.max_new_tokens <= 0) return out;

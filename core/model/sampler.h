@@ -1,6 +1,6 @@
 // Sampling from a language model: choosing each next token from the logits (temperature,
 // top-k, a counter-based random stream so a continuation reproduces), the generation loop over
-// a Gpt2Decoder, and turning token bytes back into whole UTF-8 characters as they arrive.
+// a KvCacheDecoder, and turning token bytes back into whole UTF-8 characters as they arrive.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -9,7 +9,7 @@
 #include <string_view>
 #include <vector>
 
-#include "core/model/gpt2_decoder.h"
+#include "core/model/kv_cache_decoder.h"
 
 namespace pt {
 
@@ -36,7 +36,7 @@ double sample_uniform(uint64_t seed, uint64_t i);
 // Primes `decoder` with `context` (at least one token) and samples up to o.max_new_tokens
 // tokens among the first `vocab` ids, calling on_token(id) for each as soon as it is chosen (the
 // stop token included, which ends the loop). Returns the sampled tokens.
-std::vector<int32_t> generate(Gpt2Decoder& decoder, std::span<const int32_t> context, const SampleOptions& o,
+std::vector<int32_t> generate(KvCacheDecoder& decoder, std::span<const int32_t> context, const SampleOptions& o,
                               int vocab, const std::function<void(int32_t)>& on_token = {});
 
 // Bytes in, printable text out: a token may end inside a multi-byte UTF-8 character (GPT-2's

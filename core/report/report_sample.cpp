@@ -4,7 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/model/gpt2_decoder.h"
+#include "core/model/kv_cache_decoder.h"
 #include "core/model/sample_run.h"
 
 namespace pt {
@@ -24,7 +24,7 @@ ReportSample sample_for_report(const RunConfig& cfg, const float* weights, Ops& 
     r.note = std::string("no sample: ") + e.what();
     return r;
   }
-  Gpt2Decoder decoder(cfg.model, weights, ops);
+  KvCacheDecoder decoder(cfg.model, weights, ops);
   return report_sample(cfg, sample_training_text(cfg, decoder, *tok));
 }
 

@@ -48,8 +48,6 @@ void Trainer::write_session_report(RunSummary s, const std::vector<Stall>& step_
   const bool logged_final = cfg_.parallel.pp == 1 && cfg_.logging.sample_every > 0 && step_ == cfg_.schedule.total_steps;
   if (cfg_.logging.sample_every == 0) {
     s.sample_note = "no sample: logging.sample_every=0 (set it to sample the weights in the log and here)";
-  } else if (const std::string why = sampling_unsupported(cfg_.model); !why.empty()) {
-    s.sample_note = "no sample: " + why;
   } else if (logged_final) {
     if (final_sample_) {
       const ReportSample sample = report_sample(cfg_, *final_sample_);
