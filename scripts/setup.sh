@@ -5,13 +5,15 @@
 # the build falls back to the CPU backend without it.
 #   scripts/setup.sh           # what building, training and the tests need
 #   scripts/setup.sh --tests   # and what only the tests use: PyTorch, see below
+#   scripts/setup.sh --cluster # and a Slurm to run scripts/slurm/ against (scripts/slurm/local_cluster.sh)
 set -euo pipefail
 
-TESTS=0
+TESTS=0 CLUSTER=0
 for arg in "$@"; do
   case $arg in
     --tests) TESTS=1 ;;
-    *) echo "setup: unknown argument $arg (takes only --tests)" >&2; exit 2 ;;
+    --cluster) CLUSTER=1 ;;
+    *) echo "setup: unknown argument $arg (takes --tests and --cluster)" >&2; exit 2 ;;
   esac
 done
 
@@ -34,6 +36,13 @@ has_torch() {
 }
 if [ "$TESTS" -eq 1 ] && ! has_torch; then
   PACKAGES+=(python3-torch)
+fi
+
+# --cluster: Debian's Slurm (controller, node daemon, client commands; srun's PMIx plugin comes
+# with them) and munge, its authentication, for the slurm_requeue test. About 25 s. The packages'
+# own services are not used: local_cluster.sh runs the daemons from a directory of its own.
+if [ "$CLUSTER" -eq 1 ]; then
+  PACKAGES+=(slurmctld slurmd slurm-client munge)
 fi
 
 missing=()

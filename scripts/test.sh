@@ -6,7 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-scripts/setup.sh --tests
+# --cluster: Slurm and munge, so that slurm_requeue runs the sbatch script under a real Slurm.
+scripts/setup.sh --tests --cluster
 # The GPT-2 tokenizer files and the reference encoder its tests run under node (npm only; kept).
 scripts/get_data.sh --tokenizer
 
