@@ -179,39 +179,34 @@ TEST_CASE("picotrain.sbatch under a real Slurm: pre-emption, requeue and scancel
   REQUIRE(expected.size() == 80);
 
   // The three cases one after another on the one cluster (each job takes both of its CPUs).
+  // Each submits run `run`, sends `interrupt` with the job id once the run is mid-way, and waits
+  // for the job to end in `state` after `restarts` requeues; returns the job's log.
+  auto interrupted = [&](const std::string& run, const std::string& interrupt, const std::string& state,
+                         int restarts) {
+    const std::string id = job.submit(run);
+    wait_for_steps(job, run, 20);
+    REQUIRE(run_command(interrupt + " " + id).exit_code == 0);
+    wait_for_state(id, state, restarts, 180);
+    wait_until_gone(id);  // the tasks have written their checkpoint and exited
+    return job.log(run, id);
+  };
   {
-    INFO("the pre-emption warning: checkpoint, requeue, resume");
-    const std::string id = job.submit("warned");
-    wait_for_steps(job, "warned", 20);
     // What --signal=B:USR1@120 does before the time limit, or a site before a pre-emption.
-    REQUIRE(run_command("scancel --batch --signal=USR1 " + id).exit_code == 0);
-    wait_for_state(id, "COMPLETED", 1, 180);
-    const std::string log = job.log("warned", id);
-    INFO(log);
+    const std::string log = interrupted("warned", "scancel --batch --signal=USR1", "COMPLETED", 1);
+    INFO("the pre-emption warning: checkpoint, requeue, resume\n" << log);
     CHECK_THAT(log, Contains("SIGUSR1: the job ends soon") && Contains("(restart 1)") &&
                         Contains("resumed at step") && Contains("the run is done"));
     CHECK(job.losses("warned") == expected);
   }
   {
-    INFO("scontrol requeue: SIGTERM, checkpoint, Slurm requeues, resume");
-    const std::string id = job.submit("requeued");
-    wait_for_steps(job, "requeued", 20);
-    REQUIRE(run_command("scontrol requeue " + id).exit_code == 0);
-    wait_for_state(id, "COMPLETED", 1, 180);
-    const std::string log = job.log("requeued", id);
-    INFO(log);
+    const std::string log = interrupted("requeued", "scontrol requeue", "COMPLETED", 1);
+    INFO("scontrol requeue: SIGTERM, checkpoint, Slurm requeues, resume\n" << log);
     CHECK_THAT(log, Contains("SIGTERM: finishing this step") && Contains("resumed at step"));
     CHECK(job.losses("requeued") == expected);
   }
   {
-    INFO("scancel: the tasks checkpoint, the job ends; submitted again it resumes");
-    const std::string id = job.submit("cancelled");
-    wait_for_steps(job, "cancelled", 20);
-    REQUIRE(run_command("scancel " + id).exit_code == 0);
-    wait_for_state(id, "CANCELLED", 0, 120);
-    wait_until_gone(id);  // the tasks have written their checkpoint and exited
-    const std::string log = job.log("cancelled", id);
-    INFO(log);
+    const std::string log = interrupted("cancelled", "scancel", "CANCELLED", 0);
+    INFO("scancel: the tasks checkpoint, the job ends; submitted again it resumes\n" << log);
     CHECK_THAT(log, Contains("SIGTERM: finishing this step") && Contains("stopped   | SIGTERM after step"));
     const std::string again = job.submit("cancelled");
     wait_for_state(again, "COMPLETED", 0, 180);
