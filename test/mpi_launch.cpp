@@ -14,20 +14,21 @@
 #include <map>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
-#include <random>
 #include <sstream>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "core/ckpt/checkpoint_reader.h"
-#include "core/data/shard.h"
 #include "relative_error.h"
+#include "launch_test_support.h"
 #include "run_test_support.h"
 
 using Catch::Matchers::Contains;
 using pt::test::Launch;
+using pt::test::metrics;
+using pt::test::picotrain_ranks;
+using pt::test::TempRun;
 using pt::test::relative_l2;
 using pt::test::run_command;
 namespace fs = std::filesystem;
@@ -42,39 +43,6 @@ Launch mpirun(int ranks, const std::string& args) {
   INFO(cmd << "\n" << l.output);
   CHECK(l.exit_code != 124);  // no hang
   return l;
-}
-
-struct TempRun {
-  fs::path dir;
-  TempRun() {
-    dir = fs::temp_directory_path() / ("picotrain_mpi_launch_" + std::to_string(::getpid()));
-    fs::create_directories(dir);
-    std::mt19937 rng(3);
-    std::vector<uint16_t> tokens(8000);
-    for (auto& t : tokens) t = rng() % 256;
-    pt::write_shard((dir / "l_train_000000.bin").string(), tokens);
-    std::ofstream(dir / "c.json") << R"({
-      "run": {"name": "launch", "out_dir": ")" << (dir / "run").string() << R"("},
-      "model": {"n_layers": 2, "d_model": 32, "n_heads": 2, "vocab_size": 256, "max_seq_len": 64},
-      "batch": {"micro_batch_size": 2, "seq_len": 16},
-      "schedule": {"total_steps": 3},
-      "data": {"train": ")" << (dir / "l_train_*.bin").string() << R"("},
-      "logging": {"peak_tflops": 1}
-    })";
-  }
-  ~TempRun() { fs::remove_all(dir); }
-  std::string train(const std::string& sets) const { return "train --config " + (dir / "c.json").string() + " " + sets; }
-};
-
-// step -> (loss, grad_norm) from a metrics.jsonl.
-std::map<int, std::pair<double, double>> metrics(const fs::path& file) {
-  std::map<int, std::pair<double, double>> out;
-  std::ifstream in(file);
-  for (std::string line; std::getline(in, line);) {
-    const auto j = nlohmann::json::parse(line);
-    out[j["step"].get<int>()] = {j["loss"].get<double>(), j["grad_norm"].get<double>()};
-  }
-  return out;
 }
 
 // Every tensor of one state ("master/...") of a checkpoint, concatenated in name order (the
@@ -230,25 +198,6 @@ TEST_CASE("a checkpoint saved under dp=4/ZeRO-1 resumes under dp=2/ZeRO-3 and dp
     CHECK(relative_l2(master, want_master) < 1e-5);
   }
 }
-
-namespace {
-
-// The pids of the picotrain processes (argv[0] is the binary, so not mpirun) whose command line
-// mentions `marker`.
-std::vector<pid_t> picotrain_ranks(const std::string& marker) {
-  std::vector<pid_t> pids;
-  for (const auto& entry : fs::directory_iterator("/proc")) {
-    const std::string name = entry.path().filename().string();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream in(entry.path() / "cmdline", std::ios::binary);
-    const std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    const std::string argv0 = cmdline.substr(0, cmdline.find('\0'));
-    if (argv0 == PICOTRAIN_BIN && cmdline.find(marker) != std::string::npos) pids.push_back(std::stoi(name));
-  }
-  return pids;
-}
-
-}  // namespace
 
 TEST_CASE("a rank that stops responding ends the run after run.hang_timeout_s instead of hanging it", "[mpi]") {
   // Two ranks train a run far too long to finish; once three steps are logged one rank is

@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <numeric>
 
+#include "core/dist/comm_wait.h"
 #include "core/dist/coordination.h"
 #include "core/dist/gpu_comm.h"
 #include "core/dist/local_comm.h"
 #include "core/dist/mpi_comm.h"
 #include "core/dist/timed_comm.h"
+#include "core/report/system_info.h"
 
 namespace pt {
 
@@ -63,6 +65,8 @@ ProcessGroups make_process_groups(const Grid& grid, const World& world, Ops& ops
   // One staging buffer for every MpiComm of this rank (host_staging.h).
   const std::shared_ptr<HostStaging> staging = world.size > 1 ? make_host_staging(ops) : nullptr;
   g.world = host_group_comm(everyone, world, ops, staging);
+  // Where every rank runs, for the hang watchdog's message (comm_wait.h).
+  set_rank_hosts(all_gather_strings(*g.world, host_name()));
   g.backend = choose_comm_backend(gather_facts(*g.world, world, ops, requested));
   GroupCommMaker make = [&](const std::vector<int>& members) { return host_group_comm(members, world, ops, staging); };
   if (g.backend.backend == CommBackend::nccl) make = nccl_group_maker(*g.world, ops);

@@ -2,6 +2,8 @@
 
 #include <chrono>
 
+#include "core/dist/comm_wait.h"
+
 namespace pt {
 
 const char* comm_kind_name(CommKind kind) {
@@ -36,11 +38,15 @@ TimedComm::TimedComm(std::unique_ptr<Comm> inner, std::shared_ptr<CommStats> sta
     : inner_(std::move(inner)), stats_(std::move(stats)) {}
 
 template <class F>
-void TimedComm::timed(CommKind kind, size_t bytes, F&& call) {
+void TimedComm::timed(CommKind kind, size_t bytes, F&& call, const char* what, int peer) {
   // A group of one moves nothing (its calls are copies at most): not communication.
   if (inner_->size() == 1) return call();
   const auto t0 = std::chrono::steady_clock::now();
-  call();
+  {
+    // Whom this rank waits for, should the call never return (the watchdog's message).
+    const CommWait wait(what ? what : comm_kind_name(kind), inner_->members(), inner_->rank(), peer);
+    call();
+  }
   const int k = static_cast<int>(kind);
   stats_->seconds[k] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   stats_->bytes[k] += static_cast<double>(bytes);
@@ -72,10 +78,10 @@ void TimedComm::broadcast(Tensor x, int root) {
   timed(CommKind::broadcast, x.bytes(), [&] { inner_->broadcast(x, root); });
 }
 void TimedComm::send(Tensor x, int peer) {
-  timed(CommKind::p2p, x.bytes(), [&] { inner_->send(x, peer); });
+  timed(CommKind::p2p, x.bytes(), [&] { inner_->send(x, peer); }, "send to", peer);
 }
 void TimedComm::recv(Tensor x, int peer) {
-  timed(CommKind::p2p, x.bytes(), [&] { inner_->recv(x, peer); });
+  timed(CommKind::p2p, x.bytes(), [&] { inner_->recv(x, peer); }, "recv from", peer);
 }
 void TimedComm::barrier() {
   timed(CommKind::barrier, 0, [&] { inner_->barrier(); });

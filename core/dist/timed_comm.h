@@ -54,8 +54,9 @@ class TimedComm final : public Comm {
   void wait_started() override { inner_->wait_started(); }
 
  private:
+  // `what`: the call's name in a hang message (nullptr: the kind's); `peer`: a send/recv's peer.
   template <class F>
-  void timed(CommKind kind, size_t bytes, F&& call);
+  void timed(CommKind kind, size_t bytes, F&& call, const char* what = nullptr, int peer = -1);
   std::unique_ptr<Comm> inner_;
   std::shared_ptr<CommStats> stats_;
 };

@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "core/common/error.h"
+#include "core/dist/comm_wait.h"
 #include "core/dist/gpu_comm.h"
 #include "core/common/console.h"
 
@@ -123,9 +124,11 @@ std::unique_ptr<ProgressWatchdog> start_rank_watchdog(double hang_timeout_s, con
   if (timeout <= 0) return nullptr;
   const std::string who = world.size > 1 ? "rank " + std::to_string(world.rank) + ": " : "";
   return std::make_unique<ProgressWatchdog>(timeout, nccl_async_error, [who](const std::string& reason) {
+    // Whom this rank is waiting for (comm_wait.h): the rank or group that stopped answering.
+    const std::string wait = describe_comm_wait();
     // print_error takes no stdio lock: the stuck thread may hold stdout's (a full pipe), and this
     // must not wait on it. One write, so the lines of several ranks sharing a terminal stay whole.
-    print_error(who + reason +
+    print_error(who + reason + (wait.empty() ? "" : "; " + wait) +
                 ". Ending this rank (exit code 1); continue from the newest checkpoint with --set "
                 "checkpoint.resume=auto");
     std::_Exit(1);
