@@ -4,7 +4,7 @@
 # The CUDA toolkit is not installed here: it is found at /usr/local/cuda when present, and
 # the build falls back to the CPU backend without it.
 #   scripts/setup.sh           # what building, training and the tests need
-#   scripts/setup.sh --tests   # and what only the tests use: PyTorch, see below
+#   scripts/setup.sh --tests   # and what only the tests use: PyTorch (see below), iproute2
 #   scripts/setup.sh --cluster # and a Slurm to run scripts/slurm/ against (scripts/slurm/local_cluster.sh)
 set -euo pipefail
 
@@ -36,6 +36,10 @@ has_torch() {
 }
 if [ "$TESTS" -eq 1 ] && ! has_torch; then
   PACKAGES+=(python3-torch)
+fi
+# --tests: `ip` and `tc` make the cluster tests' hosts (scripts/netns_cluster.sh).
+if [ "$TESTS" -eq 1 ]; then
+  PACKAGES+=(iproute2)
 fi
 
 # --cluster: Debian's Slurm (controller, node daemon, client commands; srun's PMIx plugin comes
