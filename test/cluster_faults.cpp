@@ -7,7 +7,7 @@
 //    still there, every committed one reads back whole, and resume is bit-exact;
 //  - the checkpoint file system (a small tmpfs) fills up during a save: an error naming the path,
 //    the earlier checkpoints intact (and a resume from them bit-exact);
-//  - host 1's link delays every packet: the run is slower and its losses are the same.
+//  - host 1's link is slow (a rate limit): the run is slower and its losses are the same.
 // The uninterrupted run is the same layout on one host (bitwise equal: cluster_parity). Each case
 // prints what it measured on lines starting "figure |" (README, "Ranks on separate hosts").
 #include <signal.h>
@@ -32,7 +32,8 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 constexpr int kSteps = 12;
-// Every run of this file: 12 steps of 64 tokens, a checkpoint every 2, a 2 s hang limit.
+// Every run of this file: 12 steps of 64 tokens, a checkpoint every 2 (unless a case says), a 2 s
+// hang limit.
 const std::string kSets = "--set schedule.total_steps=12 --set checkpoint.every_steps=2 --set parallel.zero_stage=1 "
                           "--set run.hang_timeout_s=2 --set logging.every_steps=1 --set optim.lr=3e-3";
 
