@@ -205,8 +205,11 @@ auto order_rule = [](const std::string& v) {
 template <class S>
 class SectionKeys {
  public:
+  using Getter = S& (*)(RunConfig&);
   SectionKeys(std::vector<ConfigKey>& out, const char* section, S RunConfig::*member)
       : out_(out), section_(section), member_(member) {}
+  // A section stored inside another (moe: ModelSection::moe, part of the model's shape).
+  SectionKeys(std::vector<ConfigKey>& out, const char* section, Getter get) : out_(out), section_(section), get_(get) {}
 
   template <class T, class Rule = NoRule>
   SectionKeys& add(const char* name, T S::*field, Rule rule = {}) {
@@ -217,10 +220,12 @@ class SectionKeys {
     k.is_string = std::is_same_v<T, std::string>;
     std::string path = k.path();
     auto member = member_;
-    k.read = [=](RunConfig& c, const json& v) { (c.*member).*field = read_as<T>(path, v); };
-    k.write = [=](const RunConfig& c) { return to_json_value((c.*member).*field); };
+    auto get = get_;
+    auto section_of = [=](RunConfig& c) -> S& { return get ? get(c) : c.*member; };
+    k.read = [=](RunConfig& c, const json& v) { section_of(c).*field = read_as<T>(path, v); };
+    k.write = [=](const RunConfig& c) { return to_json_value(section_of(const_cast<RunConfig&>(c)).*field); };
     k.check = [=](const RunConfig& c) {
-      const T& v = (c.*member).*field;
+      const T& v = section_of(const_cast<RunConfig&>(c)).*field;
       if (std::string broken = rule(v); !broken.empty())
         throw ConfigError(key_value(path, to_json_value(v)) + " " + broken);
     };
@@ -231,7 +236,8 @@ class SectionKeys {
  private:
   std::vector<ConfigKey>& out_;
   std::string section_;
-  S RunConfig::*member_;
+  S RunConfig::*member_ = nullptr;
+  Getter get_ = nullptr;
 };
 
 // Derived keys (model.padded_vocab, batch.grad_accum_steps) are keys too, so a resolved config
@@ -262,11 +268,20 @@ std::vector<ConfigKey> build_table() {
       .add("tie_embeddings", &ModelSection::tie_embeddings)
       .add("padded_vocab", &ModelSection::padded_vocab, at_least(0));
 
+  SectionKeys<MoeSection>(k, "moe", [](RunConfig& c) -> MoeSection& { return c.model.moe; })
+      .add("n_experts", &MoeSection::n_experts, at_least(0))
+      .add("top_k", &MoeSection::top_k, at_least(1))
+      .add("expert_hidden", &MoeSection::expert_hidden, at_least(0))
+      .add("every", &MoeSection::every, at_least(1))
+      .add("n_shared_experts", &MoeSection::n_shared_experts, at_least(0))
+      .add("aux_loss_coef", &MoeSection::aux_loss_coef, at_least(0.0));
+
   SectionKeys(k, "parallel", &RunConfig::parallel)
       .add("dp", &ParallelSection::dp, dp_rule)
       .add("tp", &ParallelSection::tp, at_least(1))
       .add("pp", &ParallelSection::pp, at_least(1))
       .add("cp", &ParallelSection::cp, at_least(1))
+      .add("ep", &ParallelSection::ep, at_least(1))
       .add("order", &ParallelSection::order, order_rule)
       .add("zero_stage", &ParallelSection::zero_stage, in_interval(0, 3, "[]"))
       .add("dp_replicate", &ParallelSection::dp_replicate, at_least(1))

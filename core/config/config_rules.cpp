@@ -72,6 +72,22 @@ void check_architecture(ModelSection& m) {
   }
 }
 
+// Mixture of experts (the moe section): Mixtral's sparse block is a Llama block whose MLP is a
+// set of SwiGLU experts, so it needs the Llama architecture.
+void check_moe(ModelSection& m) {
+  MoeSection& e = m.moe;
+  if (!e.enabled()) return;
+  if (!m.is_llama())
+    fail(cat("moe.n_experts=", e.n_experts, " needs model.arch=\"llama\" (the experts are SwiGLU MLPs in a Llama ",
+             "block, as in Mixtral); model.arch=\"", m.arch, "\""));
+  if (e.top_k > e.n_experts)
+    fail(cat("moe.top_k=", e.top_k, " must be <= moe.n_experts=", e.n_experts));
+  if (e.every > m.n_layers)
+    fail(cat("moe.every=", e.every, " must be <= model.n_layers=", m.n_layers,
+             " (block l is sparse when (l + 1) % every == 0; no block would be)"));
+  if (e.expert_hidden == 0) e.expert_hidden = m.ffn_width();
+}
+
 void check_model(RunConfig& c) {
   auto& m = c.model;
   if (m.d_model % m.n_heads != 0)
@@ -85,6 +101,7 @@ void check_model(RunConfig& c) {
                     m.pad_vocab_multiple));
   m.padded_vocab = int(padded);
   check_architecture(m);
+  check_moe(m);
   if (c.batch.seq_len > m.max_seq_len)
     fail(cat("batch.seq_len=", c.batch.seq_len, " must be <= model.max_seq_len=", m.max_seq_len));
 }
@@ -104,6 +121,12 @@ void resolve_dp(RunConfig& c) {
   if (ranks != c.world_size)
     fail(cat("parallel.dp*tp*pp*cp = ", p.dp, "*", p.tp, "*", p.pp, "*", p.cp, " = ", ranks,
              " must equal the world size ", c.world_size));
+  // Expert parallel: the routed experts are split over groups of ep data-parallel ranks.
+  if (p.ep > 1 && !c.model.moe.enabled())
+    fail(cat("parallel.ep=", p.ep, " needs experts to split: set moe.n_experts (or parallel.ep=1)"));
+  if (p.ep > 1)
+    fail(cat("parallel.ep=", p.ep, ": expert parallelism is not available in this build of picotrain; ",
+             "use parallel.ep=1 (the experts are then replicated like the dense weights)"));
   // HSDP: the dp replicas form dp_replicate groups of dp/dp_replicate ranks that shard ZeRO state.
   if (p.dp % p.dp_replicate != 0)
     fail(cat("parallel.dp_replicate=", p.dp_replicate, " must divide parallel.dp=", p.dp,
@@ -124,6 +147,11 @@ void check_tensor_parallel(const RunConfig& c) {
   // GPT-2's MLP width 4*d_model is split already when tp | n_heads | d_model; Llama's need not be.
   if (m.ffn_width() % p.tp != 0)
     fail(cat("parallel.tp=", p.tp, " must divide the MLP width model.ffn_hidden=", m.ffn_width()));
+  const int64_t shared_width = mul(m.moe.n_shared_experts, m.moe.expert_hidden);
+  if (m.moe.enabled() && shared_width % p.tp != 0)
+    fail(cat("parallel.tp=", p.tp, " must divide the shared experts' width moe.n_shared_experts*expert_hidden = ",
+             m.moe.n_shared_experts, "*", m.moe.expert_hidden, " = ", shared_width,
+             " (they are one tensor-parallel SwiGLU; the routed experts are not split by tp)"));
   if (m.padded_vocab % p.tp != 0)
     fail(cat("parallel.tp=", p.tp, " must divide model.padded_vocab=", m.padded_vocab,
              " (choose model.pad_vocab_multiple as a multiple of tp)"));

@@ -29,6 +29,18 @@ struct RunSection {
 // keys after max_seq_len shape the Llama family; 0 (unset for tie_embeddings) means "the
 // architecture's value", filled in by the rules (config_rules.cpp), which also reject a value a
 // GPT-2 cannot have (GPT-2 is multi-head, 4x GELU MLP, LayerNorm eps 1e-5, learned positions, tied).
+// Mixture of experts (the config's "moe" section; the model's shape, so it lives in ModelSection
+// where every consumer of the shape reads it). n_experts 0: a dense model.
+struct MoeSection {
+  int n_experts = 0;         // routed SwiGLU experts per sparse block; 0: dense
+  int top_k = 2;             // experts each token is routed to
+  int expert_hidden = 0;     // each expert's hidden width; 0: model.ffn_hidden
+  int every = 1;             // block l is sparse when (l + 1) % every == 0 (1: every block)
+  int n_shared_experts = 0;  // always-on experts of a sparse block: one SwiGLU of n_shared_experts x expert_hidden
+  double aux_loss_coef = 0.01;  // the load-balancing loss's weight in the objective
+  bool enabled() const { return n_experts > 0; }
+};
+
 struct ModelSection {
   std::string arch = "gpt2";
   int n_layers = 12;
@@ -44,6 +56,7 @@ struct ModelSection {
   double norm_eps = 0;              // the norm's epsilon; 0: 1e-5
   double rope_theta = 0;            // llama: RoPE's base; 0: 10000
   std::optional<bool> tie_embeddings;  // the LM head is the token embedding; unset: gpt2 yes, llama no
+  MoeSection moe;
   // derived
   int padded_vocab = 0;  // vocab_size rounded up to a multiple of pad_vocab_multiple
   int head_dim() const { return d_model / n_heads; }
@@ -70,6 +83,7 @@ struct ParallelSection {
   int tp = 1;
   int pp = 1;
   int cp = 1;
+  int ep = 1;  // expert parallel: the routed experts split over ep of the dp ranks (moe.n_experts > 0)
   std::string order = "tp-cp-dp-pp";  // innermost first
   int zero_stage = 0;                 // 0..3
   int dp_replicate = 1;               // HSDP: dp = dp_replicate x dp_shard; ZeRO shards over dp_shard

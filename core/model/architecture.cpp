@@ -1,5 +1,7 @@
 #include "core/model/architecture.h"
 
+#include <algorithm>
+
 #include "core/common/error.h"
 
 namespace pt {
@@ -23,8 +25,17 @@ const char* to_string(ParamRole r) {
     case ParamRole::final_norm: return "final_norm";
     case ParamRole::final_norm_bias: return "final_norm_bias";
     case ParamRole::head: return "head";
+    case ParamRole::moe_router: return "moe_router";
+    case ParamRole::expert_up: return "expert_up";
+    case ParamRole::expert_down: return "expert_down";
   }
   return "?";
+}
+
+int Architecture::max_mlp_hidden() const {
+  int widest = 0;
+  for (int l = 0; l < n_layers; l++) widest = std::max(widest, mlp_hidden(l));
+  return widest;
 }
 
 Architecture describe_architecture(const ModelSection& m) {
@@ -49,6 +60,15 @@ Architecture describe_architecture(const ModelSection& m) {
     a.biases = false;
     a.rope_theta = static_cast<float>(m.rope_base());
     a.scaled_residual_init = false;
+    const MoeSection& e = m.moe;
+    if (e.enabled()) {
+      a.n_experts = e.n_experts;
+      a.top_k = e.top_k;
+      a.expert_hidden = e.expert_hidden > 0 ? e.expert_hidden : a.ffn_hidden;
+      a.moe_every = e.every;
+      a.n_shared_experts = e.n_shared_experts;
+      a.aux_loss_coef = static_cast<float>(e.aux_loss_coef);
+    }
     return a;
   }
   throw ConfigError("model.arch=\"" + m.arch + "\" must be one of gpt2, llama");
@@ -82,14 +102,41 @@ std::vector<std::string> gpt2_names(ParamRole r, int layer) {
     case ParamRole::final_norm: return {"ln_f.weight"};
     case ParamRole::final_norm_bias: return {"ln_f.bias"};
     case ParamRole::head: return {};  // tied
+    default: return {};  // no experts
   }
   return {};
 }
 
 // Llama: Hugging Face's LlamaForCausalLM names exactly; q, k, v and gate, up are separate
-// tensors there, kept adjacent here.
-std::vector<std::string> llama_names(ParamRole r, int layer) {
+// tensors there, kept adjacent here. A sparse block's experts are named as in Hugging Face's
+// MixtralForCausalLM (w1 the gate, w3 the up, w2 the down projection of each expert), its
+// shared experts as DeepSeek's (one SwiGLU "mlp.shared_experts").
+std::vector<std::string> llama_names(const Architecture& a, ParamRole r, int layer) {
   const std::string h = "model.layers." + std::to_string(layer) + ".";
+  if (a.sparse_block(layer)) {
+    const std::string moe = h + "block_sparse_moe.";
+    std::vector<std::string> names;
+    switch (r) {
+      case ParamRole::mlp_up:
+        if (a.n_shared_experts == 0) return {};
+        return {h + "mlp.shared_experts.gate_proj.weight", h + "mlp.shared_experts.up_proj.weight"};
+      case ParamRole::mlp_down:
+        if (a.n_shared_experts == 0) return {};
+        return {h + "mlp.shared_experts.down_proj.weight"};
+      case ParamRole::moe_router: return {moe + "gate.weight"};
+      case ParamRole::expert_up:
+        for (int e = 0; e < a.n_experts; e++) {
+          const std::string x = moe + "experts." + std::to_string(e) + ".";
+          names.push_back(x + "w1.weight");
+          names.push_back(x + "w3.weight");
+        }
+        return names;
+      case ParamRole::expert_down:
+        for (int e = 0; e < a.n_experts; e++) names.push_back(moe + "experts." + std::to_string(e) + ".w2.weight");
+        return names;
+      default: break;  // the attention half is a dense block's
+    }
+  }
   switch (r) {
     case ParamRole::token_embedding: return {"model.embed_tokens.weight"};
     case ParamRole::norm1: return {h + "input_layernorm.weight"};
@@ -109,7 +156,7 @@ std::vector<std::string> llama_names(ParamRole r, int layer) {
 
 std::vector<std::string> Architecture::tensor_names(ParamRole role, int layer) const {
   if (role == ParamRole::head && tied_head) return {};
-  return name == "llama" ? llama_names(role, layer) : gpt2_names(role, layer);
+  return name == "llama" ? llama_names(*this, role, layer) : gpt2_names(role, layer);
 }
 
 }  // namespace pt

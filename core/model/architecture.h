@@ -52,6 +52,11 @@ enum class ParamRole {
   final_norm,
   final_norm_bias,
   head,  // [padded_vocab, C], vocabulary-split (untied heads only)
+  // A sparse (mixture-of-experts) block's MLP: a router and n_experts SwiGLU experts, besides
+  // mlp_up/mlp_down, which there are its shared experts (absent without them). Replicated over tp.
+  moe_router,   // [n_experts, C]
+  expert_up,    // n_experts x [2 expert_hidden, C]: each expert's gate rows, then its up rows
+  expert_down,  // n_experts x [C, expert_hidden]
 };
 const char* to_string(ParamRole r);
 
@@ -69,12 +74,25 @@ struct Architecture {
   // GPT-2 initialises the two projections into the residual stream with std 0.02/sqrt(2 n_layers);
   // Hugging Face's Llama uses 0.02 for every matrix.
   bool scaled_residual_init = true;
+  // Mixture of experts (Mixtral; the moe section): 0 experts is a dense model.
+  int n_experts = 0, top_k = 0, expert_hidden = 0, moe_every = 1, n_shared_experts = 0;
+  float aux_loss_coef = 0.0f;
 
   int q_width() const { return n_heads * head_dim; }
   int kv_width() const { return n_kv_heads * head_dim; }
   int qkv_width() const { return q_width() + 2 * kv_width(); }
+  // Whether block `layer` is sparse: its MLP is routed experts (plus shared ones).
+  bool sparse_block(int layer) const { return n_experts > 0 && (layer + 1) % moe_every == 0; }
+  int sparse_blocks() const { return n_experts > 0 ? n_layers / moe_every : 0; }
+  // The hidden width of block `layer`'s dense MLP: ffn_hidden, or in a sparse block its shared
+  // experts' n_shared_experts x expert_hidden (0: none). The widest over the blocks sizes buffers.
+  int mlp_hidden(int layer) const {
+    return sparse_block(layer) ? n_shared_experts * expert_hidden : ffn_hidden;
+  }
+  int max_mlp_hidden() const;
   // The MLP's up-projection output: the hidden width, twice it with SwiGLU's gate.
-  int mlp_up_width() const { return mlp == MlpKind::swiglu ? 2 * ffn_hidden : ffn_hidden; }
+  int up_width(int hidden) const { return mlp == MlpKind::swiglu ? 2 * hidden : hidden; }
+  int mlp_up_width() const { return up_width(ffn_hidden); }
   bool norm_has_bias() const { return norm == NormKind::layernorm; }
 
   // The checkpoint names of the tensors that make up `role` in block `layer` (ignored outside

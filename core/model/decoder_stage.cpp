@@ -142,6 +142,19 @@ DecoderStage::DecoderStage(const ModelSection& model, ParamStore& store, Ops& op
   // The tensor-parallel buffers grow during the first step; counted now, at the size they reach.
   activation_bytes_ += TensorParallel::scratch_bytes(d.tp, d.sp, d.N, d.C, act);
   if (vocab_ce_) activation_bytes_ += VocabParallelCrossEntropy::scratch_bytes(d.tp, d.N);
+
+  // Mixture of experts: this stage's sparse blocks route the rows of the residual stream they
+  // hold; the micro-batch's tokens are spread over the sequence-parallel tp group and cp.
+  int sparse = 0;
+  for (int l = layers.first_layer; l < layers.end_layer; l++)
+    sparse_index_.push_back(arch_.sparse_block(l) ? sparse++ : -1);
+  if (sparse > 0) {
+    Comm* sp_group = d.sp ? tp_comm_ : nullptr;
+    moe_ = std::make_unique<MoeLayer>(ops, arch_, static_cast<int>(rows), sparse, slots.activations,
+                                      std::vector<Comm*>{sp_group, mp.cp}, sp_group,
+                                      [this](size_t n, DType t) { return alloc_act(n, t); });
+    moe_out_ = alloc_act(RC, act);
+  }
 }
 
 DecoderStage::~DecoderStage() {
@@ -196,7 +209,7 @@ DecoderStage::LayerParams DecoderStage::layer_params(int l, bool grads) const {
   using R = ParamRole;
   return {get(R::norm1),  get(R::norm1_bias),    get(R::qkv),    get(R::qkv_bias),    get(R::attn_out),
           get(R::attn_out_bias), get(R::norm2), get(R::norm2_bias), get(R::mlp_up), get(R::mlp_up_bias),
-          get(R::mlp_down), get(R::mlp_down_bias)};
+          get(R::mlp_down), get(R::mlp_down_bias), {get(R::moe_router), get(R::expert_up), get(R::expert_down)}};
 }
 
 DecoderStage::LayerActs DecoderStage::buffers(const ActSlot& s, int l) const {
@@ -228,10 +241,11 @@ void DecoderStage::residual_norm_forward(Tensor residual, Tensor out, Tensor mea
   ops_.residual_rmsnorm_forward(residual, out, rstd, a, b, w, d_.rows, d_.C, arch_.norm_eps);
 }
 
-void DecoderStage::mlp_activation_forward(const LayerActs& a) {
-  const StageDims& d = d_;
-  if (arch_.mlp == MlpKind::gelu) return ops_.gelu_forward(a.fch_gelu, a.fch, size_t(d.N) * d.Fl);
-  ops_.swiglu_forward(a.fch_gelu, a.fch, d.N, d.Fl);
+void DecoderStage::mlp_activation_forward(const LayerActs& a, int l) {
+  const int F = mlp_local(l);
+  if (F == 0) return;  // a sparse block without shared experts
+  if (arch_.mlp == MlpKind::gelu) return ops_.gelu_forward(a.fch_gelu, a.fch, size_t(d_.N) * F);
+  ops_.swiglu_forward(a.fch_gelu, a.fch, d_.N, F);
 }
 
 void DecoderStage::rope(Tensor qkv, bool backward) {
@@ -245,7 +259,8 @@ void DecoderStage::rope(Tensor qkv, bool backward) {
     ops_.rope_forward(qkv, pos_, d.B, d.T, d.QKVl, d.NHl + d.NKVl, arch_.head_dim, arch_.rope_theta);
 }
 
-void DecoderStage::block_forward(const LayerActs& a, const LayerParams& p, Tensor x, bool ln1_ready, bool to_gelu) {
+void DecoderStage::block_forward(const LayerActs& a, const LayerParams& p, Tensor x, bool ln1_ready, bool to_gelu,
+                                 int l, int slot) {
   const StageDims& d = d_;
   const int N = d.N, C = d.C;
   if (!ln1_ready) norm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1w, p.ln1b);
@@ -255,16 +270,27 @@ void DecoderStage::block_forward(const LayerActs& a, const LayerParams& p, Tenso
   tp_->row_forward(a.attproj, a.atty, p.projw, p.projb, N, d.Cl, C);
   // res2 = x + attproj, and norm_2 of it, in one pass (the norm sees the stored res2).
   residual_norm_forward(a.res2, a.ln2, a.ln2_mean, a.ln2_rstd, x, a.attproj, p.ln2w, p.ln2b);
-  tp_->column_forward(a.fch, a.ln2, p.fcw, p.fcb, N, C, d.Ul);
-  mlp_activation_forward(a);
-  if (to_gelu) return;  // backward needs nothing after the activation
-  tp_->row_forward(a.fcproj, a.fch_gelu, p.fcprojw, p.fcprojb, N, d.Fl, C);
+  // The MLP: dense (a sparse block's shared experts, if any), then a sparse block's routed
+  // experts added to it. Full recompute stops after the dense activation: backward needs
+  // nothing later, and the routed experts keep their own activations (moe_layer.h).
+  const int F = mlp_local(l);
+  if (F > 0) {
+    tp_->column_forward(a.fch, a.ln2, p.fcw, p.fcb, N, C, up_local(l));
+    mlp_activation_forward(a, l);
+  }
+  if (to_gelu) return;
+  if (F > 0) tp_->row_forward(a.fcproj, a.fch_gelu, p.fcprojw, p.fcprojb, N, F, C);
+  if (arch_.sparse_block(l)) {
+    const Tensor out = F > 0 ? moe_out_ : a.fcproj;
+    moe_->forward(slot, sparse_index(l), out, a.ln2, d.rows, p.moe, aux_weight_, training_);
+    if (F > 0) ops_.add(a.fcproj, a.fcproj, moe_out_, d.rows_c());
+  }
 }
 
-void DecoderStage::recompute_block(const LayerActs& a, const LayerParams& p, Tensor x) {
+void DecoderStage::recompute_block(const LayerActs& a, const LayerParams& p, Tensor x, int l, int slot) {
   switch (recompute_) {
     case Recompute::none: return;
-    case Recompute::full: return block_forward(a, p, x, false, true);
+    case Recompute::full: return block_forward(a, p, x, false, true, l, slot);
     case Recompute::selective:
       // From the kept qkv (rotated already), res2 and fch: the norm outputs, the attention output
       // and its log-sum-exps, the activation's output. Same kernels, same inputs: the same bits as
@@ -272,7 +298,7 @@ void DecoderStage::recompute_block(const LayerActs& a, const LayerParams& p, Ten
       norm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1w, p.ln1b);
       attention_->forward(a.atty, a.lse, a.qkv);
       norm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2w, p.ln2b);
-      mlp_activation_forward(a);
+      mlp_activation_forward(a, l);
       return;
   }
 }
@@ -335,6 +361,13 @@ double DecoderStage::forward(MicroSlot at, const int32_t* tokens, const int32_t*
   const StageDims& d = d_;
   const int N = d.N, C = d.C;
   const int embeddings = -1, final_norm = m_.n_layers;  // ParamSpec::layer of the non-block layers
+  // The balancing loss enters the objective as aux_loss_coef x its mean over the sparse blocks,
+  // per micro-batch, weighted like the micro-batch's B x seq_len tokens of cross-entropy (whose
+  // per-token gradient is dloss).
+  training_ = dloss != 0.0f;
+  aux_weight_ = arch_.sparse_blocks() > 0 ? static_cast<float>(double(arch_.aux_loss_coef) / arch_.sparse_blocks() *
+                                                               dloss * double(d.B) * d.T * d.cp)
+                                          : 0.0f;
 
   if (layers_.embedding) {
     ops_.upload(s.tokens, tokens, DType::i32, N);
@@ -353,7 +386,7 @@ double DecoderStage::forward(MicroSlot at, const int32_t* tokens, const int32_t*
   for (int l = layers_.first_layer; l < layers_.end_layer; l++) {
     if (!ln1_ready) hooks_->acquire_params(l);  // else acquired for the fused add
     const LayerActs a = buffers(s, l);
-    block_forward(a, layer_params(l, false), x, ln1_ready, false);
+    block_forward(a, layer_params(l, false), x, ln1_ready, false, l, at.activations);
     hooks_->release_params(l);
     if (l + 1 < layers_.end_layer) {
       hooks_->acquire_params(l + 1);
@@ -431,16 +464,24 @@ void DecoderStage::backward(MicroSlot at) {
     const LayerParams g = layer_params(l, true);
     const LayerActs a = buffers(s, l);
     const Tensor x = block_input(in, s, l);
-    recompute_block(a, p, x);
+    recompute_block(a, p, x, l, at.activations);
     // MLP branch: res3 = res2 + fcproj(act(fc(ln2(res2)))). The matmuls', the activation's
     // and attention's input gradients are overwritten (Ops), so only the residual stream (+=)
     // starts from zeros.
-    tp_->row_backward(dfch_gelu_, g.fcprojw, g.fcprojb, dres, a.fch_gelu, p.fcprojw, N, d.Fl, C);
-    if (arch_.mlp == MlpKind::gelu)
-      ops_.gelu_backward(dfch_, a.fch, dfch_gelu_, size_t(N) * d.Fl);
-    else
-      ops_.swiglu_backward(dfch_, a.fch, dfch_gelu_, N, d.Fl);
-    tp_->column_backward(dln, g.fcw, g.fcb, dfch_, a.ln2, p.fcw, N, C, d.Ul);
+    const int F = mlp_local(l);
+    if (F > 0) {
+      tp_->row_backward(dfch_gelu_, g.fcprojw, g.fcprojb, dres, a.fch_gelu, p.fcprojw, N, F, C);
+      if (arch_.mlp == MlpKind::gelu)
+        ops_.gelu_backward(dfch_, a.fch, dfch_gelu_, size_t(N) * F);
+      else
+        ops_.swiglu_backward(dfch_, a.fch, dfch_gelu_, N, F);
+      tp_->column_backward(dln, g.fcw, g.fcb, dfch_, a.ln2, p.fcw, N, C, up_local(l));
+    } else {
+      ops_.zero(dln);
+    }
+    // A sparse block's routed experts: their output's gradient is the residual stream's (dres,
+    // before the norm below adds to it); they add their input's gradient to the norm output's.
+    if (arch_.sparse_block(l)) moe_->backward(at.activations, sparse_index(l), dln, dres, a.ln2, d.rows, p.moe, g.moe);
     norm_backward(dres, g.ln2w, g.ln2b, dln, a.res2, p.ln2w, a.ln2_mean, a.ln2_rstd);
     // Attention branch: res2 = x + proj(attention(rope(qkv(ln1(x)))))
     tp_->row_backward(datty, g.projw, g.projb, dres, a.atty, p.projw, N, d.Cl, C);

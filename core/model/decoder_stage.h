@@ -90,6 +90,7 @@
 #include "core/model/architecture.h"
 #include "core/model/layer_hooks.h"
 #include "core/model/model_parallel.h"
+#include "core/model/moe_layer.h"
 #include "core/model/param_store.h"
 #include "core/model/pipeline_stages.h"
 #include "core/ops/ops.h"
@@ -173,6 +174,9 @@ class DecoderStage {
   const StageLayers& layers() const { return layers_; }
   StageSlots slots() const { return {static_cast<int>(io_.size()), static_cast<int>(acts_.size())}; }
   Recompute recompute() const { return recompute_; }
+  // The routing statistics of the training forwards since the last call (mixture of experts;
+  // zeros for a dense model or a stage without sparse blocks).
+  MoeStats take_moe_stats() { return moe_ ? moe_->take_stats() : MoeStats{}; }
 
  private:
   struct LayerActs {
@@ -181,6 +185,7 @@ class DecoderStage {
   };
   struct LayerParams {
     Tensor ln1w, ln1b, qkvw, qkvb, projw, projb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb;
+    MoeParams moe;  // a sparse block's router and routed experts
   };
   // One micro-batch's input and gradient.
   struct IoSlot {
@@ -203,7 +208,13 @@ class DecoderStage {
   void norm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor w, Tensor b);
   void residual_norm_forward(Tensor residual, Tensor out, Tensor mean, Tensor rstd, Tensor a, Tensor b, Tensor w,
                              Tensor bias);
-  void mlp_activation_forward(const LayerActs& a);
+  void mlp_activation_forward(const LayerActs& a, int l);
+  // Block l's dense MLP width on this rank (0: a sparse block without shared experts), and its
+  // up-projection's.
+  int mlp_local(int l) const { return arch_.mlp_hidden(l) / d_.tp; }
+  int up_local(int l) const { return arch_.up_width(arch_.mlp_hidden(l)) / d_.tp; }
+  // The index of sparse block l among this stage's (its MoeLayer state).
+  int sparse_index(int l) const { return sparse_index_[static_cast<size_t>(l - layers_.first_layer)]; }
   void rope(Tensor qkv, bool backward);
   LayerActs buffers(const ActSlot& s, int l) const;  // kept buffers, the rest from the shared set
   Tensor block_input(const IoSlot& io, const ActSlot& s, int l) const;
@@ -211,14 +222,15 @@ class DecoderStage {
   // that ends the block (a.res3) is the caller's, fused with the norm that follows where
   // there is one. `ln1_ready`: a.ln1 and its statistics already hold ln_1(x) (computed by the
   // previous block's fused add). `to_gelu`: stop after the activation (full recompute).
-  void block_forward(const LayerActs& a, const LayerParams& p, Tensor x, bool ln1_ready, bool to_gelu);
+  // l: the block; slot: the micro-batch's activation slot (a sparse block keeps its routing there).
+  void block_forward(const LayerActs& a, const LayerParams& p, Tensor x, bool ln1_ready, bool to_gelu, int l, int slot);
   // Token + position embedding of this rank's tokens into the residual stream `out`.
   void embed(Tensor out, Tensor tokens);
   void embed_backward(Tensor dres, Tensor tokens);
   // The norm's backward over the residual rows; under sequence parallel its weight gradients are
   // summed over tp first (see the file comment).
   void norm_backward(Tensor dinp, Tensor dw, Tensor db, Tensor dout, Tensor inp, Tensor w, Tensor mean, Tensor rstd);
-  void recompute_block(const LayerActs& a, const LayerParams& p, Tensor x);
+  void recompute_block(const LayerActs& a, const LayerParams& p, Tensor x, int l, int slot);
   void check_slots(MicroSlot at) const;
   const IoSlot& io(int io_slot) const;
   Tensor alloc_act(size_t n, DType dtype);
@@ -252,6 +264,13 @@ class DecoderStage {
   std::unique_ptr<TensorParallel> tp_;
   std::unique_ptr<CpAttention> attention_;
   std::unique_ptr<VocabParallelCrossEntropy> vocab_ce_;  // tp > 1
+  // Mixture of experts: the routed experts of this stage's sparse blocks, and what the current
+  // forward passes them (the balancing loss's gradient scale; whether it is a training pass).
+  std::unique_ptr<MoeLayer> moe_;
+  std::vector<int> sparse_index_;  // per block of the stage: its index in moe_, -1 when dense
+  Tensor moe_out_;                 // a sparse block's routed output before it joins the MLP's
+  float aux_weight_ = 0.0f;
+  bool training_ = false;
 };
 
 }  // namespace pt

@@ -34,8 +34,12 @@ StageDims StageDims::make(const ModelSection& m, int B, int seq_len, int tp, boo
   d.NHl = m.n_heads / tp;
   d.NKVl = a.n_kv_heads / tp;
   d.QKVl = a.qkv_width() / tp;
-  d.Fl = a.ffn_hidden / tp;
-  d.Ul = a.mlp_up_width() / tp;
+  // The widest dense MLP of any block (an MoE model's sparse blocks may have a narrower one of
+  // shared experts, or none); the stage sizes its buffers by it.
+  const int F = a.max_mlp_hidden();
+  need(F % tp == 0, "parallel.tp=" + std::to_string(tp) + " must divide the MLP width " + std::to_string(F));
+  d.Fl = F / tp;
+  d.Ul = a.up_width(F) / tp;
   d.Vl = m.padded_vocab / tp;
   d.tp = tp;
   d.cp = cp;

@@ -42,7 +42,7 @@ struct StageDims {
   int NHl = 0;    // query heads on this rank: n_heads / tp
   int NKVl = 0;   // key/value heads on this rank: n_kv_heads / tp
   int QKVl = 0;   // the q | k | v projection's width on this rank: (NHl + 2 NKVl) head_dim
-  int Fl = 0;     // MLP hidden width on this rank: ffn_hidden / tp
+  int Fl = 0;     // MLP hidden width on this rank: ffn_hidden / tp (the widest block's, Architecture::max_mlp_hidden)
   int Ul = 0;     // the MLP's up-projection width on this rank: Fl, or 2 Fl with SwiGLU's gate
   int Vl = 0;     // vocabulary rows on this rank: padded_vocab / tp
   int tp = 1, cp = 1;

@@ -79,20 +79,33 @@ ParamTable build_param_table(const ModelSection& m) {
     add(w, layer, {C}, 0, Split::replicated, Init::ones, 0);
     if (a.norm_has_bias()) add(b, layer, {C}, 0, Split::replicated, Init::zeros, 0);
   };
-  const int64_t Vp = a.padded_vocab, Q = a.q_width(), KV = a.kv_width(), F = a.ffn_hidden;
+  const int64_t Vp = a.padded_vocab, Q = a.q_width(), KV = a.kv_width();
   add(ParamRole::token_embedding, -1, {Vp}, C, Split::vocab, Init::normal, std);
   s.back().live_rows = a.vocab_size;
   s.back().also_head = a.tied_head;
   if (a.positions == PositionKind::learned)
     add(ParamRole::position_embedding, -1, {a.max_seq_len}, C, Split::replicated, Init::normal, std);
-  const std::vector<int64_t> up_rows = a.mlp == MlpKind::swiglu ? std::vector<int64_t>{F, F} : std::vector<int64_t>{F};
   for (int l = 0; l < L; l++) {
     norm(ParamRole::norm1, ParamRole::norm1_bias, l);
     linear(ParamRole::qkv, ParamRole::qkv_bias, l, {Q, KV, KV}, C, Split::column, std);
     linear(ParamRole::attn_out, ParamRole::attn_out_bias, l, {C}, Q, Split::row, resid_std);
     norm(ParamRole::norm2, ParamRole::norm2_bias, l);
-    linear(ParamRole::mlp_up, ParamRole::mlp_up_bias, l, up_rows, C, Split::column, std);
-    linear(ParamRole::mlp_down, ParamRole::mlp_down_bias, l, {C}, F, Split::row, resid_std);
+    // The dense MLP (a sparse block's shared experts, where it has any).
+    const int64_t F = a.mlp_hidden(l);
+    if (F > 0) {
+      const std::vector<int64_t> up_rows =
+          a.mlp == MlpKind::swiglu ? std::vector<int64_t>{F, F} : std::vector<int64_t>{F};
+      linear(ParamRole::mlp_up, ParamRole::mlp_up_bias, l, up_rows, C, Split::column, std);
+      linear(ParamRole::mlp_down, ParamRole::mlp_down_bias, l, {C}, F, Split::row, resid_std);
+    }
+    if (a.sparse_block(l)) {
+      // The router and every routed expert, whole on every tp rank (core/model/moe_layer.h).
+      const int64_t E = a.n_experts, H = a.expert_hidden;
+      add(ParamRole::moe_router, l, {E}, C, Split::replicated, Init::normal, std);
+      add(ParamRole::expert_up, l, std::vector<int64_t>(size_t(2 * E), H), C, Split::replicated, Init::normal, std);
+      add(ParamRole::expert_down, l, std::vector<int64_t>(size_t(E), C), H, Split::replicated, Init::normal,
+          resid_std);
+    }
   }
   norm(ParamRole::final_norm, ParamRole::final_norm_bias, static_cast<int>(L));
   add(ParamRole::head, static_cast<int>(L), {Vp}, C, Split::vocab, Init::normal, std);

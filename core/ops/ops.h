@@ -219,6 +219,38 @@ class Ops {
   //   d_gate = dout * up * silu'(gate),  d_up = dout * silu(gate).  A null dgate_up is skipped.
   virtual void swiglu_backward(Tensor dgate_up, Tensor gate_up, Tensor dout, int N, int H) = 0;
 
+  // ---- mixture of experts (core/model/moe_layer.h) -------------------------------------------
+  // N tokens each routed to k of E experts. Routing is Mixtral's: probs = softmax(logits) over
+  // all E experts (f32), the k most probable experts are chosen (a tie goes to the lower expert
+  // index), and their weights are their probabilities renormalised to sum to 1 (the softmax over
+  // the chosen k). slot_of[n k + j] is the row of token n's j-th choice in the permuted buffer,
+  // where rows are grouped by expert (expert 0's first) and, within an expert, in (n, j) order;
+  // core/model/moe_routing.h computes it on the host from topk_expert.
+  //
+  // logits [N, E] (compute dtype, the router matmul's output) -> probs [N, E] (f32),
+  // topk_expert [N, k] (i32, in descending probability), topk_weight [N, k] (f32).
+  virtual void moe_router_forward(Tensor probs, Tensor topk_expert, Tensor topk_weight, Tensor logits, int N, int E,
+                                  int k) = 0;
+  // dlogits [N, E] (compute dtype) OVERWRITTEN with the gradient through the renormalised top-k
+  // weights and the full softmax, given dtopk_weight [N, k] (f32) and dprobs_all [E] (f32), a
+  // gradient every token's probs receive alike (the load-balancing loss's):
+  //   S = sum_j probs[e_j];  dp[e_j] = (dw_j - sum_j' w_j' dw_j') / S;  dp[i] += dprobs_all[i]
+  //   dlogits[i] = probs[i] (dp[i] - sum_i' probs[i'] dp[i'])
+  virtual void moe_router_backward(Tensor dlogits, Tensor probs, Tensor topk_expert, Tensor topk_weight,
+                                   Tensor dtopk_weight, Tensor dprobs_all, int N, int E, int k) = 0;
+  // out[slot_of[n k + j], :] = x[n, :]: each token copied to its k rows of the permuted buffer
+  // (x, out in the compute dtype; out [N k, C]).
+  virtual void moe_permute(Tensor out, Tensor x, Tensor slot_of, int N, int C, int k) = 0;
+  // dx[n, :] += sum_j dout[slot_of[n k + j], :], the j in order (deterministic).
+  virtual void moe_permute_backward(Tensor dx, Tensor dout, Tensor slot_of, int N, int C, int k) = 0;
+  // y[n, :] = sum_j topk_weight[n, j] expert_out[slot_of[n k + j], :], overwritten; the sum in
+  // f32, j in order, one rounding to the dtype.
+  virtual void moe_combine(Tensor y, Tensor expert_out, Tensor topk_weight, Tensor slot_of, int N, int C, int k) = 0;
+  // Its backward, both OVERWRITTEN: dexpert_out[slot_of[n k + j], :] = topk_weight[n, j] dy[n, :],
+  // dtopk_weight[n, j] = dot(dy[n, :], expert_out[slot_of[n k + j], :]) (f32).
+  virtual void moe_combine_backward(Tensor dexpert_out, Tensor dtopk_weight, Tensor dy, Tensor expert_out,
+                                    Tensor topk_weight, Tensor slot_of, int N, int C, int k) = 0;
+
   // ---- loss ----------------------------------------------------------------------------
   // Fused softmax + cross-entropy over the first V of Vp columns (padded columns are never
   // predicted). losses[n] = -log softmax(logits[n, :V])[targets[n]] (f32).

@@ -1,0 +1,186 @@
+#include "core/model/moe_layer.h"
+
+#include <algorithm>
+
+#include "core/common/error.h"
+
+namespace pt {
+
+MoeRouting plan_moe_routing(const int32_t* topk_expert, int N, int k, int E) {
+  MoeRouting r;
+  r.counts.assign(size_t(E), 0);
+  const size_t NK = size_t(N) * k;
+  for (size_t i = 0; i < NK; i++) {
+    const int e = topk_expert[i];
+    check(e >= 0 && e < E, "MoE routing: expert " + std::to_string(e) + " of " + std::to_string(E));
+    r.counts[size_t(e)]++;
+  }
+  r.offsets.assign(size_t(E) + 1, 0);
+  for (int e = 0; e < E; e++) r.offsets[size_t(e) + 1] = r.offsets[size_t(e)] + r.counts[size_t(e)];
+  // Stable: within an expert, (token, choice) order.
+  std::vector<int> next(r.offsets.begin(), r.offsets.end() - 1);
+  r.slot_of.resize(NK);
+  for (size_t i = 0; i < NK; i++) r.slot_of[i] = next[size_t(topk_expert[i])]++;
+  return r;
+}
+
+MoeLayer::MoeLayer(Ops& ops, const Architecture& a, int rows, int layers, int slots,
+                   std::vector<Comm*> token_groups, Comm* grad_group, const Alloc& alloc)
+    : ops_(ops),
+      E_(a.n_experts),
+      k_(a.top_k),
+      H_(a.expert_hidden),
+      C_(a.d_model),
+      rows_(rows),
+      token_groups_(std::move(token_groups)),
+      grad_group_(grad_group),
+      layers_(layers) {
+  check(E_ >= 1 && k_ >= 1 && k_ <= E_ && H_ >= 1, "MoeLayer: an architecture without experts");
+  const DType act = ops.compute_dtype(), f32 = DType::f32, i32 = DType::i32;
+  const size_t R = size_t(rows), RK = R * k_;
+  kept_.resize(size_t(slots) * layers);
+  for (Kept& s : kept_) {
+    s.probs = alloc(R * E_, f32);
+    s.topk_expert = alloc(RK, i32);
+    s.topk_weight = alloc(RK, f32);
+    s.slot_of = alloc(RK, i32);
+    s.x_perm = alloc(RK * C_, act);
+    s.h = alloc(RK * 2 * H_, act);
+    s.act = alloc(RK * H_, act);
+    s.y = alloc(RK * C_, act);
+    s.dprobs_all = alloc(size_t(E_), f32);
+  }
+  logits_ = alloc(R * E_, act);
+  dlogits_ = alloc(R * E_, act);
+  dy_ = alloc(RK * C_, act);
+  dact_ = alloc(RK * H_, act);
+  dh_ = alloc(RK * 2 * H_, act);
+  dx_perm_ = alloc(RK * C_, act);
+  dweight_ = alloc(RK, f32);
+  dx_router_ = alloc(R * C_, act);
+  if (grad_group_) grad_sum_ = alloc(size_t(E_) * C_ * (1 + 3 * size_t(H_)), f32);
+}
+
+size_t MoeLayer::kept_bytes(const Architecture& a, int rows, DType act) {
+  const size_t R = size_t(rows), RK = R * a.top_k, s = dtype_size(act);
+  return R * a.n_experts * 4 + RK * 4 * 3 + RK * (2 * size_t(a.d_model) + 3 * size_t(a.expert_hidden)) * s +
+         size_t(a.n_experts) * 4;
+}
+
+size_t MoeLayer::scratch_bytes(const Architecture& a, int rows, DType act) {
+  const size_t R = size_t(rows), RK = R * a.top_k, s = dtype_size(act);
+  return (2 * R * a.n_experts + RK * (2 * size_t(a.d_model) + 3 * size_t(a.expert_hidden)) + R * a.d_model) * s +
+         RK * 4;
+}
+
+MoeLayer::Kept& MoeLayer::kept(int slot, int layer) {
+  const size_t i = size_t(slot) * layers_ + size_t(layer);
+  check(layer >= 0 && layer < layers_ && i < kept_.size(), "MoeLayer: slot or layer out of range");
+  return kept_[i];
+}
+
+double MoeLayer::forward(int slot, int layer, Tensor out, Tensor x, int n, const MoeParams& p, float aux_weight,
+                         bool training) {
+  check(n >= 1 && n <= rows_, "MoeLayer::forward: " + std::to_string(n) + " rows of at most " + std::to_string(rows_));
+  Kept& s = kept(slot, layer);
+  const int E = E_, k = k_, H = H_, C = C_;
+  ops_.matmul_forward(logits_, x, p.router, Tensor{}, n, C, E);
+  ops_.moe_router_forward(s.probs, s.topk_expert, s.topk_weight, logits_, n, E, k);
+
+  // The routing plan on the host: the per-expert row counts drive the matmul loop below.
+  std::vector<int32_t> choice(size_t(n) * k);
+  ops_.download(choice.data(), DType::i32, s.topk_expert, choice.size());
+  MoeRouting route = plan_moe_routing(choice.data(), n, k, E);
+  ops_.upload(s.slot_of, route.slot_of.data(), DType::i32, route.slot_of.size());
+  s.offsets = route.offsets;
+
+  ops_.moe_permute(s.x_perm, x, s.slot_of, n, C, k);
+  for (int e = 0; e < E; e++) {
+    const int r0 = route.offsets[size_t(e)], m = route.counts[size_t(e)];
+    if (m == 0) continue;
+    const Tensor up = p.up.slice(size_t(e) * 2 * H * C, size_t(2) * H * C);
+    const Tensor down = p.down.slice(size_t(e) * C * H, size_t(C) * H);
+    const Tensor h = s.h.slice(size_t(r0) * 2 * H, size_t(m) * 2 * H);
+    const Tensor act = s.act.slice(size_t(r0) * H, size_t(m) * H);
+    ops_.matmul_forward(h, s.x_perm.slice(size_t(r0) * C, size_t(m) * C), up, Tensor{}, m, C, 2 * H);
+    ops_.swiglu_forward(act, h, m, H);
+    ops_.matmul_forward(s.y.slice(size_t(r0) * C, size_t(m) * C), act, down, Tensor{}, m, H, C);
+  }
+  ops_.moe_combine(out, s.y, s.topk_weight, s.slot_of, n, C, k);
+
+  // The load-balancing loss over the whole micro-batch: counts and probability sums of every
+  // rank holding its tokens (in double, in row order, so every layout sums alike).
+  std::vector<float> probs(size_t(n) * E);
+  ops_.download(probs.data(), DType::f32, s.probs, probs.size());
+  std::vector<double> sums(2 * size_t(E) + 1, 0.0);  // counts | probability sums | tokens
+  for (int e = 0; e < E; e++) sums[size_t(e)] = route.counts[size_t(e)];
+  for (int r = 0; r < n; r++)
+    for (int e = 0; e < E; e++) sums[size_t(E + e)] += probs[size_t(r) * E + e];
+  sums[2 * size_t(E)] = n;
+  for (Comm* g : token_groups_)
+    if (g) g->all_reduce(sums.data(), sums.size());
+  const double tokens = sums[2 * size_t(E)];
+  double aux = 0;
+  std::vector<float> dprobs(static_cast<size_t>(E));
+  for (int e = 0; e < E; e++) {
+    const double f = sums[size_t(e)] / tokens, P = sums[size_t(E + e)] / tokens;
+    aux += E * f * P;
+    dprobs[size_t(e)] = static_cast<float>(aux_weight * E * f / tokens);
+  }
+  ops_.upload(s.dprobs_all, dprobs.data(), DType::f32, dprobs.size());
+  if (training) {
+    stats_.aux_sum += aux;
+    stats_.layer_batches += 1;
+    for (int e = 0; e < E; e++)
+      stats_.max_load = std::max(stats_.max_load, sums[size_t(e)] / (tokens * k) * E);
+  }
+  return aux;
+}
+
+void MoeLayer::backward(int slot, int layer, Tensor dx, Tensor dout, Tensor x, int n, const MoeParams& p,
+                        const MoeParams& g_in) {
+  Kept& s = kept(slot, layer);
+  const int E = E_, k = k_, H = H_, C = C_;
+  // Under sequence parallel the gradients of this rank's rows are summed over tp before they
+  // join the parameters' (which may hold earlier micro-batches, summed already).
+  MoeParams g = g_in;
+  const size_t n_router = size_t(E) * C, n_up = size_t(E) * 2 * H * C, n_down = size_t(E) * C * H;
+  if (grad_group_) {
+    ops_.zero(grad_sum_);
+    g = {grad_sum_.slice(0, n_router), grad_sum_.slice(n_router, n_up), grad_sum_.slice(n_router + n_up, n_down)};
+  }
+  ops_.moe_combine_backward(dy_, dweight_, dout, s.y, s.topk_weight, s.slot_of, n, C, k);
+  for (int e = 0; e < E; e++) {
+    const int r0 = s.offsets[size_t(e)], m = s.offsets[size_t(e) + 1] - r0;
+    if (m == 0) continue;
+    const size_t up_at = size_t(e) * 2 * H * C, down_at = size_t(e) * C * H;
+    const Tensor x_e = s.x_perm.slice(size_t(r0) * C, size_t(m) * C);
+    const Tensor h = s.h.slice(size_t(r0) * 2 * H, size_t(m) * 2 * H);
+    const Tensor dh = dh_.slice(size_t(r0) * 2 * H, size_t(m) * 2 * H);
+    const Tensor act = s.act.slice(size_t(r0) * H, size_t(m) * H);
+    const Tensor dact = dact_.slice(size_t(r0) * H, size_t(m) * H);
+    ops_.matmul_backward(dact, g.down.slice(down_at, size_t(C) * H), Tensor{}, dy_.slice(size_t(r0) * C, size_t(m) * C),
+                         act, p.down.slice(down_at, size_t(C) * H), m, H, C);
+    ops_.swiglu_backward(dh, h, dact, m, H);
+    ops_.matmul_backward(dx_perm_.slice(size_t(r0) * C, size_t(m) * C), g.up.slice(up_at, size_t(2) * H * C),
+                         Tensor{}, dh, x_e, p.up.slice(up_at, size_t(2) * H * C), m, C, 2 * H);
+  }
+  ops_.moe_permute_backward(dx, dx_perm_, s.slot_of, n, C, k);
+  ops_.moe_router_backward(dlogits_, s.probs, s.topk_expert, s.topk_weight, dweight_, s.dprobs_all, n, E, k);
+  ops_.matmul_backward(dx_router_, g.router, Tensor{}, dlogits_, x, p.router, n, C, E);
+  ops_.add(dx, dx, dx_router_, size_t(n) * C);
+  if (grad_group_) {
+    grad_group_->all_reduce(grad_sum_);
+    ops_.add(g_in.router, g_in.router, g.router, n_router);
+    ops_.add(g_in.up, g_in.up, g.up, n_up);
+    ops_.add(g_in.down, g_in.down, g.down, n_down);
+  }
+}
+
+MoeStats MoeLayer::take_stats() {
+  MoeStats s = stats_;
+  stats_ = {};
+  return s;
+}
+
+}  // namespace pt

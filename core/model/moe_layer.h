@@ -1,0 +1,103 @@
+// MoeLayer: the routed-experts half of a sparse (mixture-of-experts) block's MLP, Mixtral's
+// block_sparse_moe, run through Ops on the rows of the residual stream this rank holds:
+//
+//   logits = x @ router^T                                   [rows, E]
+//   probs = softmax(logits); each token's top_k experts, weights renormalised over them
+//   x_perm = x's rows copied to their experts' groups       [rows k, C] (dropless: every choice)
+//   for each expert e, on its rows:  y_e = down_e(silu(gate_e(x)) * up_e(x))
+//   out[n] = sum_j weight[n, j] y[row of (n, j)]            [rows, C]
+//
+// Routing is deterministic: the same token reaches the same experts, and each expert sees its
+// tokens in (token, choice) order, on every layout. No token is ever dropped: the permuted
+// buffers are sized for every choice (rows x top_k rows), which is the layer's whole memory
+// bound (there is no capacity factor to tune).
+//
+// The load-balancing loss (Switch Transformer / Hugging Face's Mixtral): over the micro-batch's
+// tokens, f_i = the share of tokens with expert i among their choices, P_i = the mean router
+// probability of expert i, aux = E sum_i f_i P_i (1 x top_k when perfectly even). Its statistics
+// are summed over every rank that holds part of the micro-batch's tokens (`token_groups`: the
+// sequence-parallel tp group, the cp group), so it is the same on every layout. Its gradient
+// reaches each token's probabilities as d aux / d probs[n, i] = E f_i / tokens (f_i is a count,
+// not differentiated), times the caller's aux_weight.
+//
+// Tensor parallel: the routed experts are not split; each tp rank routes the rows it holds. Under
+// sequence parallel those are its own rows, so the router's and experts' gradients are partial
+// and summed over tp here (like a norm weight's); without it every tp rank holds every row and
+// computes the same gradients. Recompute: what backward needs is always kept (per micro-batch
+// slot), whatever recompute.mode says; it is rows x top_k x (2 C + 3 expert_hidden) values.
+#pragma once
+#include <functional>
+#include <vector>
+
+#include "core/dist/comm.h"
+#include "core/model/architecture.h"
+#include "core/ops/ops.h"
+
+namespace pt {
+
+// Where each (token, choice) lands when the rows are grouped by expert: slot_of[n k + j]; the
+// rows of expert e are [offsets[e], offsets[e + 1]). A stable counting sort on the host.
+struct MoeRouting {
+  std::vector<int32_t> slot_of;
+  std::vector<int> counts;   // [E]
+  std::vector<int> offsets;  // [E + 1]
+};
+MoeRouting plan_moe_routing(const int32_t* topk_expert, int N, int k, int E);
+
+// A sparse block's router and routed experts (or their gradients): role tensors.
+struct MoeParams {
+  Tensor router;  // [E, C]
+  Tensor up;      // [E, 2H, C]
+  Tensor down;    // [E, C, H]
+};
+
+// What the training forwards of one step routed, for the log: summed over micro-batches and
+// sparse layers since the last take_stats().
+struct MoeStats {
+  double aux_sum = 0;            // sum of each layer's aux loss, per micro-batch
+  double layer_batches = 0;      // how many (layer, micro-batch) aux values were summed
+  double max_load = 0;           // the largest f_i / (top_k / E) seen: 1 = even, E / top_k = all on one expert
+};
+
+class MoeLayer {
+ public:
+  using Alloc = std::function<Tensor(size_t, DType)>;
+  // `rows`: the most tokens one forward routes; `layers` sparse layers in `slots` micro-batch
+  // slots each keep their activations. `token_groups`: the groups the micro-batch's tokens are
+  // spread over (their statistics are summed); `grad_group`: the group whose ranks' gradients
+  // are partial sums (sequence-parallel tp), or null. Buffers come from `alloc` (the owner's,
+  // so it counts and frees them).
+  MoeLayer(Ops& ops, const Architecture& arch, int rows, int layers, int slots, std::vector<Comm*> token_groups,
+           Comm* grad_group, const Alloc& alloc);
+
+  // out [n, C] (overwritten) = the routed experts' output for x [n, C], n <= rows, keeping what
+  // backward needs in (slot, layer). aux_weight: d(objective)/d(aux), the scale of the balancing
+  // loss's gradient; `training`: count this forward in the step's statistics. Returns aux.
+  double forward(int slot, int layer, Tensor out, Tensor x, int n, const MoeParams& p, float aux_weight, bool training);
+  // dx [n, C] += the gradient of x; the parameters' gradients g accumulate (+=).
+  void backward(int slot, int layer, Tensor dx, Tensor dout, Tensor x, int n, const MoeParams& p, const MoeParams& g);
+
+  MoeStats take_stats();
+  // Bytes one (slot, layer) keeps, and the shared scratch (the memory plan counts them).
+  static size_t kept_bytes(const Architecture& a, int rows, DType act);
+  static size_t scratch_bytes(const Architecture& a, int rows, DType act);
+
+ private:
+  struct Kept {
+    Tensor probs, topk_expert, topk_weight, slot_of, x_perm, h, act, y, dprobs_all;
+    std::vector<int> offsets;  // host: each expert's rows
+  };
+  Kept& kept(int slot, int layer);
+
+  Ops& ops_;
+  int E_, k_, H_, C_, rows_;
+  std::vector<Comm*> token_groups_;
+  Comm* grad_group_;
+  std::vector<Kept> kept_;  // slot-major
+  int layers_;
+  // scratch
+  Tensor logits_, dlogits_, dy_, dact_, dh_, dx_perm_, dweight_, dx_router_, grad_sum_;
+  MoeStats stats_;
+};
+
+}  // namespace pt
