@@ -103,6 +103,15 @@ class CudaOps final : public Ops {
                      float theta) override;
   void swiglu_forward(Tensor out, Tensor gate_up, int N, int H) override;
   void swiglu_backward(Tensor dgate_up, Tensor gate_up, Tensor dout, int N, int H) override;
+  void moe_router_forward(Tensor probs, Tensor topk_expert, Tensor topk_weight, Tensor logits, int N, int E,
+                          int k) override;
+  void moe_router_backward(Tensor dlogits, Tensor probs, Tensor topk_expert, Tensor topk_weight, Tensor dtopk_weight,
+                           Tensor dprobs_all, int N, int E, int k) override;
+  void moe_permute(Tensor out, Tensor x, Tensor slot_of, int N, int C, int k) override;
+  void moe_permute_backward(Tensor dx, Tensor dout, Tensor slot_of, int N, int C, int k) override;
+  void moe_combine(Tensor y, Tensor expert_out, Tensor topk_weight, Tensor slot_of, int N, int C, int k) override;
+  void moe_combine_backward(Tensor dexpert_out, Tensor dtopk_weight, Tensor dy, Tensor expert_out, Tensor topk_weight,
+                            Tensor slot_of, int N, int C, int k) override;
   void softmax_cross_entropy(Tensor losses, Tensor logits, Tensor targets, int N, int V, int Vp,
                              float dloss) override;
   void cross_entropy_shard_stats(Tensor stats, Tensor logits, Tensor targets, int N, int Vl, int V,
