@@ -51,6 +51,9 @@ struct Layout {
   int kv_heads = 2;
   bool tied = false;
   double lr = 1e-2;
+  // Mixture of experts (llama only): n_experts routed experts, top_k each, in every
+  // moe_every-th block, with n_shared shared experts; 0 experts: dense.
+  int experts = 0, top_k = 2, moe_every = 1, shared = 0;
   int ranks() const { return pp * dp * tp * cp; }
 };
 
@@ -74,6 +77,9 @@ inline RunConfig parity_config(const Layout& l, const std::filesystem::path& dir
   };
   if (l.arch != "gpt2")
     j["model"].update({{"arch", l.arch}, {"n_kv_heads", l.kv_heads}, {"tie_embeddings", l.tied}});
+  if (l.experts > 0)
+    j["moe"] = {{"n_experts", l.experts}, {"top_k", l.top_k}, {"expert_hidden", 24}, {"every", l.moe_every},
+                {"n_shared_experts", l.shared}, {"aux_loss_coef", 0.05}};
   return config_from_json(j, {}, l.ranks());
 }
 
@@ -122,6 +128,9 @@ inline void check_parity(const RunResult& got, const RunResult& want, bool check
     CHECK(got.steps[s].loss == Approx(want.steps[ref].loss).epsilon(1e-5));
     CHECK(got.steps[s].grad_norm == Approx(want.steps[ref].grad_norm).epsilon(1e-5));
     CHECK(got.steps[s].lr == want.steps[ref].lr);
+    // Mixture of experts: the balancing loss and the busiest expert's load (0 when dense).
+    CHECK(got.steps[s].moe_aux == Approx(want.steps[ref].moe_aux).epsilon(1e-5));
+    CHECK(got.steps[s].moe_max_load == Approx(want.steps[ref].moe_max_load).epsilon(1e-5));
   }
   if (got.first_step + got.steps.size() != want.steps.size()) return;
   std::vector<float> all, all_ref;  // every parameter this rank holds, and the reference's

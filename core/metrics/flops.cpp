@@ -7,30 +7,46 @@
 namespace pt {
 
 namespace {
+// A parameter's share in one token's forward: a routed expert's weights are used by the
+// top_k / n_experts of the tokens that choose it (mixture of experts); everything else by all.
+double active_numel(const ParamSpec& p, const ModelSection& m) {
+  const bool routed = p.role == ParamRole::expert_up || p.role == ParamRole::expert_down;
+  return routed ? static_cast<double>(p.numel) * m.moe.top_k / m.moe.n_experts : static_cast<double>(p.numel);
+}
+
+// Every parameter a token uses (the active ones).
+double active_params(const ParamTable& t, const ModelSection& m) {
+  double n = 0;
+  for (const ParamSpec& p : t.specs()) n += active_numel(p, m);
+  return n;
+}
+
 // PaLM's N: the parameters a token's forward multiplies by. Not the position embedding nor an
 // untied token embedding (lookups); a tied one is the LM head, a matmul.
-double matmul_params(const ParamTable& t) {
-  size_t lookups = 0;
+double matmul_params(const ParamTable& t, const ModelSection& m) {
+  double lookups = 0;
   for (const ParamSpec& p : t.specs())
     if (p.role == ParamRole::position_embedding || (p.role == ParamRole::token_embedding && !p.also_head))
-      lookups += p.numel;
-  return static_cast<double>(t.total_numel() - lookups);
+      lookups += active_numel(p, m);
+  return active_params(t, m) - lookups;
 }
 }  // namespace
 
 double flops_per_token(const ParamTable& table, const ModelSection& m, int seq_len, const std::string& formula) {
   const double L = m.n_layers, d = m.d_model, T = seq_len;
-  if (formula == "palm") return 6.0 * matmul_params(table) + 12.0 * L * d * T;
-  if (formula == "llmc") return 6.0 * static_cast<double>(table.total_numel()) + 6.0 * L * d * T;
+  if (formula == "palm") return 6.0 * matmul_params(table, m) + 12.0 * L * d * T;
+  if (formula == "llmc") return 6.0 * active_params(table, m) + 6.0 * L * d * T;
   throw ConfigError("logging.flops_formula=" + formula + " must be palm or llmc");
 }
 
 std::string flops_formula_description(const ParamTable& table, const ModelSection& m, const std::string& formula) {
   char buf[128];
   if (formula == "palm")
-    std::snprintf(buf, sizeof buf, "palm: 6N+12LdT, N=%.2fM matmul params", matmul_params(table) / 1e6);
+    std::snprintf(buf, sizeof buf, "palm: 6N+12LdT, N=%.2fM matmul params%s", matmul_params(table, m) / 1e6,
+                  m.moe.enabled() ? " (active: top_k of the experts)" : "");
   else
-    std::snprintf(buf, sizeof buf, "llmc: 6N+6LdT, N=%.2fM params", table.total_numel() / 1e6);
+    std::snprintf(buf, sizeof buf, "llmc: 6N+6LdT, N=%.2fM params%s", active_params(table, m) / 1e6,
+                  m.moe.enabled() ? " (active: top_k of the experts)" : "");
   return buf;
 }
 

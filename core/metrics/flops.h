@@ -10,7 +10,10 @@
 //         d = n_heads*head_dim channels). No causal discount.
 //   llmc: 6*N + 6*L*d*T   — llm.c's estimate. N = all parameters (padded vocab included);
 //         the attention term is halved for the causal mask.
-// Here d = d_model, L = n_layers, T = the sequence length trained on.
+// Here d = d_model, L = n_layers, T = the sequence length trained on. With mixture of experts N
+// counts the ACTIVE parameters: each routed expert's weights times top_k / n_experts (a token
+// multiplies by top_k of them), the router and shared experts in full; memory (the plan, the
+// memory line) counts every expert.
 #pragma once
 #include <string>
 

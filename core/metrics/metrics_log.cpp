@@ -57,6 +57,10 @@ std::string MetricsLog::step_line(const StepMetrics& m) const {
     std::snprintf(buf, sizeof buf, " | bubble %.1f%% wait %.1f ms", 100.0 * *m.pp_bubble, *m.pp_wait_ms);
     line += buf;
   }
+  if (m.moe_aux && m.moe_max_load) {
+    std::snprintf(buf, sizeof buf, " | aux %.4f load %.2f", *m.moe_aux, *m.moe_max_load);
+    line += buf;
+  }
   if (m.val_loss) {
     std::snprintf(buf, sizeof buf, " | val %.4f", *m.val_loss);
     line += buf;
@@ -86,6 +90,8 @@ void MetricsLog::log(const StepMetrics& m) {
   if (m.val_loss) j["val_loss"] = *m.val_loss;
   if (m.pp_bubble) j["pp_bubble"] = *m.pp_bubble;
   if (m.pp_wait_ms) j["pp_wait_ms"] = *m.pp_wait_ms;
+  if (m.moe_aux) j["moe_aux"] = *m.moe_aux;
+  if (m.moe_max_load) j["moe_max_load"] = *m.moe_max_load;
   jsonl_ << j.dump() << '\n';
   jsonl_.flush();
   check(jsonl_.good(), "writing " + path_ + " failed (disk full?)");

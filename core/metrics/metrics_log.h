@@ -32,6 +32,10 @@ struct StepMetrics {
   // schedule averaged over the pipeline's ranks, and the mean time a rank spent in send/recv.
   std::optional<double> pp_bubble;
   std::optional<double> pp_wait_ms;
+  // Mixture of experts only: the load-balancing loss (not in `loss`) and the busiest expert's
+  // load over an even share (1 = even), each the mean over sparse blocks and micro-batches.
+  std::optional<double> moe_aux;
+  std::optional<double> moe_max_load;
 };
 
 class MetricsLog {

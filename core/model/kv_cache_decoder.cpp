@@ -67,12 +67,13 @@ void KvCacheDecoder::resolve_params(const std::function<Tensor(ParamRole, int)>&
     p.upb = role(R::mlp_up_bias, l);
     p.downw = role(R::mlp_down, l);
     p.downb = role(R::mlp_down_bias, l);
+    p.moe = {role(R::moe_router, l), role(R::expert_up, l), role(R::expert_down, l)};
   }
 }
 
 void KvCacheDecoder::allocate() {
   const size_t T = arch_.max_seq_len, C = arch_.d_model, NH = arch_.n_heads, QW = arch_.q_width(),
-               KVW = arch_.kv_width(), F = arch_.ffn_hidden, U = arch_.mlp_up_width();
+               KVW = arch_.kv_width(), F = arch_.max_mlp_hidden(), U = arch_.up_width(arch_.max_mlp_hidden());
   const DType act = ops_.compute_dtype();
   for (int l = 0; l < arch_.n_layers; l++) {
     kcache_.push_back(alloc(T * KVW, act));
@@ -91,6 +92,12 @@ void KvCacheDecoder::allocate() {
   up_ = alloc(T * U, act);
   act_ = alloc(T * F, act);
   logits_ = alloc(static_cast<size_t>(arch_.padded_vocab), act);
+  if (arch_.sparse_blocks() > 0) {
+    // The routed experts' state is rebuilt by every block in turn: one slot, one layer.
+    moe_ = std::make_unique<MoeLayer>(ops_, arch_, static_cast<int>(T), 1, 1, std::vector<Comm*>{}, nullptr,
+                                      [this](size_t n, DType t) { return alloc(n, t); });
+    moe_out_ = alloc(T * C, act);
+  }
   host_logits_.resize(arch_.vocab_size);
 }
 
@@ -141,7 +148,7 @@ void KvCacheDecoder::residual_norm(Tensor residual, Tensor out, Tensor a, Tensor
 void KvCacheDecoder::extend(const int32_t* tokens, int n) {
   const Architecture& a = arch_;
   const int C = a.d_model, NH = a.n_heads, NKV = a.n_kv_heads, HS = a.head_dim, QW = a.q_width(),
-            KVW = a.kv_width(), F = a.ffn_hidden, U = a.mlp_up_width(), Vp = a.padded_vocab, V = a.vocab_size;
+            KVW = a.kv_width(), Vp = a.padded_vocab, V = a.vocab_size;
   const int p0 = length_, Tk = length_ + n;  // the chunk's first position; keys after it
   check(n >= 1 && Tk <= m_.max_seq_len, "KvCacheDecoder::extend: positions beyond max_seq_len");
   for (int i = 0; i < n; i++) check_token(tokens[i]);
@@ -152,8 +159,8 @@ void KvCacheDecoder::extend(const int32_t* tokens, int n) {
   ops_.upload(pos_, pos.data(), DType::i32, n);
 
   const Tensor x = x_.slice(0, rows * C), normed = normed_.slice(0, rows * C), q = q_.slice(0, rows * QW),
-               att = att_.slice(0, rows * QW), proj = proj_.slice(0, rows * C), up = up_.slice(0, rows * U),
-               act = act_.slice(0, rows * F), lse = lse_.slice(0, static_cast<size_t>(NH) * n);
+               att = att_.slice(0, rows * QW), proj = proj_.slice(0, rows * C),
+               lse = lse_.slice(0, static_cast<size_t>(NH) * n);
   ops_.embedding_forward(x, tokens_, wte_, n, C, 0, Vp);
   if (a.positions == PositionKind::learned) ops_.position_forward(x, wpe_, pos_, 1, n, C);
   // x is the residual stream. Each residual add is fused with the norm after it (norm 2, the
@@ -177,12 +184,22 @@ void KvCacheDecoder::extend(const int32_t* tokens, int n) {
     ops_.attention_block_forward(att, lse, q, k_all, v_all, 1, n, Tk, QW, NH, NKV, p0, 0, true);
     ops_.matmul_forward(proj, att, p.outw, p.outb, n, QW, C);
     residual_norm(x, normed, x, proj, p.norm2w, p.norm2b, n);
-    ops_.matmul_forward(up, normed, p.upw, p.upb, n, C, U);
-    if (a.mlp == MlpKind::gelu)
-      ops_.gelu_forward(act, up, rows * F);
-    else
-      ops_.swiglu_forward(act, up, n, F);
-    ops_.matmul_forward(proj, act, p.downw, p.downb, n, F, C);
+    // The MLP: dense (a sparse block's shared experts, if any) plus a sparse block's routed experts.
+    const int F = a.mlp_hidden(l), U = a.up_width(F);
+    if (F > 0) {
+      const Tensor up = up_.slice(0, rows * U), act = act_.slice(0, rows * F);
+      ops_.matmul_forward(up, normed, p.upw, p.upb, n, C, U);
+      if (a.mlp == MlpKind::gelu)
+        ops_.gelu_forward(act, up, rows * F);
+      else
+        ops_.swiglu_forward(act, up, n, F);
+      ops_.matmul_forward(proj, act, p.downw, p.downb, n, F, C);
+    }
+    if (a.sparse_block(l)) {
+      const Tensor routed = F > 0 ? moe_out_.slice(0, rows * C) : proj;
+      moe_->forward(0, 0, routed, normed, n, p.moe, 0.0f, false);
+      if (F > 0) ops_.add(proj, proj, routed, rows * C);
+    }
     if (l + 1 < a.n_layers) {
       const LayerParams& next = layers_[l + 1];
       residual_norm(x, normed, x, proj, next.norm1w, next.norm1b, n);

@@ -32,6 +32,7 @@
 
 #include "core/config/run_config.h"
 #include "core/model/architecture.h"
+#include "core/model/moe_layer.h"
 #include "core/model/param_store.h"
 #include "core/model/param_table.h"
 #include "core/ops/ops.h"
@@ -64,6 +65,7 @@ class KvCacheDecoder {
   // bias). q, k and v are row slices of the qkv role, so k and v land in the cache directly.
   struct LayerParams {
     Tensor norm1w, norm1b, qw, qb, kw, kb, vw, vb, outw, outb, norm2w, norm2b, upw, upb, downw, downb;
+    MoeParams moe;  // a sparse block's router and routed experts
   };
   void allocate();
   // `role(r, layer)`: the tensor of role r in `layer` (-1: embeddings, n_layers: final norm, head).
@@ -88,7 +90,8 @@ class KvCacheDecoder {
 
   std::vector<Tensor> kcache_, vcache_;  // per layer, [max_seq_len, n_kv_heads * head_dim]
   // Activations of one chunk (up to max_seq_len rows).
-  Tensor tokens_, pos_, x_, normed_, mean_, rstd_, q_, att_, lse_, proj_, up_, act_, logits_;
+  Tensor tokens_, pos_, x_, normed_, mean_, rstd_, q_, att_, lse_, proj_, up_, act_, logits_, moe_out_;
+  std::unique_ptr<MoeLayer> moe_;  // the routed experts of every sparse block (one at a time)
   std::vector<float> host_logits_;
   std::vector<int32_t> window_;  // the last max_seq_len tokens (the cache's contents)
   int length_ = 0;

@@ -50,6 +50,10 @@ struct StageDims {
   // What the architecture's blocks keep besides the widths above (the memory plan counts them):
   bool norm_mean = true;          // LayerNorm keeps a mean per row and has a bias; RMSNorm neither
   bool learned_positions = true;  // a position embedding (else RoPE, which every stage applies)
+  // Mixture of experts (0 experts: dense): the routed experts' shape, which every rank holds
+  // whole, and which blocks are sparse (Architecture::sparse_block).
+  int experts = 0, top_k = 0, expert_hidden = 0, moe_every = 1;
+  bool sparse_block(int layer) const { return experts > 0 && (layer + 1) % moe_every == 0; }
 
   size_t lse() const { return static_cast<size_t>(B) * NHl * T; }  // attention log-sum-exps
   size_t rows_c() const { return static_cast<size_t>(rows) * C; }  // one residual-stream tensor

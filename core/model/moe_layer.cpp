@@ -61,16 +61,18 @@ MoeLayer::MoeLayer(Ops& ops, const Architecture& a, int rows, int layers, int sl
   if (grad_group_) grad_sum_ = alloc(size_t(E_) * C_ * (1 + 3 * size_t(H_)), f32);
 }
 
-size_t MoeLayer::kept_bytes(const Architecture& a, int rows, DType act) {
-  const size_t R = size_t(rows), RK = R * a.top_k, s = dtype_size(act);
-  return R * a.n_experts * 4 + RK * 4 * 3 + RK * (2 * size_t(a.d_model) + 3 * size_t(a.expert_hidden)) * s +
-         size_t(a.n_experts) * 4;
+// What the constructor allocates, per kept set and shared (f32 and i32 are 4 bytes each).
+size_t MoeLayer::kept_bytes(int E, int k, int H, int C, int rows, DType act) {
+  const size_t R = size_t(rows), RK = R * k;
+  // probs, dprobs_all (f32); topk_expert, topk_weight, slot_of; x_perm, h, act, y
+  return 4 * (R * E + size_t(E)) + 4 * 3 * RK + dtype_size(act) * RK * (2 * size_t(C) + 3 * size_t(H));
 }
 
-size_t MoeLayer::scratch_bytes(const Architecture& a, int rows, DType act) {
-  const size_t R = size_t(rows), RK = R * a.top_k, s = dtype_size(act);
-  return (2 * R * a.n_experts + RK * (2 * size_t(a.d_model) + 3 * size_t(a.expert_hidden)) + R * a.d_model) * s +
-         RK * 4;
+size_t MoeLayer::scratch_bytes(int E, int k, int H, int C, int rows, DType act, bool grad_group) {
+  const size_t R = size_t(rows), RK = R * k;
+  // logits, dlogits, dy, dact, dh, dx_perm, dx_router; dweight (f32); the partial gradients (f32)
+  return dtype_size(act) * (2 * R * E + RK * (2 * size_t(C) + 3 * size_t(H)) + R * C) + 4 * RK +
+         (grad_group ? 4 * size_t(E) * C * (1 + 3 * size_t(H)) : 0);
 }
 
 MoeLayer::Kept& MoeLayer::kept(int slot, int layer) {
@@ -131,8 +133,9 @@ double MoeLayer::forward(int slot, int layer, Tensor out, Tensor x, int n, const
   if (training) {
     stats_.aux_sum += aux;
     stats_.layer_batches += 1;
-    for (int e = 0; e < E; e++)
-      stats_.max_load = std::max(stats_.max_load, sums[size_t(e)] / (tokens * k) * E);
+    double busiest = 0;
+    for (int e = 0; e < E; e++) busiest = std::max(busiest, sums[size_t(e)]);
+    stats_.max_load_sum += busiest / (tokens * k) * E;
   }
   return aux;
 }

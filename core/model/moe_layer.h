@@ -53,10 +53,12 @@ struct MoeParams {
 
 // What the training forwards of one step routed, for the log: summed over micro-batches and
 // sparse layers since the last take_stats().
+// Sums, so that ranks' statistics add up (the trainer divides by layer_batches).
 struct MoeStats {
-  double aux_sum = 0;            // sum of each layer's aux loss, per micro-batch
-  double layer_batches = 0;      // how many (layer, micro-batch) aux values were summed
-  double max_load = 0;           // the largest f_i / (top_k / E) seen: 1 = even, E / top_k = all on one expert
+  double aux_sum = 0;        // each (sparse layer, micro-batch)'s aux loss
+  double max_load_sum = 0;   // each one's busiest expert's load over an even share: f_max E / top_k
+                             // (1: perfectly even; E / top_k: every token on the same experts)
+  double layer_batches = 0;  // how many (sparse layer, micro-batch) values were summed
 };
 
 class MoeLayer {
@@ -78,9 +80,11 @@ class MoeLayer {
   void backward(int slot, int layer, Tensor dx, Tensor dout, Tensor x, int n, const MoeParams& p, const MoeParams& g);
 
   MoeStats take_stats();
-  // Bytes one (slot, layer) keeps, and the shared scratch (the memory plan counts them).
-  static size_t kept_bytes(const Architecture& a, int rows, DType act);
-  static size_t scratch_bytes(const Architecture& a, int rows, DType act);
+  // Bytes one (slot, layer) keeps, and the shared scratch (with `grad_group`: the partial
+  // gradients' buffer), for E experts of hidden width H, top_k k, d_model C: the memory plan
+  // counts them (core/train/memory_plan.cpp).
+  static size_t kept_bytes(int E, int k, int H, int C, int rows, DType act);
+  static size_t scratch_bytes(int E, int k, int H, int C, int rows, DType act, bool grad_group);
 
  private:
   struct Kept {

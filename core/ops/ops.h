@@ -225,7 +225,7 @@ class Ops {
   // index), and their weights are their probabilities renormalised to sum to 1 (the softmax over
   // the chosen k). slot_of[n k + j] is the row of token n's j-th choice in the permuted buffer,
   // where rows are grouped by expert (expert 0's first) and, within an expert, in (n, j) order;
-  // core/model/moe_routing.h computes it on the host from topk_expert.
+  // plan_moe_routing (core/model/moe_layer.h) computes it on the host from topk_expert.
   //
   // logits [N, E] (compute dtype, the router matmul's output) -> probs [N, E] (f32),
   // topk_expert [N, k] (i32, in descending probability), topk_weight [N, k] (f32).

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "core/model/moe_layer.h"
 #include "core/parallel/tensor_parallel.h"
 #include "core/parallel/vocab_parallel_ce.h"
 
@@ -128,7 +129,19 @@ size_t decoder_activation_bytes(const StageDims& d, CpImpl cp_impl, DType comput
     shared_f32 += stats * rows + N;
   }
   const size_t S = static_cast<size_t>(slots.activations), IO = static_cast<size_t>(slots.io);
-  return dtype_size(compute) * (S * per_set_act + IO * per_io_act + shared_act) +
+  // Mixture of experts: each sparse block keeps its routing and its experts' activations in every
+  // activation set whatever the recompute mode (core/model/moe_layer.h), besides one shared
+  // scratch and the routed output's buffer.
+  size_t sparse = 0;
+  for (int l = layers.first_layer; l < layers.end_layer; l++) sparse += d.sparse_block(l) ? 1 : 0;
+  size_t moe_bytes = 0;
+  if (sparse > 0) {
+    const int R = static_cast<int>(rows);
+    moe_bytes = S * sparse * MoeLayer::kept_bytes(d.experts, d.top_k, d.expert_hidden, d.C, R, compute) +
+                MoeLayer::scratch_bytes(d.experts, d.top_k, d.expert_hidden, d.C, R, compute, d.sp) +
+                dtype_size(compute) * RC;
+  }
+  return moe_bytes + dtype_size(compute) * (S * per_set_act + IO * per_io_act + shared_act) +
          sizeof(float) * (S * per_set_f32 + shared_f32) + dtype_size(DType::i32) * (S * per_set_i32 + shared_i32) +
          CpAttention::scratch_bytes(cp_impl, d.cp, d.B, d.T, d.Cl, d.NHl, d.NKVl, compute) +
          TensorParallel::scratch_bytes(d.tp, d.sp, N, static_cast<size_t>(d.C), compute) +

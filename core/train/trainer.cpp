@@ -200,8 +200,17 @@ StepResult Trainer::step() {
   const PipelineStepStats ps = executor_->train_step(inputs_.data(), targets_.data(), dloss, &timeline_);
   timeline_.enter(StepPhase::grad_sync);
   grad_sync_->finish_step();
-  double sums[2] = {ps.loss_sum, ps.tokens};  // this rank's loss sum and tokens with a target
-  groups_.dp_cp->all_reduce(sums, 2);         // the token-weighted mean over dp x cp
+  // This rank's loss sum and tokens with a target, and its sparse blocks' routing statistics
+  // (each the same on every tp and cp rank of a micro-batch, so their ratio survives the sum).
+  MoeStats moe;
+  for (int c = 0; c < static_cast<int>(executor_->chunks().size()); c++) {
+    const MoeStats m = executor_->chunk(c).take_moe_stats();
+    moe.aux_sum += m.aux_sum;
+    moe.max_load_sum += m.max_load_sum;
+    moe.layer_batches += m.layer_batches;
+  }
+  double sums[5] = {ps.loss_sum, ps.tokens, moe.aux_sum, moe.max_load_sum, moe.layer_batches};
+  groups_.dp_cp->all_reduce(sums, 5);  // the token-weighted mean over dp x cp
   StepResult r;
   cursor_ = (cursor_ + static_cast<uint64_t>(sequences_per_step()) * T) % train_data_->total_tokens();
 
@@ -215,14 +224,20 @@ StepResult Trainer::step() {
   if (pp > 1) {
     // The loss lives on the last stage; the bubble and the waits (on the device's clock, so known
     // only now) are averaged over the stages: one reduction for all four.
-    double pipe[4] = {sums[0], sums[1], pipeline_bubble_of(r.phases), r.phases[StepPhase::pp_comm]};
-    groups_.pp->all_reduce(pipe, 4);
+    double pipe[7] = {sums[0], sums[1], pipeline_bubble_of(r.phases), r.phases[StepPhase::pp_comm],
+                      sums[2], sums[3], sums[4]};
+    groups_.pp->all_reduce(pipe, 7);
     sums[0] = pipe[0];
     sums[1] = pipe[1];
     r.pp_bubble = pipe[2] / pp;
     r.pp_wait_ms = pipe[3] / pp;
+    for (int i = 2; i < 5; i++) sums[i] = pipe[i + 2];  // the stages' sparse blocks, all of them
   }
   r.loss = sums[0] / sums[1];
+  if (sums[4] > 0) {
+    r.moe_aux = sums[2] / sums[4];
+    r.moe_max_load = sums[3] / sums[4];
+  }
   step_++;
   return r;
 }
@@ -527,6 +542,10 @@ void Trainer::run() {
     if (par.pp > 1) {
       m.pp_bubble = r.pp_bubble;
       m.pp_wait_ms = r.pp_wait_ms;
+    }
+    if (cfg_.model.moe.enabled()) {
+      m.moe_aux = r.moe_aux;
+      m.moe_max_load = r.moe_max_load;
     }
     if (log) log->log(m);
   }

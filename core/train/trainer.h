@@ -56,6 +56,10 @@ struct StepResult {
   // clock, mean over the pipeline's ranks) and the mean time a rank spent in send/recv.
   double pp_bubble = 0;
   double pp_wait_ms = 0;
+  // Mixture of experts (0 for a dense model): the balancing loss and the busiest expert's load
+  // over an even share, each the mean over sparse blocks and micro-batches (moe_layer.h).
+  double moe_aux = 0;
+  double moe_max_load = 0;
   // This rank's device time by phase (core/metrics/step_timeline.h); the step has synchronised.
   PhaseTimes phases;
 };

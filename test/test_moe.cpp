@@ -1,0 +1,216 @@
+// Mixture of experts on the CPU backend: the routing plan, the six MoE ops and the whole
+// routed-experts layer (MoeLayer) against a double-precision reference written here from the
+// definitions (Mixtral's routing and Switch Transformer's balancing loss), backward against
+// central finite differences of that reference (L = sum(out * R) + aux_weight * aux), ties,
+// the sequence-parallel split of the balancing statistics, and thread-count independence.
+#include <catch2/catch.hpp>
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "core/cpu/cpu_ops.h"
+#include "core/model/moe_layer.h"
+#include "cpu_test_support.h"
+
+using namespace pt;
+using namespace pt::test;
+
+namespace {
+
+struct Shape {
+  int n, C, E, k, H;
+};
+
+struct MoeRef {
+  std::vector<double> out;  // [n, C]
+  double aux = 0;
+};
+
+// The routed experts of one sparse block, in double, from the definitions: softmax router,
+// the k most probable experts (ties to the lower index), weights renormalised over them, each
+// expert down(silu(gate x) * up x), the weighted sum; aux = E sum_i f_i P_i.
+MoeRef moe_ref(const Shape& s, const std::vector<double>& x, const std::vector<double>& router,
+               const std::vector<double>& up, const std::vector<double>& down) {
+  const int n = s.n, C = s.C, E = s.E, k = s.k, H = s.H;
+  MoeRef r{std::vector<double>(size_t(n) * C, 0.0), 0.0};
+  std::vector<double> count(E, 0.0), psum(E, 0.0);
+  for (int t = 0; t < n; t++) {
+    std::vector<double> p(E);
+    for (int e = 0; e < E; e++) {
+      double z = 0;
+      for (int c = 0; c < C; c++) z += x[size_t(t) * C + c] * router[size_t(e) * C + c];
+      p[e] = z;
+    }
+    const double mx = *std::max_element(p.begin(), p.end());
+    double sum = 0;
+    for (double& v : p) sum += (v = std::exp(v - mx));
+    for (double& v : p) v /= sum;
+    std::vector<int> order(E);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return p[a] > p[b]; });
+    double chosen = 0;
+    for (int j = 0; j < k; j++) chosen += p[order[j]];
+    for (int e = 0; e < E; e++) psum[e] += p[e];
+    for (int j = 0; j < k; j++) {
+      const int e = order[j];
+      count[e] += 1;
+      const double w = p[e] / chosen;
+      std::vector<double> a(H);
+      for (int h = 0; h < H; h++) {
+        double g = 0, u = 0;
+        for (int c = 0; c < C; c++) {
+          g += up[(size_t(e) * 2 * H + h) * C + c] * x[size_t(t) * C + c];
+          u += up[(size_t(e) * 2 * H + H + h) * C + c] * x[size_t(t) * C + c];
+        }
+        a[h] = g / (1.0 + std::exp(-g)) * u;
+      }
+      for (int c = 0; c < C; c++) {
+        double y = 0;
+        for (int h = 0; h < H; h++) y += down[(size_t(e) * C + c) * H + h] * a[h];
+        r.out[size_t(t) * C + c] += w * y;
+      }
+    }
+  }
+  for (int e = 0; e < E; e++) r.aux += E * (count[e] / n) * (psum[e] / n);
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("moe routing plan: rows grouped by expert, (token, choice) order within one", "[cpu][moe]") {
+  // 3 tokens, k = 2, 4 experts: choices (2,0) (0,3) (2,1)
+  const std::vector<int32_t> choice = {2, 0, 0, 3, 2, 1};
+  const MoeRouting r = plan_moe_routing(choice.data(), 3, 2, 4);
+  CHECK(r.counts == std::vector<int>{2, 1, 2, 1});
+  CHECK(r.offsets == std::vector<int>{0, 2, 3, 5, 6});
+  // expert 0: (0,1) then (1,0); expert 1: (2,1); expert 2: (0,0), (2,0); expert 3: (1,1)
+  CHECK(r.slot_of == std::vector<int32_t>{3, 0, 1, 5, 4, 2});
+  const std::vector<int32_t> bad = {4, 0};
+  CHECK_THROWS_WITH(plan_moe_routing(bad.data(), 1, 2, 4), Catch::Contains("expert 4 of 4"));
+}
+
+TEST_CASE("moe router: top-k of the softmax with ties to the lower expert, renormalised weights", "[cpu][moe]") {
+  CpuOps ops;
+  Buffers bufs(ops);
+  // Row 0: experts 1 and 3 tie for first; row 1: all equal (the first k win).
+  const std::vector<float> logits = {0.0f, 2.0f, 1.0f, 2.0f, 0.5f, 0.5f, 0.5f, 0.5f};
+  Tensor probs = bufs.zeros(8), ex = bufs.zeros(4, DType::i32), w = bufs.zeros(4);
+  ops.moe_router_forward(probs, ex, w, bufs.f32(logits), 2, 4, 2);
+  std::vector<int32_t> got(4);
+  ops.download(got.data(), DType::i32, ex, 4);
+  CHECK(got == std::vector<int32_t>{1, 3, 0, 1});
+  const std::vector<float> wg = bufs.read(w);
+  for (float v : wg) CHECK(v == Approx(0.5f));
+  const std::vector<float> pg = bufs.read(probs);
+  CHECK(pg[0] + pg[1] + pg[2] + pg[3] == Approx(1.0f));
+}
+
+TEST_CASE("moe layer: forward and aux match the reference, backward matches finite differences", "[cpu][moe]") {
+  CpuOps ops;
+  Buffers bufs(ops);
+  Architecture a;
+  a.d_model = 5;
+  a.n_experts = 4;
+  a.top_k = 2;
+  a.expert_hidden = 3;
+  const Shape s{7, a.d_model, a.n_experts, a.top_k, a.expert_hidden};
+  const std::vector<float> x = random_floats(size_t(s.n) * s.C, 301, -1.0f, 1.0f);
+  const std::vector<float> router = random_floats(size_t(s.E) * s.C, 302, -1.5f, 1.5f);
+  const std::vector<float> up = random_floats(size_t(s.E) * 2 * s.H * s.C, 303, -1.0f, 1.0f);
+  const std::vector<float> down = random_floats(size_t(s.E) * s.C * s.H, 304, -1.0f, 1.0f);
+  const std::vector<float> R = random_floats(size_t(s.n) * s.C, 305);
+  const float aux_weight = 0.37f;
+
+  auto alloc = [&](size_t n, DType t) { return bufs.zeros(n, t); };
+  MoeLayer moe(ops, a, s.n, 1, 1, {}, nullptr, alloc);
+  Tensor tx = bufs.f32(x), out = bufs.zeros(x.size());
+  MoeParams p{bufs.f32(router), bufs.f32(up), bufs.f32(down)};
+  MoeParams g{bufs.zeros(router.size()), bufs.zeros(up.size()), bufs.zeros(down.size())};
+  const double aux = moe.forward(0, 0, out, tx, s.n, p, aux_weight, true);
+
+  const MoeRef want = moe_ref(s, to_double(x), to_double(router), to_double(up), to_double(down));
+  require_close(bufs.read(out), want.out, 1e-5, 1e-4, "out");
+  CHECK(aux == Approx(want.aux).epsilon(1e-5));
+  const MoeStats st = moe.take_stats();
+  CHECK(st.layer_batches == 1);
+  CHECK(st.aux_sum == Approx(aux));
+  CHECK(st.max_load_sum >= 1.0);
+
+  Tensor dx = bufs.zeros(x.size());
+  moe.backward(0, 0, dx, bufs.f32(R), tx, s.n, p, g);
+  // The objective whose gradient backward computes.
+  auto objective = [&](const std::vector<double>& xv, const std::vector<double>& rv, const std::vector<double>& uv,
+                       const std::vector<double>& dv) {
+    const MoeRef r = moe_ref(s, xv, rv, uv, dv);
+    return dot(r.out, R) + aux_weight * r.aux;
+  };
+  const auto X = to_double(x), RT = to_double(router), U = to_double(up), D = to_double(down);
+  require_close(bufs.read(dx), numeric_grad([&](const std::vector<double>& v) { return objective(v, RT, U, D); }, X),
+                1e-4, 1e-3, "dx");
+  require_close(bufs.read(g.router),
+                numeric_grad([&](const std::vector<double>& v) { return objective(X, v, U, D); }, RT), 1e-4, 1e-3,
+                "drouter");
+  require_close(bufs.read(g.up), numeric_grad([&](const std::vector<double>& v) { return objective(X, RT, v, D); }, U),
+                1e-4, 1e-3, "dup");
+  require_close(bufs.read(g.down),
+                numeric_grad([&](const std::vector<double>& v) { return objective(X, RT, U, v); }, D), 1e-4, 1e-3,
+                "ddown");
+
+  SECTION("parameter gradients accumulate, dx accumulates") {
+    const std::vector<float> g1 = bufs.read(g.up), dx1 = bufs.read(dx);
+    moe.backward(0, 0, dx, bufs.f32(R), tx, s.n, p, g);
+    const std::vector<float> g2 = bufs.read(g.up), dx2 = bufs.read(dx);
+    for (size_t i = 0; i < g1.size(); i++) CHECK(g2[i] == Approx(2 * g1[i]).margin(1e-6));
+    for (size_t i = 0; i < dx1.size(); i++) CHECK(dx2[i] == Approx(2 * dx1[i]).margin(1e-6));
+  }
+  SECTION("results do not depend on the thread count") {
+    check_thread_count_independent([&] {
+      MoeLayer m(ops, a, s.n, 1, 1, {}, nullptr, alloc);
+      Tensor o = bufs.zeros(x.size()), d = bufs.zeros(x.size());
+      MoeParams gg{bufs.zeros(router.size()), bufs.zeros(up.size()), bufs.zeros(down.size())};
+      m.forward(0, 0, o, tx, s.n, p, aux_weight, true);
+      m.backward(0, 0, d, bufs.f32(R), tx, s.n, p, gg);
+      return std::vector<std::vector<float>>{bufs.read(o), bufs.read(d), bufs.read(gg.router), bufs.read(gg.up),
+                                             bufs.read(gg.down)};
+    });
+  }
+}
+
+TEST_CASE("moe ops: permute, combine and their backward are each other's transposes", "[cpu][moe]") {
+  CpuOps ops;
+  Buffers bufs(ops);
+  const int N = 3, C = 4, k = 2;
+  const std::vector<int32_t> choice = {2, 0, 0, 3, 2, 1};
+  const MoeRouting r = plan_moe_routing(choice.data(), N, k, 4);
+  Tensor slot = bufs.i32(r.slot_of);
+  const std::vector<float> x = random_floats(size_t(N) * C, 311);
+  Tensor perm = bufs.zeros(size_t(N) * k * C);
+  ops.moe_permute(perm, bufs.f32(x), slot, N, C, k);
+  const std::vector<float> pg = bufs.read(perm);
+  for (int n = 0; n < N; n++)
+    for (int j = 0; j < k; j++)
+      for (int c = 0; c < C; c++) CHECK(pg[size_t(r.slot_of[size_t(n) * k + j]) * C + c] == x[size_t(n) * C + c]);
+
+  // <permute(x), Y> = <x, permute_backward(Y)>; combine likewise with weights.
+  const std::vector<float> Y = random_floats(size_t(N) * k * C, 312);
+  Tensor dx = bufs.zeros(x.size());
+  ops.moe_permute_backward(dx, bufs.f32(Y), slot, N, C, k);
+  CHECK(dot(to_double(pg), Y) == Approx(dot(to_double(bufs.read(dx)), x)).epsilon(1e-5));
+
+  const std::vector<float> w = random_floats(size_t(N) * k, 313, 0.1f, 1.0f);
+  Tensor y = bufs.f32(random_floats(x.size(), 314));  // overwritten
+  ops.moe_combine(y, bufs.f32(Y), bufs.f32(w), slot, N, C, k);
+  const std::vector<float> dy = random_floats(x.size(), 315);
+  Tensor dY = bufs.f32(random_floats(Y.size(), 316)), dw = bufs.f32(random_floats(w.size(), 317));  // overwritten
+  ops.moe_combine_backward(dY, dw, bufs.f32(dy), bufs.f32(Y), bufs.f32(w), slot, N, C, k);
+  CHECK(dot(to_double(bufs.read(y)), dy) == Approx(dot(to_double(bufs.read(dY)), Y)).epsilon(1e-5));
+  // d/dw_j of <combine, dy> is <dy_n, Y_slot>, which is what dw holds.
+  const std::vector<float> dwg = bufs.read(dw);
+  for (int n = 0; n < N; n++)
+    for (int j = 0; j < k; j++) {
+      double want = 0;
+      for (int c = 0; c < C; c++) want += double(dy[size_t(n) * C + c]) * Y[size_t(r.slot_of[size_t(n) * k + j]) * C + c];
+      CHECK(dwg[size_t(n) * k + j] == Approx(want).epsilon(1e-5));
+    }
+}
