@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""An independent GPT-2 and Llama in PyTorch, to check picotrain's logits, loss and gradients.
+"""An independent GPT-2, Llama and Mixtral in PyTorch, to check picotrain's logits, loss and gradients.
 
 picotrain's side is a checkpoint (the checkpoints/ directory of a `picotrain train` run, or one
 step_N directory in it) and what reference_dump (a tool built with the tests) computes from it
@@ -17,7 +17,9 @@ float64 (on the GPU when PyTorch sees one), runs each dump's batch and compares,
   bf16 (cuda)       relative L2 <= --tol-bf16 (2e-2)
 for the logits, the loss (relative difference) and every parameter's gradient, with
 loss = (sum of per-token cross-entropies over the first vocab_size logits) / (B*T), positions
-whose target is -1 ignored. The bf16 backend computes with bf16-rounded weights, so its
+whose target is -1 ignored. A model with experts also compares its balancing loss (relative
+difference), and its gradients are those of picotrain's objective, loss + moe.aux_loss_coef *
+the balancing loss (see the Mixtral below). The bf16 backend computes with bf16-rounded weights, so its
 reference does too: the comparison measures activation rounding, not the rounding of the
 weights.
 
@@ -30,6 +32,14 @@ backend's worst error is 1.9e-6 (a norm weight's gradient), while the nearest wr
 are orders above it: eps 1e-5 for 1e-6 (1.1e-2 on the logits), no eps (1.2e-3), theta 1e4 for
 5e5 (4.1e-3), even/odd RoPE pairs for rotate-half (5.6e-3), K/V heads taken h % n_kv_heads
 (0.65), GELU for SiLU (1.9e-2); float64 RoPE angles for float32 ones do not show at 47 positions.
+The bound holds with experts too: on the ctest's tiny Mixtral (4 experts of 96, top 2, every block
+sparse, balancing loss weighted 0.02) the CPU backend's worst error is 1.4e-6 (a norm weight's
+gradient; the routers' 7.7e-7), while the nearest wrong definitions are far above it, mostly on
+the routers' gradients, which the balancing loss dominates near initialisation: Hugging Face's
+one balancing loss over every block's tokens at once for the mean of each block's (0.56), the
+chosen experts' renormalised weights for P_i (0.58), f_i from each token's first choice only
+(0.65), f_i divided by top_k (0.79), no balancing loss (1.9), weights not renormalised over the
+chosen experts (4.9e-2 on the logits).
 Why 2e-2 for bf16: it keeps ~3 digits (2^-9 = 2e-3 per rounding), and picotrain's own GPU
 against CPU model test uses the same bound.
 
@@ -50,8 +60,25 @@ RMSNorm and down(silu(gate(x)) * up(x)) and the residual; a final RMSNorm and lm
 embedding when tied). No biases. Its names are Hugging Face's (model.embed_tokens.weight,
 model.layers.L.self_attn.q_proj.weight, ..., model.norm.weight, lm_head.weight), as picotrain's
 checkpoints name them, and eps, theta, n_kv_heads, the MLP width and the head's tying come from
-the manifest's model. --self-test checks it against a loop that computes each position, head and
-rotated pair one scalar at a time, and its autograd gradient against a finite difference.
+the manifest's model.
+
+A Llama with experts (the manifest's model has "moe") is Hugging Face's Mixtral, written from its
+definitions (not copied from any implementation): block l is sparse when (l + 1) % moe.every
+== 0 (every block for a Mixtral), and its MLP is block_sparse_moe: router logits = x @ gate^T,
+probabilities = their softmax over all n_experts, each token's top_k most probable experts (a
+tie to the lower index), their probabilities renormalised to sum to 1 as the weights, output =
+sum_j weight_j * w2(silu(w1 x) * w3 x) over the chosen experts, plus, when moe.n_shared_experts
+> 0, a SwiGLU of the shared experts (mlp.shared_experts.*_proj) on the same input. Each sparse
+block's balancing loss (Switch Transformer's, as Mixtral's) is aux = n_experts * sum_i f_i P_i
+over the batch's B*T tokens: f_i the share of tokens having expert i among their choices (a
+count, through which no gradient flows), P_i the mean probability of expert i. The objective is
+loss + moe.aux_loss_coef * (the mean of aux over the sparse blocks), moe.aux_loss_coef taken from
+the manifest's config. picotrain's float32 and this float64 could route a token otherwise only
+when its k-th and (k+1)-th probabilities nearly tie; the smallest such gap is printed.
+
+--self-test checks the Llama and the Mixtral against a loop that computes each position, head,
+rotated pair and routed expert one scalar at a time (and the balancing loss from counts), and
+their autograd gradients (the router's and an expert's too) against central differences.
 
 Hugging Face folders (`picotrain convert --format hf`; --hf DIR, repeatable) are read with this
 script's own safetensors reader: an 8-byte little-endian header length, a JSON header giving
@@ -60,8 +87,12 @@ little-endian data. config.json must describe the checkpoint's model: GPT2LMHead
 n_layer, n_head, n_positions, vocab_size, tanh GELU, LayerNorm eps 1e-5, tied head), or
 LlamaForCausalLM (hidden_size, intermediate_size, the layers, heads and key/value heads,
 head_dim, max_position_embeddings, vocab_size, silu, rms_norm_eps, rope_theta, no rope_scaling,
-no biases, tie_word_embeddings). A Llama's tensors keep their names, none is transposed, and
-embed_tokens' and lm_head's rows past vocab_size are zero-padded. GPT-2's tensors go into this
+no biases, tie_word_embeddings), or for a model with experts MixtralForCausalLM (those keys but
+the biases', intermediate_size the width of one expert, num_local_experts, num_experts_per_tok,
+router_aux_loss_coef, no sliding window); a Mixtral's tensors are named as its checkpoints on the
+hub (block_sparse_moe.gate, block_sparse_moe.experts.E.w1/w3/w2), as picotrain's. A Llama's (and
+a Mixtral's) tensors keep their names, none is transposed, and embed_tokens' and lm_head's rows
+past vocab_size are zero-padded. GPT-2's tensors go into this
 GPT-2 by Hugging Face's names ("transformer." + picotrain's name, wte and
 wpe with ".weight"), the Conv1D weights (attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj, stored
 [in, out]) transposed back and the embedding's rows past vocab_size zero-padded. Then every
@@ -125,22 +156,49 @@ def gpt2_shapes(model):
     return shapes
 
 
+def sparse_block(model, layer):
+    """Whether block `layer` of a Llama is sparse (mixture of experts): the model has experts and
+    (layer + 1) % moe.every == 0, as picotrain's moe section defines it."""
+    moe = model.get("moe")
+    return moe is not None and (layer + 1) % moe["every"] == 0
+
+
 def llama_shapes(model):
     """Every Llama parameter's name (Hugging Face's LlamaForCausalLM state dict, as picotrain's
-    checkpoints name them) and shape ([out, in] like nn.Linear), in the order the model uses them."""
+    checkpoints name them) and shape ([out, in] like nn.Linear), in picotrain's table order (the
+    order of its gradients). A sparse block's MLP is named as Hugging Face's Mixtral's
+    (block_sparse_moe: the router gate [E, C], each expert's w1 and w3 [H, C], then each w2
+    [C, H]), its shared experts, if any, as DeepSeek's (mlp.shared_experts.*_proj, width
+    n_shared_experts * H), before them."""
     C, L, V = model["d_model"], model["n_layers"], model["padded_vocab"]
     hd = C // model["n_heads"]
-    Q, KV, F = model["n_heads"] * hd, model["n_kv_heads"] * hd, model["ffn_hidden"]
+    Q, KV = model["n_heads"] * hd, model["n_kv_heads"] * hd
     shapes = {"model.embed_tokens.weight": (V, C)}
     for layer in range(L):
         h = "model.layers.%d." % layer
         for name, shape in (("input_layernorm.weight", (C,)),
                             ("self_attn.q_proj.weight", (Q, C)), ("self_attn.k_proj.weight", (KV, C)),
                             ("self_attn.v_proj.weight", (KV, C)), ("self_attn.o_proj.weight", (C, Q)),
-                            ("post_attention_layernorm.weight", (C,)),
-                            ("mlp.gate_proj.weight", (F, C)), ("mlp.up_proj.weight", (F, C)),
-                            ("mlp.down_proj.weight", (C, F))):
+                            ("post_attention_layernorm.weight", (C,))):
             shapes[h + name] = shape
+        if not sparse_block(model, layer):
+            F = model["ffn_hidden"]
+            shapes.update({h + "mlp.gate_proj.weight": (F, C), h + "mlp.up_proj.weight": (F, C),
+                           h + "mlp.down_proj.weight": (C, F)})
+            continue
+        moe = model["moe"]
+        E, H, S = moe["n_experts"], moe["expert_hidden"], moe["n_shared_experts"] * moe["expert_hidden"]
+        if S:
+            x = h + "mlp.shared_experts."
+            shapes.update({x + "gate_proj.weight": (S, C), x + "up_proj.weight": (S, C),
+                           x + "down_proj.weight": (C, S)})
+        x = h + "block_sparse_moe."
+        shapes[x + "gate.weight"] = (E, C)
+        for e in range(E):
+            shapes[x + "experts.%d.w1.weight" % e] = (H, C)
+            shapes[x + "experts.%d.w3.weight" % e] = (H, C)
+        for e in range(E):
+            shapes[x + "experts.%d.w2.weight" % e] = (C, H)
     shapes["model.norm.weight"] = (C,)
     if not model["tie_embeddings"]:
         shapes["lm_head.weight"] = (V, C)
@@ -197,6 +255,13 @@ def read_checkpoint(path):
     if manifest.get("format") != "picotrain-checkpoint" or manifest.get("format_version") != 1:
         raise BadInput("%s: not a picotrain checkpoint of format version 1" % step_dir)
     model = manifest["model"]
+    if "moe" in model:
+        # The balancing loss's weight is the writer's config's (picotrain keeps it out of the
+        # model's shape keys): the script's model carries it with the other moe keys.
+        try:
+            model["moe"]["aux_loss_coef"] = manifest["config"]["moe"]["aux_loss_coef"]
+        except (KeyError, TypeError):
+            raise BadInput("%s: a model with experts, but the manifest's config has no moe.aux_loss_coef" % step_dir)
     if model.get("arch") not in ARCHITECTURES:
         raise BadInput("%s holds a %s model, not one of %s" % (step_dir, model.get("arch"), ", ".join(ARCHITECTURES)))
     file_bytes = {}
@@ -257,6 +322,8 @@ def read_dump(path, manifest, shapes):
         if offset + n > flat.size:
             raise BadInput("%s: %s ends at %d floats, past the end of grads" % (path, name, offset + n))
         grads[name] = flat[offset:offset + n].reshape(shape)
+    if "moe" in manifest["model"] and not isinstance(meta.get("aux_loss"), (int, float)):
+        raise BadInput("%s: the model has experts, but dump.json has no aux_loss" % path)
     meta["tag"] = "%s %s" % (meta["device"], meta["compute_dtype"])
     return meta, tokens.reshape(B, T), targets.reshape(B, T), logits.reshape(N, Vp), grads
 
@@ -318,19 +385,33 @@ def check_folder_tensors(path, weights, model):
 
 
 def read_llama_folder(path, config, model):
-    """A LlamaForCausalLM folder: its tensor names are picotrain's; nn.Linear weights are [out, in]
-    as picotrain's (none is transposed); the embedding's and the head's rows stop at vocab_size."""
+    """A LlamaForCausalLM folder, or for a Llama with experts a MixtralForCausalLM folder: its
+    tensor names are picotrain's; nn.Linear weights are [out, in] as picotrain's (none is
+    transposed); the embedding's and the head's rows stop at vocab_size. Mixtral's config has
+    its experts' keys and intermediate_size is one expert's width; every block is sparse, with no
+    shared experts."""
     hd = model["d_model"] // model["n_heads"]
     want = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": model["d_model"],
             "num_hidden_layers": model["n_layers"], "num_attention_heads": model["n_heads"],
-            "num_key_value_heads": model["n_kv_heads"], "head_dim": hd, "intermediate_size": model["ffn_hidden"],
+            "num_key_value_heads": model["n_kv_heads"], "head_dim": hd, "intermediate_size": model.get("ffn_hidden"),
             "max_position_embeddings": model["max_seq_len"], "vocab_size": model["vocab_size"],
             "hidden_act": "silu", "rms_norm_eps": model["norm_eps"], "rope_theta": model["rope_theta"],
             "rope_scaling": None, "attention_bias": False, "mlp_bias": False, "pretraining_tp": 1,
             "tie_word_embeddings": model["tie_embeddings"]}
+    kind = "Llama"
+    if "moe" in model:
+        moe, kind = model["moe"], "Mixtral"
+        if moe["every"] != 1 or moe["n_shared_experts"] != 0:
+            raise BadInput("%s: the checkpoint's moe %s has no Mixtral form" % (path, json.dumps(moe)))
+        for llama_only in ("attention_bias", "mlp_bias", "pretraining_tp"):
+            del want[llama_only]
+        want.update({"model_type": "mixtral", "architectures": ["MixtralForCausalLM"],
+                     "intermediate_size": moe["expert_hidden"], "num_local_experts": moe["n_experts"],
+                     "num_experts_per_tok": moe["top_k"], "router_aux_loss_coef": moe["aux_loss_coef"],
+                     "output_router_logits": False, "router_jitter_noise": 0.0, "sliding_window": None})
     wrong = ["%s=%r (want %r)" % (k, config.get(k), v) for k, v in want.items() if config.get(k) != v]
     if wrong:
-        raise BadInput("%s/config.json does not describe the checkpoint's Llama: %s" % (path, ", ".join(wrong)))
+        raise BadInput("%s/config.json does not describe the checkpoint's %s: %s" % (path, kind, ", ".join(wrong)))
     weights = read_safetensors(os.path.join(path, "model.safetensors"))
     for name in ("model.embed_tokens.weight", "lm_head.weight"):
         if name in weights:
@@ -396,9 +477,10 @@ def round_bf16(a):
     return torch.from_numpy(a).to(torch.bfloat16).to(torch.float32).numpy()
 
 
-def forward(w, model, tokens):
-    """Logits [B, T, padded_vocab] of the checkpoint's architecture with weights w (name -> tensor)."""
-    return llama_forward(w, model, tokens) if model["arch"] == "llama" else gpt2_forward(w, model, tokens)
+def forward(w, model, tokens, routed=None):
+    """Logits [B, T, padded_vocab] of the checkpoint's architecture with weights w (name -> tensor);
+    a Llama's sparse blocks append their balancing losses to `routed` (llama_forward)."""
+    return llama_forward(w, model, tokens, routed) if model["arch"] == "llama" else gpt2_forward(w, model, tokens)
 
 
 def gpt2_forward(w, model, tokens):
@@ -448,12 +530,42 @@ def rotate_half(x):
     return torch.cat((-x2, x1), dim=-1)
 
 
-def llama_forward(w, model, tokens):
+def sparse_moe(x, w, prefix, moe, routed):
+    """Hugging Face Mixtral's block_sparse_moe on the rows x [N, C]: router logits x @ gate^T, the
+    probabilities their softmax over all E experts, each row's top_k most probable experts (a tie
+    goes to the lower index: a stable descending sort), their probabilities renormalised to sum to
+    1 as their weights, and the output sum_j weight_j * w2(silu(w1 x) * w3 x) over the chosen
+    experts. Appends to `routed` (aux, margin): the balancing loss E * sum_i f_i P_i, with f_i the
+    share of rows having expert i among their choices (a count: no gradient flows through it) and
+    P_i the mean probability of expert i; and the smallest gap between a row's k-th and (k+1)-th
+    probability (a routing that float32 could decide otherwise shows there)."""
+    E, k = moe["n_experts"], moe["top_k"]
+    probs = (x @ w[prefix + "gate.weight"].T).softmax(dim=-1)
+    ranked, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    chosen = order[:, :k]
+    weights = ranked[:, :k] / ranked[:, :k].sum(dim=-1, keepdim=True)
+    out = torch.zeros_like(x)
+    for e in range(E):
+        rows, j = (chosen == e).nonzero(as_tuple=True)
+        if rows.numel() == 0:
+            continue
+        xe, expert = x[rows], prefix + "experts.%d." % e
+        ye = (F.silu(xe @ w[expert + "w1.weight"].T) * (xe @ w[expert + "w3.weight"].T)) @ w[expert + "w2.weight"].T
+        out = out.index_add(0, rows, ye * weights[rows, j].unsqueeze(-1))
+    f = F.one_hot(chosen, E).sum(dim=(0, 1)).to(probs.dtype) / x.shape[0]
+    aux = E * (f * probs.mean(dim=0)).sum()
+    margin = float((ranked[:, k - 1] - ranked[:, k]).min().detach()) if k < E else math.inf
+    routed.append((aux, margin))
+    return out
+
+
+def llama_forward(w, model, tokens, routed=None):
     """Logits [B, T, padded_vocab] of Hugging Face's LlamaForCausalLM with weights w on ids [B, T]:
     RMSNorm x * rsqrt(mean(x^2) + eps) * weight; RoPE (rotate-half) on q and k; grouped-query
     attention (query head h reads key/value head h // (n_heads / n_kv_heads)), causal, scaled by
     1/sqrt(head_dim); SwiGLU down(silu(gate(x)) * up(x)); no biases; the head lm_head, or the
-    token embedding when tied."""
+    token embedding when tied. A sparse block's MLP is Mixtral's (sparse_moe) plus its shared
+    experts' SwiGLU, if any; each sparse block appends its (aux, margin) to `routed`."""
     B, T = tokens.shape
     C, NH, L = model["d_model"], model["n_heads"], model["n_layers"]
     NKV, eps = model["n_kv_heads"], model["norm_eps"]
@@ -461,12 +573,17 @@ def llama_forward(w, model, tokens):
     causal = torch.ones(T, T, dtype=torch.bool, device=tokens.device).tril()
     angles = torch.cat([rope_angles(T, HD, model["rope_theta"], tokens.device)] * 2, dim=-1)  # [T, HD]
     cos, sin = angles.cos().to(w["model.norm.weight"].dtype), angles.sin().to(w["model.norm.weight"].dtype)
+    routed = [] if routed is None else routed
 
     def rms_norm(x, name):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w[name]
 
     def linear(x, name):
         return x @ w[name].T
+
+    def swiglu(x, prefix):
+        return linear(F.silu(linear(x, prefix + "gate_proj.weight")) * linear(x, prefix + "up_proj.weight"),
+                      prefix + "down_proj.weight")
 
     def heads(x, n):
         return x.view(B, T, n, HD).transpose(1, 2)  # [B, n, T, HD]
@@ -487,23 +604,51 @@ def llama_forward(w, model, tokens):
         y = (probs @ v).transpose(1, 2).reshape(B, T, NH * HD)
         x = x + linear(y, h + "self_attn.o_proj.weight")
         m = rms_norm(x, h + "post_attention_layernorm.weight")
-        hidden = F.silu(linear(m, h + "mlp.gate_proj.weight")) * linear(m, h + "mlp.up_proj.weight")
-        x = x + linear(hidden, h + "mlp.down_proj.weight")
+        if not sparse_block(model, layer):
+            x = x + swiglu(m, h + "mlp.")
+            continue
+        moe = model["moe"]
+        y = sparse_moe(m.reshape(B * T, C), w, h + "block_sparse_moe.", moe, routed).view(B, T, C)
+        if moe["n_shared_experts"]:
+            y = y + swiglu(m, h + "mlp.shared_experts.")
+        x = x + y
     x = rms_norm(x, "model.norm.weight")
     return x @ (w["model.embed_tokens.weight"] if model["tie_embeddings"] else w["lm_head.weight"]).T
 
 
-def reference(weights, model, tokens, targets, device):
-    """Logits [B*T, padded_vocab], loss and {name: gradient}, all float64 numpy."""
-    w = {name: torch.tensor(a, dtype=torch.float64, device=device).requires_grad_(True) for name, a in weights.items()}
+def objective(w, model, tokens, targets):
+    """What picotrain's training pass computes on ids and targets [B, T] (torch): (logits [B*T, Vp],
+    the loss, the balancing loss, the routing margin, the objective). The loss (picotrain's
+    logged one) is (sum of per-token cross-entropies over the first vocab_size logits) / (B*T),
+    targets of -1 ignored; a model with experts adds moe.aux_loss_coef times the mean of its
+    sparse blocks' balancing losses (over every row of the batch) to it to make the objective,
+    whose gradient picotrain's backward computes. Without experts the balancing loss and the
+    margin are None and the objective is the loss."""
     B, T = tokens.shape
+    routed = []
+    logits = forward(w, model, tokens, routed).view(B * T, -1)
+    loss = F.cross_entropy(logits[:, :model["vocab_size"]], targets.view(B * T), ignore_index=-1,
+                           reduction="sum") / (B * T)
+    if not routed:
+        return logits, loss, None, None, loss
+    aux = torch.stack([a for a, _ in routed]).mean()
+    margin = min(m for _, m in routed)
+    return logits, loss, aux, margin, loss + model["moe"]["aux_loss_coef"] * aux
+
+
+def reference(weights, model, tokens, targets, device):
+    """(logits [B*T, padded_vocab], loss, {name: gradient of the objective}, balancing loss,
+    routing margin): arrays float64 numpy, the last two None without experts."""
+    w = {name: torch.tensor(a, dtype=torch.float64, device=device).requires_grad_(True) for name, a in weights.items()}
     tok = torch.tensor(tokens, dtype=torch.long, device=device)
-    tgt = torch.tensor(targets, dtype=torch.long, device=device).view(B * T)
-    logits = forward(w, model, tok).view(B * T, -1)
-    loss = F.cross_entropy(logits[:, :model["vocab_size"]], tgt, ignore_index=-1, reduction="sum") / (B * T)
-    loss.backward()
-    grads = {name: t.grad.detach().cpu().numpy() for name, t in w.items()}
-    return logits.detach().cpu().numpy(), float(loss.item()), grads
+    tgt = torch.tensor(targets, dtype=torch.long, device=device)
+    logits, loss, aux, margin, total = objective(w, model, tok, tgt)
+    total.backward()
+    # An expert no token chose takes no part in the graph: its gradient is zero.
+    grads = {name: (t.grad if t.grad is not None else torch.zeros_like(t)).detach().cpu().numpy()
+             for name, t in w.items()}
+    return (logits.detach().cpu().numpy(), float(loss.item()), grads,
+            None if aux is None else float(aux.item()), margin)
 
 
 # ---- the comparison ---------------------------------------------------------------------------------
@@ -526,19 +671,29 @@ def errors(got, ref):
 def compare(dump, ref, tol, verbose):
     """Prints the dump's rows of the table; returns the names over the bound."""
     meta, _, _, logits, grads = dump
-    ref_logits, ref_loss, ref_grads = ref
+    ref_logits, ref_loss, ref_grads, ref_aux, margin = ref
     loss_err = abs(meta["loss"] - ref_loss) / abs(ref_loss)
     grad_rows = [("grad " + name, errors(grads[name], ref_grads[name])) for name in ref_grads]
-    rows = [("logits", errors(logits, ref_logits)),
-            ("loss %.6f vs %.6f" % (meta["loss"], ref_loss), (loss_err, loss_err))]
+    # (name checked, name printed, (rel, peak)); the grads printed are the worst unless verbose.
+    checked = [("logits", "logits", errors(logits, ref_logits)),
+               ("loss", "loss %.6f vs %.6f" % (meta["loss"], ref_loss), (loss_err, loss_err))]
+    if ref_aux is not None:
+        aux_err = abs(meta["aux_loss"] - ref_aux) / abs(ref_aux)
+        checked.append(("balancing loss", "balancing loss %.6f vs %.6f" % (meta["aux_loss"], ref_aux),
+                        (aux_err, aux_err)))
+    printed = [(name, values) for _, name, values in checked]
     worst = max(grad_rows, key=lambda r: r[1][0])
-    rows += grad_rows if verbose else [(worst[0] + " (worst)", worst[1])]
-    rows.append(("grad (all)", errors(np.concatenate([g.reshape(-1) for g in grads.values()]),
-                                      np.concatenate([g.reshape(-1) for g in ref_grads.values()]))))
-    for name, (rel, peak) in rows:
+    printed += grad_rows if verbose else [(worst[0] + " (worst)", worst[1])]
+    everything = ("grad (all)", errors(np.concatenate([g.reshape(-1) for g in grads.values()]),
+                                       np.concatenate([g.reshape(-1) for g in ref_grads.values()])))
+    printed.append(everything)
+    for name, (rel, peak) in printed:
         print("%-10s %-40s %10.3e %10.3e %8.0e  %s" % (meta["tag"], name[:40], rel, peak, tol,
                                                        "ok" if rel <= tol else "FAIL"))
-    checked = [rows[0], ("loss", rows[1][1])] + grad_rows + [rows[-1]]
+    if margin is not None:
+        print("%-10s routing: smallest gap between a token's k-th and (k+1)-th expert probability %.3e%s" % (
+            meta["tag"], margin, " (float32 may route otherwise)" if margin < 1e-6 else ""))
+    checked = [(name, values) for name, _, values in checked] + grad_rows + [everything]
     return [name for name, (rel, _) in checked if not rel <= tol]
 
 
@@ -548,11 +703,16 @@ def compare(dump, ref, tol, verbose):
 def naive_llama_logits(w, model, tokens):
     """Llama's logits one scalar at a time (numpy float64), written from the definitions without
     this script's tensor code: each position, head and dimension pair in a loop. It checks
-    llama_forward's reshapes, the rotate-half pairing and the query -> key/value head map."""
+    llama_forward's reshapes, the rotate-half pairing and the query -> key/value head map; with
+    experts, each token's routing by repeated arg-max (a tie to the lower index), its weighted
+    experts, and each sparse block's balancing loss from counts and sums over the batch. Returns
+    (logits [B, T, padded_vocab], [balancing loss of each sparse block])."""
     C, NH, NKV, L = model["d_model"], model["n_heads"], model["n_kv_heads"], model["n_layers"]
     HD, eps, theta = C // NH, model["norm_eps"], model["rope_theta"]
     half, group = HD // 2, NH // NKV
     W = {n: np.asarray(a, dtype=np.float64) for n, a in w.items()}
+    moe = model.get("moe")
+    balance = {}  # sparse block -> (choices per expert, probability sums, tokens)
 
     def rms_norm(v, name):
         return v / math.sqrt(sum(e * e for e in v) / len(v) + eps) * W[name]
@@ -563,6 +723,32 @@ def naive_llama_logits(w, model, tokens):
             a = pos * theta ** (-2.0 * i / HD)
             out[i] = v[i] * math.cos(a) - v[i + half] * math.sin(a)
             out[i + half] = v[i + half] * math.cos(a) + v[i] * math.sin(a)
+        return out
+
+    def swiglu(v, gate, up, down):
+        g = W[gate] @ v
+        return W[down] @ (g / (1 + np.exp(-g)) * (W[up] @ v))
+
+    def sparse(v, layer):
+        prefix = "model.layers.%d.block_sparse_moe." % layer
+        logits = W[prefix + "gate.weight"] @ v
+        p = np.exp(logits - max(logits))
+        p /= p.sum()
+        chosen = []
+        for _ in range(moe["top_k"]):
+            best = None
+            for e in range(moe["n_experts"]):
+                if e not in chosen and (best is None or p[e] > p[best]):
+                    best = e
+            chosen.append(best)
+        counts, sums, n = balance.get(layer, (np.zeros(moe["n_experts"]), np.zeros(moe["n_experts"]), 0))
+        for e in chosen:
+            counts[e] += 1
+        balance[layer] = (counts, sums + p, n + 1)
+        out = np.zeros(C)
+        for e in chosen:
+            x = prefix + "experts.%d." % e
+            out += p[e] / sum(p[c] for c in chosen) * swiglu(v, x + "w1.weight", x + "w3.weight", x + "w2.weight")
         return out
 
     B, T = tokens.shape
@@ -587,59 +773,83 @@ def naive_llama_logits(w, model, tokens):
                 x[t] = x[t] + W[h + "self_attn.o_proj.weight"] @ y
             for t in range(T):
                 m = rms_norm(x[t], h + "post_attention_layernorm.weight")
-                g = W[h + "mlp.gate_proj.weight"] @ m
-                hidden = g / (1 + np.exp(-g)) * (W[h + "mlp.up_proj.weight"] @ m)
-                x[t] = x[t] + W[h + "mlp.down_proj.weight"] @ hidden
+                if not sparse_block(model, layer):
+                    x[t] = x[t] + swiglu(m, h + "mlp.gate_proj.weight", h + "mlp.up_proj.weight",
+                                         h + "mlp.down_proj.weight")
+                    continue
+                x[t] = x[t] + sparse(m, layer)
+                if moe["n_shared_experts"]:
+                    s = h + "mlp.shared_experts."
+                    x[t] = x[t] + swiglu(m, s + "gate_proj.weight", s + "up_proj.weight", s + "down_proj.weight")
         head_w = W["model.embed_tokens.weight"] if model["tie_embeddings"] else W["lm_head.weight"]
         for t in range(T):
             logits[b, t] = head_w @ rms_norm(x[t], "model.norm.weight")
-    return logits
+    aux = [moe["n_experts"] * sum(counts / n * sums / n) for counts, sums, n in (balance[l] for l in sorted(balance))]
+    return logits, aux
 
 
 def self_test():
     """llama_forward against naive_llama_logits on tiny random models (grouped-query and not,
-    tied and untied), and the gradients of reference() against finite differences. The loop
-    computes the angles in float64 where llama_forward rounds them to float32 as Hugging Face
-    does: at positions < 8 that moves a logit by < 1e-6 of the logits' norm."""
+    tied and untied, with experts in every block and with a dense block then a sparse one with a
+    shared expert), and the gradients of the objective against central differences (with
+    experts: of the router, whose gradient carries the balancing loss's, and of an expert). The
+    loop computes the angles in float64 where llama_forward rounds them to float32 as Hugging
+    Face does: at positions < 8 that moves a logit by < 1e-6 of the logits' norm."""
     rng = np.random.default_rng(3)
     failed = []
-    for nkv, tied in ((2, False), (4, True), (1, False)):
+
+    def report(label, err, bound=1e-6):
+        print("%-10s %-48s %10.3e %8.0e  %s" % ("self-test", label[:48], err, bound, "ok" if err <= bound else "FAIL"))
+        if not err <= bound:
+            failed.append(label)
+
+    every_block = {"n_experts": 4, "top_k": 2, "expert_hidden": 6, "every": 1, "n_shared_experts": 0,
+                   "aux_loss_coef": 0.02}
+    second_block = {"n_experts": 3, "top_k": 1, "expert_hidden": 5, "every": 2, "n_shared_experts": 1,
+                    "aux_loss_coef": 0.1}
+    router = "model.layers.1.block_sparse_moe.gate.weight"
+    expert = "model.layers.1.block_sparse_moe.experts.1.w3.weight"
+    for nkv, tied, moe in ((2, False, None), (4, True, None), (1, False, None), (2, False, every_block),
+                           (1, True, second_block)):
         model = {"arch": "llama", "n_layers": 2, "d_model": 16, "n_heads": 4, "n_kv_heads": nkv, "ffn_hidden": 12,
                  "vocab_size": 11, "padded_vocab": 16, "max_seq_len": 8, "norm_eps": 1e-5, "rope_theta": 10000.0,
                  "tie_embeddings": tied}
+        if moe:
+            model["moe"] = moe
         weights = {n: rng.normal(0, 0.5, s).astype(np.float32) for n, s in llama_shapes(model).items()}
         for n in ("model.embed_tokens.weight", "lm_head.weight"):
             if n in weights:
                 weights[n][model["vocab_size"]:] = 0
         tokens = rng.integers(0, model["vocab_size"], (2, 7))
-        with torch.no_grad():
-            got = llama_forward({n: torch.tensor(a, dtype=torch.float64) for n, a in weights.items()}, model,
-                                torch.tensor(tokens)).numpy()
-        want = naive_llama_logits(weights, model, tokens)
-        rel, _ = errors(got, want)
-        name = "Llama n_kv_heads=%d %s head vs the loop" % (nkv, "tied" if tied else "untied")
-        print("%-10s %-48s %10.3e %8.0e  %s" % ("self-test", name, rel, 1e-6, "ok" if rel <= 1e-6 else "FAIL"))
-        if not rel <= 1e-6:
-            failed.append(name)
-        # The float64 graph's gradient of one weight element against a central difference.
         targets = rng.integers(0, model["vocab_size"], tokens.shape)
         targets[0, 1] = -1
-        _, _, grads = reference(weights, model, tokens, targets, "cpu")
-        name, at, h = "model.layers.1.self_attn.k_proj.weight", (3, 5), 1e-6
-        loss = []
-        for sign in (1, -1):
-            w = {n: torch.tensor(a, dtype=torch.float64) for n, a in weights.items()}
-            w[name][at] += sign * h
-            with torch.no_grad():
-                lg = llama_forward(w, model, torch.tensor(tokens)).view(tokens.size, -1)[:, :model["vocab_size"]]
-            tgt = torch.tensor(targets).view(-1)
-            loss.append(float(F.cross_entropy(lg, tgt, ignore_index=-1, reduction="sum")) / tokens.size)
-        fd = (loss[0] - loss[1]) / (2 * h)
-        err = abs(grads[name][at] - fd) / max(abs(fd), 1e-12)
-        label = "grad %s%s vs finite difference" % (name.split(".", 2)[2], list(at))
-        print("%-10s %-48s %10.3e %8.0e  %s" % ("self-test", label[:48], err, 1e-6, "ok" if err <= 1e-6 else "FAIL"))
-        if not err <= 1e-6:
-            failed.append(label)
+        as64 = lambda: {n: torch.tensor(a, dtype=torch.float64) for n, a in weights.items()}
+        with torch.no_grad():
+            got, _, aux, margin, _ = objective(as64(), model, torch.tensor(tokens), torch.tensor(targets))
+        want, want_aux = naive_llama_logits(weights, model, tokens)
+        kind = "Llama n_kv_heads=%d %s head" % (nkv, "tied" if tied else "untied")
+        if moe:
+            kind = "Mixtral E=%d k=%d every=%d shared=%d" % (moe["n_experts"], moe["top_k"], moe["every"],
+                                                            moe["n_shared_experts"])
+        report(kind + " vs the loop", errors(got.numpy(), want.reshape(tokens.size, -1))[0])
+        if moe:
+            report("  balancing loss vs the loop", abs(float(aux) - np.mean(want_aux)) / abs(np.mean(want_aux)))
+            print("%-10s   routing margin %.3e (central differences need it >> 1e-6)" % ("self-test", margin))
+        # The float64 graph's gradient of some weight elements against central differences.
+        _, _, grads, _, _ = reference(weights, model, tokens, targets, "cpu")
+        checks = [("model.layers.1.self_attn.k_proj.weight", (3, 5))]
+        if moe:
+            checks += [(router, (1, 2)), (router, (2, 7)), (expert, (4, 9))]
+        for name, at in checks:
+            h, total = 1e-6, []
+            for sign in (1, -1):
+                w = as64()
+                w[name][at] += sign * h
+                with torch.no_grad():
+                    total.append(float(objective(w, model, torch.tensor(tokens), torch.tensor(targets))[4]))
+            fd = (total[0] - total[1]) / (2 * h)
+            report("  grad %s%s vs finite difference" % (name.split(".", 2)[2], list(at)),
+                   abs(grads[name][at] - fd) / max(abs(fd), 1e-12))
     print("torch_reference: self-test %s" % ("FAIL: " + ", ".join(failed) if failed else "passed"))
     return 1 if failed else 0
 
@@ -656,7 +866,8 @@ def main():
                     help="a Hugging Face folder exported from the checkpoint (picotrain convert --format hf); "
                          "repeatable")
     ap.add_argument("--self-test", action="store_true",
-                    help="check this script's Llama against a loop written from the definitions, then exit")
+                    help="check this script's Llama and Mixtral against a loop written from the definitions, "
+                         "then exit")
     args = ap.parse_args()
     if args.self_test:
         return self_test()
@@ -674,7 +885,14 @@ def main():
 
     model = manifest["model"]
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    if model["arch"] == "llama":
+    if model["arch"] == "llama" and "moe" in model:
+        moe = model["moe"]
+        kind = "Llama with experts (%d kv heads, %d experts of %d, top %d, every %d, %d shared, aux weight %g, " \
+               "eps %g, theta %g, %s head)" % (
+                   model["n_kv_heads"], moe["n_experts"], moe["expert_hidden"], moe["top_k"], moe["every"],
+                   moe["n_shared_experts"], moe["aux_loss_coef"], model["norm_eps"], model["rope_theta"],
+                   "tied" if model["tie_embeddings"] else "untied")
+    elif model["arch"] == "llama":
         kind = "Llama (%d kv heads, MLP %d, eps %g, theta %g, %s head)" % (
             model["n_kv_heads"], model["ffn_hidden"], model["norm_eps"], model["rope_theta"],
             "tied" if model["tie_embeddings"] else "untied")

@@ -1,6 +1,8 @@
-// Shared by the Hugging Face folder tests (test_hf_export.cpp, test_hf_llama.cpp): a file's raw
-// bytes, a checkpoint's weights in table order, and rewriting a folder's model.safetensors and
-// config.json with an edit, to make the malformed and foreign folders the importer must refuse.
+// Shared by the Hugging Face folder tests (test_hf_export.cpp, test_hf_llama.cpp,
+// test_hf_mixtral.cpp): a file's raw bytes, a checkpoint's weights in table order, weights-only
+// checkpoints of random weights, what import_hf says about a folder, and rewriting a folder's
+// model.safetensors and config.json with an edit, to make the malformed and foreign folders the
+// importer must refuse.
 #pragma once
 #include <cstring>
 #include <filesystem>
@@ -15,7 +17,10 @@
 
 #include "ckpt_test_support.h"
 #include "core/ckpt/checkpoint_reader.h"
+#include "core/ckpt/hf_model_folder.h"
+#include "core/ckpt/imported_checkpoint.h"
 #include "core/ckpt/safetensors.h"
+#include "core/common/counter_rng.h"
 #include "core/model/param_table.h"
 
 namespace pt::test {
@@ -36,6 +41,38 @@ inline std::vector<float> checkpoint_weights(const std::string& dir, const Param
   std::vector<float> w(table.total_numel());
   for (const auto& p : table.specs()) r.read_all("master/" + p.name, p.numel, w.data() + p.offset);
   return w;
+}
+
+// Weights that differ in every element (the norms too, which start at 1), padded vocabulary rows
+// zero as training keeps them.
+inline std::vector<float> random_weights(const ParamTable& table) {
+  std::vector<float> w(table.total_numel(), 0.0f);
+  for (const ParamSpec& p : table.specs()) {
+    const size_t row = p.global_shape.size() == 2 ? static_cast<size_t>(p.global_shape[1]) : 1;
+    const size_t live = p.live_rows < 0 ? p.numel : static_cast<size_t>(p.live_rows) * row;
+    for (size_t i = 0; i < live; i++)
+      w[p.offset + i] = static_cast<float>(counter_uniform(5, hash_name(p.name), i) - 0.5);
+  }
+  return w;
+}
+
+// A weights-only checkpoint of `model` in <fx.dir>/<name>, as an import writes one.
+inline std::string write_weights_checkpoint(const CkptFixture& fx, const ModelSection& model,
+                                            const std::vector<float>& w, const std::string& name) {
+  const std::string dir = (fx.dir / name).string();
+  ckpt::write_imported_checkpoint(dir, model, build_param_table(model), w, "test");
+  return dir;
+}
+
+// What import_hf says about a folder: its error, or "(accepted)".
+inline std::string import_error(const std::string& folder, const std::string& out) {
+  try {
+    ckpt::import_hf(folder, out);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  fs::remove_all(out);
+  return "(accepted)";
 }
 
 // The tensors of a safetensors file as fp32, in data order, to rewrite it with an edit.

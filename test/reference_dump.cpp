@@ -1,19 +1,22 @@
 // reference_dump: what picotrain computes for one batch from a checkpoint, for the independent
-// PyTorch GPT-2 and Llama in scripts/torch_reference.py to check. A test tool, not a user
+// PyTorch GPT-2, Llama and Mixtral in scripts/torch_reference.py to check. A test tool, not a user
 // command: it loads the checkpoint's fp32 master weights with picotrain's own reader (it verifies
 // every chunk's checksum) into the model the trainer runs (ParamTable, ParamStore, DecoderStage)
 // on the chosen backend, and writes
 //
 //   dump.json    the checkpoint (its step directory, step, model and the checksums of its
-//                master weights' chunks), the backend, the batch shape and seed, the loss, and
-//                the files below with their shapes
+//                master weights' chunks), the backend, the batch shape and seed, the loss (the
+//                cross-entropy below, picotrain's logged loss), for a model with experts
+//                aux_loss (the mean over its sparse blocks of their load-balancing losses, of the
+//                training pass), and the files below with their shapes
 //   tokens.i32   [B, T] inputs: random ids in [0, vocab_size), a function of --seed only
 //   targets.i32  [B, T] the next token of each sequence; position 1 is -1 (ignored)
 //   logits.f32   [B*T, padded_vocab] of an eval pass (dloss 0)
 //   grads.f32    one training pass from zero gradients, no optimizer step: the gradient of
-//                loss = (sum of per-token cross-entropies) / (B*T) for every parameter, whole
-//                (global shapes, row-major), back to back in the order of the checkpoint's
-//                master/* tensors (ParamTable order), as dump.json lists them
+//                loss = (sum of per-token cross-entropies) / (B*T), plus moe.aux_loss_coef *
+//                aux_loss for a model with experts (the objective the trainer minimises), for
+//                every parameter, whole (global shapes, row-major), back to back in the order of
+//                the checkpoint's master/* tensors (ParamTable order), as dump.json lists them
 //
 // Everything is little-endian. Exit status: 0 written, 2 bad arguments or no such checkpoint,
 // 1 anything else (a corrupt checkpoint, a backend failure).
@@ -116,6 +119,8 @@ void run(const Args& a) {
   ops->zero(store.all_grads());
   const double loss = stage.forward(tokens.data(), targets.data(), 1.0f / N) / N;
   stage.backward();
+  // The training pass's balancing losses (the eval pass above is not counted).
+  const pt::MoeStats routed = stage.take_moe_stats();
   std::vector<float> grads(table.total_numel());
   nlohmann::ordered_json grad_list = nlohmann::ordered_json::array();
   for (const pt::ParamSpec& p : table.specs()) {
@@ -150,6 +155,7 @@ void run(const Args& a) {
       {"logits", {{"file", "logits.f32"}, {"shape", {N, m.padded_vocab}}}},
       {"grads", {{"file", "grads.f32"}, {"tensors", grad_list}}},
   };
+  if (m.moe.enabled()) j["aux_loss"] = routed.aux_sum / routed.layer_batches;
   std::ofstream meta(out / "dump.json");
   meta << j.dump(2) << "\n";
   if (!meta.good()) throw pt::RuntimeError("cannot write " + (out / "dump.json").string());

@@ -375,7 +375,9 @@ TEST_CASE("Hugging Face tables: a parameter without a rule, or a rule without a 
   HfArchitecture extra = hf_gpt2();
   extra.rules.push_back({"h.{L}.attn.q_norm.weight", "transformer.h.{L}.attn.q_norm.weight"});
   CHECK_THROWS_WITH(hf_tensors(extra, table, m), Contains("rule for h.{L}.attn.q_norm.weight matches no parameter"));
-  CHECK_THROWS_AS(hf_architecture_for_arch("moe"), ConfigError);
+  ModelSection other = m;
+  other.arch = "moe";
+  CHECK_THROWS_AS(hf_architecture_for_model(other), ConfigError);
 }
 
 TEST_CASE("picotrain convert --format hf: export and import from the command line", "[ckpt][hf][cli]") {

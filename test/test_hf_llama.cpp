@@ -9,10 +9,8 @@
 
 #include "ckpt_test_support.h"
 #include "core/ckpt/hf_model_folder.h"
-#include "core/ckpt/imported_checkpoint.h"
 #include "core/ckpt/llmc_model_file.h"
 #include "core/ckpt/manifest.h"
-#include "core/common/counter_rng.h"
 #include "core/cpu/cpu_ops.h"
 #include "hf_test_support.h"
 
@@ -33,27 +31,6 @@ const std::vector<std::string> kLlama = {"model.arch=llama",    "model.n_heads=4
 std::vector<std::string> with(std::vector<std::string> sets, const std::string& more) {
   sets.push_back(more);
   return sets;
-}
-
-// Weights that differ in every element (the norms too, which start at 1), padded vocabulary rows
-// zero as training keeps them.
-std::vector<float> random_weights(const ParamTable& table) {
-  std::vector<float> w(table.total_numel(), 0.0f);
-  for (const ParamSpec& p : table.specs()) {
-    const size_t row = p.global_shape.size() == 2 ? static_cast<size_t>(p.global_shape[1]) : 1;
-    const size_t live = p.live_rows < 0 ? p.numel : static_cast<size_t>(p.live_rows) * row;
-    for (size_t i = 0; i < live; i++)
-      w[p.offset + i] = static_cast<float>(counter_uniform(5, hash_name(p.name), i) - 0.5);
-  }
-  return w;
-}
-
-// A weights-only checkpoint of `model` in <fx.dir>/<name>, as an import writes one.
-std::string write_llama_checkpoint(const CkptFixture& fx, const ModelSection& model, const std::vector<float>& w,
-                                   const std::string& name) {
-  const std::string dir = (fx.dir / name).string();
-  write_imported_checkpoint(dir, model, build_param_table(model), w, "test");
-  return dir;
 }
 
 // Hugging Face's LlamaForCausalLM state dict for this model, in picotrain's table order, with
@@ -79,17 +56,6 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> hf_state_dict(int laye
   return s;
 }
 
-// What import_hf says about a folder: its error, or "(accepted)".
-std::string import_error(const std::string& folder, const std::string& out) {
-  try {
-    import_hf(folder, out);
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  fs::remove_all(out);
-  return "(accepted)";
-}
-
 }  // namespace
 
 TEST_CASE("Llama Hugging Face folder: GQA, untied head; the bytes by hand, config.json, import bit for bit",
@@ -102,7 +68,7 @@ TEST_CASE("Llama Hugging Face folder: GQA, untied head; the bytes by hand, confi
   REQUIRE_FALSE(m.tied());
   const ParamTable table = build_param_table(m);
   const std::vector<float> w = random_weights(table);
-  const std::string ckpt = write_llama_checkpoint(fx, m, w, "ckpt");
+  const std::string ckpt = write_weights_checkpoint(fx, m, w, "ckpt");
   const std::string hf = (fx.dir / "hf").string();
   CHECK(export_hf(ckpt, hf, HfDtype::f32) == ckpt + "/step_00000000");
   CHECK(is_hf_model_folder(hf));
@@ -324,7 +290,7 @@ TEST_CASE("Llama Hugging Face folder: a tied head is no tensor, and reads back t
   const ParamTable table = build_param_table(m);
   CHECK_THROWS(table.get("lm_head.weight"));
   const std::vector<float> w = random_weights(table);
-  const std::string ckpt = write_llama_checkpoint(fx, m, w, "ckpt");
+  const std::string ckpt = write_weights_checkpoint(fx, m, w, "ckpt");
   const std::string hf = (fx.dir / "hf").string();
   export_hf(ckpt, hf, HfDtype::f32);
 
@@ -391,6 +357,6 @@ TEST_CASE("Llama Hugging Face table: every parameter has its rule, an untied hea
     CHECK(c["intermediate_size"] == 256);  // Llama's rule: 8/3 * 64 = 170 rounded up to 256
     CHECK(c["torch_dtype"] == "bfloat16");
   }
-  CHECK(&hf_architecture_for_arch("llama") == &hf_llama());
+  CHECK(&hf_architecture_for_model(m) == &hf_llama());
   CHECK(&hf_architecture_for_model_type("llama", "x") == &hf_llama());
 }

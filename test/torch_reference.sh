@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
-# ctest torch_reference: the independent PyTorch GPT-2 and Llama (scripts/torch_reference.py)
-# against picotrain's CPU backend, from real checkpoints with GPT-2's 50257-token vocabulary
-# (padded to 50304), and proof that the comparison can fail. First the script's own Llama is
-# checked against a loop written from the definitions (--self-test). Then, for each model
-#   gpt2:  configs/tiny-gpt2.json;
-#   llama: the same run settings as a Llama of 2 layers, d_model 64, 4 query heads over 2
-#          key/value heads, an untied head, norm_eps 1e-6 and rope_theta 500000 (not the
-#          defaults, so they must travel through the checkpoint and the folder):
+# ctest torch_reference: the independent PyTorch GPT-2, Llama and Mixtral
+# (scripts/torch_reference.py) against picotrain's CPU backend, from real checkpoints with GPT-2's
+# 50257-token vocabulary (padded to 50304), and proof that the comparison can fail. First the script's own Llama and
+# Mixtral are checked against a loop written from the definitions (--self-test). Then, for each
+# model
+#   gpt2:    configs/tiny-gpt2.json;
+#   llama:   the same run settings as a Llama of 2 layers, d_model 64, 4 query heads over 2
+#            key/value heads, an untied head, norm_eps 1e-6 and rope_theta 500000 (not the
+#            defaults, so they must travel through the checkpoint and the folder);
+#   mixtral: that Llama with 4 experts of width 96 in every block, 2 per token, and the
+#            balancing loss weighted 0.02 (its gradient is part of every gradient compared):
 #   1. two training steps on random tokens, a checkpoint after each;
 #   2. reference_dump on each backend from the latest checkpoint; the script must pass (exit 0);
 #   3. the first backend's dump with one gradient element moved by 10x the bound of its tensor's
-#      norm (1e-4 for fp32): the script must fail (exit 1) naming that tensor;
+#      norm (1e-4 for fp32; the mixtral's router): the script must fail (exit 1) naming that tensor;
 #   4. a dump of the first checkpoint compared with the second: the script must refuse it (exit 2);
-#   5. `picotrain convert --format hf` to Hugging Face folders (fp32, bf16): the script reads them
+#   5. `picotrain convert --format hf` to Hugging Face folders (fp32, bf16; the mixtral's a
+#      MixtralForCausalLM): the script reads them
 #      by Hugging Face's names and their weights and logits must equal the checkpoint's; one
 #      changed element must fail naming its tensor; the fp32 folder imported back with
 #      `picotrain convert` must be the checkpoint the dump was made from (same weight checksums).
@@ -20,8 +24,8 @@
 #   test/torch_reference.sh PICOTRAIN REFERENCE_DUMP SOURCE_DIR
 #   TORCH_REFERENCE_BACKENDS="cpu:fp32 cuda:fp32 cuda:bf16" test/torch_reference.sh ...  # gpu_check.sh
 #   TORCH_REFERENCE_ARCHS=llama test/torch_reference.sh ...  # one model only
-# The backends are DEVICE:DTYPE pairs (default cpu:fp32, the one CI has); the models gpt2, llama
-# (default both).
+# The backends are DEVICE:DTYPE pairs (default cpu:fp32, the one CI has); the models gpt2, llama,
+# mixtral (default all three).
 # Exit status: 0 passed, 1 failed, 77 skipped: no python3 with torch and numpy (Debian's
 # python3-torch is for /usr/bin/python3, which may not be the python3 first on PATH;
 # PICOTRAIN_PYTHON names another interpreter).
@@ -30,7 +34,7 @@ PICOTRAIN=$1
 REFERENCE_DUMP=$2
 SRC=$3
 read -r -a BACKENDS <<<"${TORCH_REFERENCE_BACKENDS:-cpu:fp32}"
-read -r -a ARCHS <<<"${TORCH_REFERENCE_ARCHS:-gpt2 llama}"
+read -r -a ARCHS <<<"${TORCH_REFERENCE_ARCHS:-gpt2 llama mixtral}"
 
 PY=""
 for candidate in ${PICOTRAIN_PYTHON:-} python3 /usr/bin/python3; do
@@ -60,7 +64,7 @@ expect() {
   fi
 }
 
-# The script's Llama against its loop over the definitions, before it judges picotrain's.
+# The script's Llama and Mixtral against its loop over the definitions, before it judges picotrain's.
 expect 0 "torch_reference.py --self-test" "$PY" "$SRC/scripts/torch_reference.py" --self-test
 
 # An llm.c shard of random GPT-2 ids (header: magic 20240520, version 1, token count).
@@ -156,6 +160,8 @@ EOF
     "$SRC/scripts/torch_reference.py" --checkpoint "$dir/imported" "${dumps[0]}"
 }
 
+LLAMA=(--set model.arch=llama --set model.n_layers=2 --set model.d_model=64 --set model.n_heads=4
+  --set model.n_kv_heads=2 --set model.norm_eps=1e-6 --set model.rope_theta=500000)
 for arch in "${ARCHS[@]}"; do
   case $arch in
     gpt2)
@@ -163,12 +169,15 @@ for arch in "${ARCHS[@]}"; do
       ;;
     llama)
       check_model llama model.layers.1.self_attn.k_proj.weight model.layers.1.mlp.up_proj.weight \
-        model.layers.1.mlp.up_proj.weight \
-        --set model.arch=llama --set model.n_layers=2 --set model.d_model=64 --set model.n_heads=4 \
-        --set model.n_kv_heads=2 --set model.norm_eps=1e-6 --set model.rope_theta=500000
+        model.layers.1.mlp.up_proj.weight "${LLAMA[@]}"
+      ;;
+    mixtral)
+      check_model mixtral model.layers.1.block_sparse_moe.gate.weight \
+        model.layers.0.block_sparse_moe.experts.2.w3.weight model.layers.0.block_sparse_moe.experts.2.w3.weight \
+        "${LLAMA[@]}" --set moe.n_experts=4 --set moe.top_k=2 --set moe.expert_hidden=96 --set moe.aux_loss_coef=0.02
       ;;
     *)
-      echo "torch_reference: unknown model $arch in TORCH_REFERENCE_ARCHS (gpt2, llama)"
+      echo "torch_reference: unknown model $arch in TORCH_REFERENCE_ARCHS (gpt2, llama, mixtral)"
       exit 1
       ;;
   esac

@@ -11,7 +11,7 @@ namespace {
 
 // Every architecture that has a Hugging Face form.
 const std::vector<const HfArchitecture*>& all_architectures() {
-  static const std::vector<const HfArchitecture*> all = {&hf_gpt2(), &hf_llama()};
+  static const std::vector<const HfArchitecture*> all = {&hf_gpt2(), &hf_llama(), &hf_mixtral()};
   return all;
 }
 
@@ -28,15 +28,39 @@ std::string with_block(const std::string& pattern, int layer) {
   return s;
 }
 
+// The Hugging Face name `rule` gives parameter `name` of block `layer`; empty when the rule is
+// another parameter's. "{E}" stands for the digits of an expert's index, which the Hugging Face
+// name takes over.
+std::string name_by_rule(const HfTensorRule& rule, const std::string& name, int layer) {
+  const std::string pattern = with_block(rule.picotrain, layer), hf = with_block(rule.hf, layer);
+  const size_t at = pattern.find("{E}");
+  if (at == std::string::npos) return pattern == name ? hf : std::string();
+  const size_t head = at, tail = pattern.size() - at - 3;
+  if (name.size() <= head + tail || name.compare(0, head, pattern, 0, head) != 0 ||
+      name.compare(name.size() - tail, tail, pattern, at + 3, tail) != 0)
+    return {};
+  const std::string index = name.substr(head, name.size() - head - tail);
+  if (index.find_first_not_of("0123456789") != std::string::npos) return {};
+  std::string out = hf;
+  const size_t e = out.find("{E}");
+  check(e != std::string::npos, "a Hugging Face rule with {E} in one name only: " + rule.picotrain);
+  return out.replace(e, 3, index);
+}
+
 }  // namespace
 
-const HfArchitecture& hf_architecture_for_arch(const std::string& arch) {
+const HfArchitecture& hf_architecture_for_model(const ModelSection& model) {
   std::vector<std::string> known;
+  const auto described = [](const std::string& arch, bool experts) { return arch + (experts ? " with experts" : ""); };
   for (const HfArchitecture* a : all_architectures()) {
-    if (a->arch == arch) return *a;
-    known.push_back(a->arch);
+    known.push_back(described(a->arch, a->experts));
+    if (a->arch != model.arch || a->experts != model.moe.enabled()) continue;
+    if (a->cannot_hold)
+      if (const std::string why = a->cannot_hold(model); !why.empty())
+        throw ConfigError("convert --format hf: " + why);
+    return *a;
   }
-  throw ConfigError("convert --format hf: model.arch=" + arch +
+  throw ConfigError("convert --format hf: model.arch=" + described(model.arch, model.moe.enabled()) +
                     " has no Hugging Face form yet (known: " + join_names(known) + ")");
 }
 
@@ -66,8 +90,8 @@ std::vector<HfTensor> hf_tensors(const HfArchitecture& arch, const ParamTable& t
       const HfTensorRule& rule = arch.rules[r];
       const bool per_block = rule.picotrain.find("{L}") != std::string::npos;
       if (per_block && (p.layer < 0 || p.layer >= model.n_layers)) continue;
-      if (with_block(rule.picotrain, p.layer) != p.name) continue;
-      t.name = with_block(rule.hf, p.layer);
+      t.name = name_by_rule(rule, p.name, p.layer);
+      if (t.name.empty()) continue;
       t.transpose = rule.transpose;
       t.vocab_rows = rule.vocab_rows;
       uses[r]++;

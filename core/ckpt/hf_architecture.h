@@ -5,7 +5,8 @@
 // architecture; they walk the architecture's ParamTable and apply its rules, so a parameter
 // added to a table without a rule is an error, never a tensor silently left out.
 //
-// Architectures: gpt2 (GPT2LMHeadModel, hf_gpt2.cpp) and llama (LlamaForCausalLM, hf_llama.cpp).
+// Architectures: gpt2 (GPT2LMHeadModel, hf_gpt2.cpp), llama (LlamaForCausalLM, hf_llama.cpp) and
+// llama with experts (MixtralForCausalLM, hf_mixtral.cpp; the two share hf_llama_family.h).
 #pragma once
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -20,7 +21,7 @@ namespace pt::ckpt {
 enum class HfDtype { f32, bf16 };
 
 // One parameter (or family of per-block parameters) and its Hugging Face form. In both names
-// "{L}" stands for the block index.
+// "{L}" stands for the block index and "{E}" for an expert's (any number, the same in both).
 struct HfTensorRule {
   std::string picotrain;  // e.g. "h.{L}.attn.c_attn.weight"
   std::string hf;         // e.g. "transformer.h.{L}.attn.c_attn.weight"
@@ -36,6 +37,7 @@ struct HfTensorRule {
 
 struct HfArchitecture {
   std::string arch;        // model.arch
+  bool experts = false;    // the form of that architecture's models with experts (moe.n_experts > 0)
   std::string model_type;  // config.json "model_type"
   std::string class_name;  // config.json "architectures"[0]
   std::vector<HfTensorRule> rules;
@@ -45,6 +47,8 @@ struct HfArchitecture {
   // The model a config.json describes; throws RuntimeError naming `path` and the key when it
   // is malformed or describes a model picotrain does not compute exactly.
   ModelSection (*model_from_config)(const nlohmann::json& config, const std::string& path) = nullptr;
+  // Export only: why the Hugging Face class cannot hold `model` (empty: it can); null: always can.
+  std::string (*cannot_hold)(const ModelSection& model) = nullptr;
   // Import only: a prefix transformers leaves out when the base model alone was saved
   // (GPT-2's "transformer."); a tensor name without it is accepted too.
   std::string base_prefix;
@@ -56,8 +60,10 @@ struct HfArchitecture {
   std::string tied_head, tied_to;
 };
 
-// The architecture of model.arch / of a config.json model_type; ConfigError when none.
-const HfArchitecture& hf_architecture_for_arch(const std::string& arch);
+// The Hugging Face form of `model` (its model.arch, with experts or without) / of a config.json
+// model_type; ConfigError when there is none, or when that form cannot hold this model (a
+// Mixtral with dense blocks, say), naming why.
+const HfArchitecture& hf_architecture_for_model(const ModelSection& model);
 const HfArchitecture& hf_architecture_for_model_type(const std::string& model_type, const std::string& path);
 
 // One parameter of a table with its Hugging Face name and shape.
@@ -82,8 +88,10 @@ void from_hf(const HfTensor& t, const float* hf, float* pt);
 const char* torch_dtype_name(HfDtype dtype);
 const char* safetensors_dtype_name(HfDtype dtype);
 
-// The GPT-2 entry (hf_gpt2.cpp) and the Llama entry (hf_llama.cpp).
+// The GPT-2 entry (hf_gpt2.cpp), the Llama entry (hf_llama.cpp) and the Mixtral entry
+// (hf_mixtral.cpp).
 const HfArchitecture& hf_gpt2();
 const HfArchitecture& hf_llama();
+const HfArchitecture& hf_mixtral();
 
 }  // namespace pt::ckpt

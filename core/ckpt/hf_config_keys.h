@@ -20,6 +20,7 @@ class HfConfigKeys {
     return RuntimeError(path_ + ": \"" + key + "\": " + why);
   }
   bool given(const char* key) const { return c_.contains(key) && !c_[key].is_null(); }
+  const std::string& path() const { return path_; }
   const nlohmann::json& at(const char* key) const { return c_[key]; }
 
   int whole(const char* key, int def) const {
@@ -33,6 +34,12 @@ class HfConfigKeys {
     if (!given(key)) return def;
     const nlohmann::json& v = c_[key];
     if (!v.is_number() || !(v.get<double>() > 0)) throw fail(key, v.dump() + " is not a number > 0");
+    return v.get<double>();
+  }
+  double non_negative(const char* key, double def) const {
+    if (!given(key)) return def;
+    const nlohmann::json& v = c_[key];
+    if (!v.is_number() || !(v.get<double>() >= 0)) throw fail(key, v.dump() + " is not a number >= 0");
     return v.get<double>();
   }
   bool flag(const char* key, bool def) const {

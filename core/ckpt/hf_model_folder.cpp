@@ -102,7 +102,7 @@ std::string export_hf(const std::string& checkpoint, const std::string& out_dir,
   const std::string dir = resolve_checkpoint_path(checkpoint, "convert --from " + checkpoint);
   CheckpointReader r(dir);
   const ModelSection m = model_from_manifest(r.manifest(), dir);
-  const HfArchitecture& arch = hf_architecture_for_arch(m.arch);
+  const HfArchitecture& arch = hf_architecture_for_model(m);
   const ParamTable table = arch.param_table(m);
   const std::vector<HfTensor> tensors = hf_tensors(arch, table, m);
   check_checkpoint_tensors(r.manifest(), tensors, dir);

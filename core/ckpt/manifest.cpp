@@ -4,6 +4,7 @@
 #include <map>
 
 #include "core/ckpt/checksum.h"
+#include "core/model/architecture.h"
 
 namespace pt::ckpt {
 namespace {
@@ -176,6 +177,13 @@ Manifest manifest_from_json(const std::string& text, const std::string& path) {
   return m;
 }
 
+namespace {
+// Whether some block of `m` has a dense MLP of width ffn_hidden: every block of a dense model;
+// a model with experts only when some blocks are not sparse (moe.every > 1). Its shared experts
+// are moe.n_shared_experts x expert_hidden wide, whatever ffn_hidden says.
+bool has_dense_blocks(const ModelSection& m) { return !m.moe.enabled() || m.moe.every > 1; }
+}  // namespace
+
 json model_shape_json(const ModelSection& m) {
   json j{{"arch", m.arch},           {"n_layers", m.n_layers},       {"d_model", m.d_model},
          {"n_heads", m.n_heads},     {"vocab_size", m.vocab_size}, {"max_seq_len", m.max_seq_len},
@@ -185,10 +193,24 @@ json model_shape_json(const ModelSection& m) {
   // rope_theta). GPT-2 fixes all of them, so its keys (and the hash of old checkpoints) stay.
   if (m.is_llama()) {
     j["n_kv_heads"] = m.kv_heads();
-    j["ffn_hidden"] = m.ffn_width();
+    // Left out when no block has a dense MLP (Mixtral): it shapes nothing there, and a model
+    // imported from Hugging Face, which has no such width, would otherwise differ from the one
+    // exported.
+    if (has_dense_blocks(m)) j["ffn_hidden"] = m.ffn_width();
     j["norm_eps"] = m.eps();
     j["rope_theta"] = m.rope_base();
     j["tie_embeddings"] = m.tied();
+  }
+  // The experts' keys, only for a model with experts (a dense model's keys and hash stay as
+  // they were). moe.aux_loss_coef is not among them: it weighs the training objective, shapes
+  // no tensor and may change between runs; the manifest's config records it.
+  if (m.moe.enabled()) {
+    const MoeSection& e = m.moe;
+    j["moe"] = {{"n_experts", e.n_experts},
+                {"top_k", e.top_k},
+                {"expert_hidden", describe_architecture(m).expert_hidden},  // resolved
+                {"every", e.every},
+                {"n_shared_experts", e.n_shared_experts}};
   }
   return j;
 }
@@ -198,16 +220,51 @@ std::string model_hash(const ModelSection& m) {
   return checksum_hex(checksum64(text.data(), text.size()));
 }
 
+namespace {
+
+// A model-shape JSON's keys by the config key each comes from: for a model with experts
+// "moe.n_experts", ... first (the manifest keeps the moe section in its own object; other keys
+// follow from it, e.g. whether there is an ffn_hidden), then "model.d_model", ....
+std::vector<std::pair<std::string, json>> config_keys_of(const json& shape) {
+  std::vector<std::pair<std::string, json>> keys;
+  if (shape.contains("moe") && shape["moe"].is_object())
+    for (const auto& [k, v] : shape["moe"].items()) keys.emplace_back("moe." + k, v);
+  for (const auto& [key, value] : shape.items())
+    if (key != "moe") keys.emplace_back("model." + key, value);
+  return keys;
+}
+
+const json* find_key(const std::vector<std::pair<std::string, json>>& keys, const std::string& name) {
+  for (const auto& [k, v] : keys)
+    if (k == name) return &v;
+  return nullptr;
+}
+
+}  // namespace
+
 void check_model_shape(const Manifest& m, const ModelSection& cfg, const std::string& where) {
   const json want = model_shape_json(cfg);
-  for (const auto& [key, value] : want.items()) {
-    const auto have = m.model.find(key);
-    if (have == m.model.end())
-      throw CorruptCheckpoint(where + "/" + kManifestFile + ": \"model\" has no key " + key);
-    if (*have != value)
-      throw ConfigError("model." + key + "=" + value.dump() + " but the checkpoint " + where + " has " +
-                        have->dump() + " (a checkpoint loads only into the model shape it was saved from)");
+  const char* loads_only = " (a checkpoint loads only into the model shape it was saved from)";
+  // Experts or none first: every other difference between the two follows from it.
+  const bool has_experts = m.model.is_object() && m.model.contains("moe");
+  if (cfg.moe.enabled() && !has_experts)
+    throw ConfigError("moe.n_experts=" + std::to_string(cfg.moe.n_experts) + " but the checkpoint " + where +
+                      " holds a dense model (no experts)" + loads_only);
+  if (!cfg.moe.enabled() && has_experts)
+    throw ConfigError("moe.n_experts=0 (a dense model) but the checkpoint " + where + " holds a model with experts " +
+                      m.model.at("moe").dump() + loads_only);
+  const auto have = config_keys_of(m.model);
+  const auto wanted = config_keys_of(want);
+  for (const auto& [key, value] : wanted) {
+    const json* got = find_key(have, key);
+    if (!got) throw CorruptCheckpoint(where + "/" + kManifestFile + ": \"model\" has no key " + key);
+    if (*got != value)
+      throw ConfigError(key + "=" + value.dump() + " but the checkpoint " + where + " has " + got->dump() + loads_only);
   }
+  for (const auto& [key, value] : have)
+    if (!find_key(wanted, key))
+      throw ConfigError("the checkpoint " + where + " has " + key + "=" + value.dump() +
+                        ", which the configured model does not" + loads_only);
 }
 
 int pad_multiple_for(int vocab_size, int padded_vocab) {
@@ -227,14 +284,30 @@ ModelSection model_from_manifest(const Manifest& m, const std::string& where) {
   s.padded_vocab = get<int>(m.model, "padded_vocab", path);
   bool valid = s.n_layers >= 1 && s.d_model >= 1 && s.n_heads >= 1 && s.d_model % s.n_heads == 0 &&
                s.vocab_size >= 1 && s.padded_vocab >= s.vocab_size && s.max_seq_len >= 1;
+  if (m.model.contains("moe")) {
+    const json e = get<json>(m.model, "moe", path);
+    MoeSection& x = s.moe;
+    x.n_experts = get<int>(e, "n_experts", path);
+    x.top_k = get<int>(e, "top_k", path);
+    x.expert_hidden = get<int>(e, "expert_hidden", path);
+    x.every = get<int>(e, "every", path);
+    x.n_shared_experts = get<int>(e, "n_shared_experts", path);
+    valid = valid && s.is_llama() && x.n_experts >= 1 && x.top_k >= 1 && x.top_k <= x.n_experts &&
+            x.expert_hidden >= 1 && x.every >= 1 && x.every <= s.n_layers && x.n_shared_experts >= 0;
+    // The balancing loss's weight is the writer's config's (see model_shape_json); a manifest
+    // without it keeps the default.
+    if (m.config.is_object() && m.config.contains("moe") && m.config.at("moe").contains("aux_loss_coef"))
+      x.aux_loss_coef = get<double>(m.config.at("moe"), "aux_loss_coef", path);
+    valid = valid && x.aux_loss_coef >= 0;
+  }
   if (s.is_llama()) {
     s.n_kv_heads = get<int>(m.model, "n_kv_heads", path);
-    s.ffn_hidden = get<int>(m.model, "ffn_hidden", path);
+    if (has_dense_blocks(s)) s.ffn_hidden = get<int>(m.model, "ffn_hidden", path);
     s.norm_eps = get<double>(m.model, "norm_eps", path);
     s.rope_theta = get<double>(m.model, "rope_theta", path);
     s.tie_embeddings = get<bool>(m.model, "tie_embeddings", path);
-    valid = valid && s.n_kv_heads >= 1 && s.n_heads % s.n_kv_heads == 0 && s.ffn_hidden >= 1 && s.norm_eps > 0 &&
-            s.norm_eps < 1 && s.rope_theta > 0;
+    valid = valid && s.n_kv_heads >= 1 && s.n_heads % s.n_kv_heads == 0 &&
+            (!has_dense_blocks(s) || s.ffn_hidden >= 1) && s.norm_eps > 0 && s.norm_eps < 1 && s.rope_theta > 0;
   }
   if (!valid) throw CorruptCheckpoint(path + ": \"model\" " + m.model.dump() + " is not a valid model shape");
   s.pad_vocab_multiple = pad_multiple_for(s.vocab_size, s.padded_vocab);

@@ -96,16 +96,20 @@ Manifest manifest_from_json(const std::string& text, const std::string& path);
 
 // The keys that fix the model's shape and meaning: a checkpoint loads only into a config whose
 // keys all agree (pad_vocab_multiple is left out: only the padded_vocab it produces matters).
+// A model with experts adds a "moe" object (n_experts, top_k, expert_hidden, every,
+// n_shared_experts); a dense model's keys are exactly what they were before experts existed.
 nlohmann::json model_shape_json(const ModelSection& m);
 // 16 hex digits: checksum64 of model_shape_json's text, a quick "same model?" label.
 std::string model_hash(const ModelSection& m);
 // Throws ConfigError naming the first key that differs, e.g.
-// "model.d_model=256 but the checkpoint DIR has 128".
+// "model.d_model=256 but the checkpoint DIR has 128", "moe.top_k=1 but the checkpoint DIR has 2",
+// or that one model has experts and the other none.
 void check_model_shape(const Manifest& m, const ModelSection& cfg, const std::string& where);
 // A model.pad_vocab_multiple that rounds vocab_size up to exactly padded_vocab (the default
 // when it does, else padded_vocab itself), for model shapes read from files.
 int pad_multiple_for(int vocab_size, int padded_vocab);
-// The ModelSection a manifest describes (for convert and for tools without a run config).
+// The ModelSection a manifest describes (for convert and for tools without a run config); its
+// moe.aux_loss_coef is the one in the manifest's config.
 ModelSection model_from_manifest(const Manifest& m, const std::string& where);
 
 }  // namespace pt::ckpt
