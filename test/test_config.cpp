@@ -382,7 +382,7 @@ TEST_CASE("--set overrides", "[config]") {
     CHECK_THAT(error_of({"n_layers=3"}), Contains("missing '.'") && Contains("n_layers"));
     CHECK_THAT(error_of({"model.n_layer=3"}),
                Contains("unknown key model.n_layer") && Contains("valid keys in model: arch, n_layers, d_model"));
-    CHECK_THAT(error_of({"modle.n_layers=3"}), Contains("unknown section modle") && Contains("run, model, parallel"));
+    CHECK_THAT(error_of({"modle.n_layers=3"}), Contains("unknown section modle") && Contains("run, model, moe, parallel"));
     CHECK_THAT(error_of({"model.n_layers=abc"}),
                Contains("model.n_layers=\"abc\" is a string, expected an integer") && Contains("--set model.n_layers=abc"));
     CHECK_THAT(error_of({"optim.betas=[0.9]"}), Contains("optim.betas=[0.9]") && Contains("2 numbers"));
@@ -397,7 +397,7 @@ TEST_CASE("unknown keys and wrong types in the file", "[config]") {
   }
   SECTION("unknown section, even when empty") {
     j["modle"] = json::object();
-    CHECK_THAT(error_of_json(j), Contains("unknown section modle (valid sections: run, model, parallel, recompute, batch, "
+    CHECK_THAT(error_of_json(j), Contains("unknown section modle (valid sections: run, model, moe, parallel, recompute, batch, "
                                           "optim, schedule, precision, data, checkpoint, logging)"));
   }
   SECTION("a section that is not an object") {
@@ -646,4 +646,33 @@ TEST_CASE("picotrain keys explains the keys; a filter that matches none exits 2"
   const pt::test::Launch bad = keys("no_such_key");
   CHECK(bad.exit_code == 2);
   CHECK_THAT(bad.output, Contains("error: no config key matches 'no_such_key'; the sections are run, model"));
+}
+
+TEST_CASE("the moe section: its rules and resolved values", "[config][moe]") {
+  const std::vector<std::string> llama = {"model.arch=llama", "moe.n_experts=4"};
+  auto c = pt::config_from_json(tiny(), llama, 1);
+  CHECK(c.model.moe.enabled());
+  CHECK(c.model.moe.expert_hidden == 512);  // 0: the dense width (Llama's rule on d_model 128)
+  CHECK(c.model.moe.top_k == 2);
+  CHECK(pt::config_to_json(c)["moe"]["expert_hidden"] == 512);  // resolved, and it reads back
+  CHECK(pt::config_from_json(pt::config_to_json(c), {}, 1).model.moe.expert_hidden == 512);
+  CHECK(!pt::config_from_json(tiny(), {}, 1).model.moe.enabled());
+
+  CHECK(error_of({"moe.n_experts=4"}) ==
+        "moe.n_experts=4 needs model.arch=\"llama\" (the experts are SwiGLU MLPs in a Llama block, as in Mixtral); "
+        "model.arch=\"gpt2\"");
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.begin(), llama.begin(), llama.end());
+    return more;
+  };
+  CHECK(error_of(with({"moe.top_k=5"})) == "moe.top_k=5 must be <= moe.n_experts=4");
+  CHECK(error_of(with({"moe.every=5"})) ==
+        "moe.every=5 must be <= model.n_layers=4 (block l is sparse when (l + 1) % every == 0; no block would be)");
+  CHECK(error_of(with({"moe.top_k=0"})) == "moe.top_k=0 must be >= 1");
+  CHECK(error_of(with({"moe.aux_loss_coef=-1"})) == "moe.aux_loss_coef=-1.0 must be >= 0");
+  CHECK(error_of(with({"moe.n_shared_experts=1", "moe.expert_hidden=3", "parallel.tp=2"}), 2) ==
+        "parallel.tp=2 must divide the shared experts' width moe.n_shared_experts*expert_hidden = 1*3 = 3 (they are "
+        "one tensor-parallel SwiGLU; the routed experts are not split by tp)");
+  CHECK(error_of({"parallel.ep=2"}, 2) == "parallel.ep=2 needs experts to split: set moe.n_experts (or parallel.ep=1)");
+  CHECK(error_of(with({"parallel.ep=2"}), 2).find("parallel.ep=2: expert parallelism is not available") == 0);
 }

@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "core/cpu/cpu_ops.h"
+#include "core/metrics/flops.h"
+#include "core/model/param_table.h"
 #include "core/model/moe_layer.h"
 #include "cpu_test_support.h"
 
@@ -213,4 +215,30 @@ TEST_CASE("moe ops: permute, combine and their backward are each other's transpo
       for (int c = 0; c < C; c++) want += double(dy[size_t(n) * C + c]) * Y[size_t(r.slot_of[size_t(n) * k + j]) * C + c];
       CHECK(dwg[size_t(n) * k + j] == Approx(want).epsilon(1e-5));
     }
+}
+
+TEST_CASE("moe FLOPs count the active experts: top_k of n_experts, the router in full", "[cpu][moe]") {
+  // configs/tiny-moe.json against tiny-llama.json: 8 experts of width 192, top-2, have the
+  // active MLP of one dense SwiGLU of width 384; the router adds 8 x d_model per block.
+  ModelSection dense;
+  dense.arch = "llama";
+  dense.n_layers = 4;
+  dense.d_model = 128;
+  dense.n_heads = 4;
+  dense.n_kv_heads = 2;
+  dense.vocab_size = 512;
+  dense.padded_vocab = 512;
+  dense.max_seq_len = 64;
+  dense.ffn_hidden = 384;
+  ModelSection sparse = dense;
+  sparse.moe.n_experts = 8;
+  sparse.moe.top_k = 2;
+  sparse.moe.expert_hidden = 192;
+  const ParamTable td = build_param_table(dense), ts = build_param_table(sparse);
+  CHECK(ts.total_numel() - td.total_numel() == size_t(4) * (8 * 128 + (8 - 2) * 3 * 128 * 192));
+  for (const char* formula : {"palm", "llmc"}) {
+    INFO(formula);
+    CHECK(flops_per_token(ts, sparse, 64, formula) - flops_per_token(td, dense, 64, formula) ==
+          Approx(6.0 * 4 * 8 * 128));
+  }
 }

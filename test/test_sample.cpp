@@ -49,10 +49,22 @@ ModelSection small_llama() {
   return m;
 }
 
-// Each test runs for both architectures.
+// The Llama with experts: block 1 sparse (4 SwiGLU experts of width 16, top-2, one shared
+// expert), block 0 dense, so both MLP paths and the routing run.
+ModelSection small_moe() {
+  ModelSection m = small_llama();
+  m.moe.n_experts = 4;
+  m.moe.top_k = 2;
+  m.moe.expert_hidden = 16;
+  m.moe.every = 2;
+  m.moe.n_shared_experts = 1;
+  return m;
+}
+
+// Each test runs for every architecture (and the Llama with experts).
 #define FOR_EACH_ARCH(m)                                                                   \
-  const ModelSection m = GENERATE(small_model(), small_llama());                           \
-  CAPTURE(m.arch)
+  const ModelSection m = GENERATE(small_model(), small_llama(), small_moe());              \
+  CAPTURE(m.arch, m.moe.n_experts)
 
 // Random weights everywhere (biases and norm parameters too, so a wrong slice of the fused
 // qkv bias shows), padded vocabulary rows zero as in a real model (the token embedding's, and
