@@ -60,10 +60,10 @@ const RunResult& reference(bool mixed = false) {
 std::string describe(const Layout& l) {
   char buf[220];
   std::snprintf(buf, sizeof buf,
-                "moe (%d experts, top %d, every %d, %d shared): dp %d x tp %d%s x cp %d (%s) x pp %d (%s, v %d), "
+                "moe (%d experts, top %d, every %d, %d shared): dp %d (ep %d) x tp %d%s x cp %d (%s) x pp %d (%s, v %d), "
                 "ZeRO-%d, recompute %s",
-                l.experts, l.top_k, l.moe_every, l.shared, l.dp, l.tp, l.sp ? " + SP" : "", l.cp, l.cp_impl.c_str(),
-                l.pp, l.schedule.c_str(), l.v, l.zero, l.recompute.c_str());
+                l.experts, l.top_k, l.moe_every, l.shared, l.dp, l.ep, l.tp, l.sp ? " + SP" : "", l.cp,
+                l.cp_impl.c_str(), l.pp, l.schedule.c_str(), l.v, l.zero, l.recompute.c_str());
   return buf;
 }
 
@@ -123,6 +123,43 @@ TEST_CASE("moe over two ranks trains like one rank", "[mpi][moe]") {
   mixed.moe_every = 2;
   mixed.shared = 1;
   check_layout(mixed, world);
+}
+
+TEST_CASE("moe: expert parallel over two ranks trains like one rank", "[mpi][moe][ep]") {
+  const World world = whole_world();
+  if (world.size != 2) return;
+  Layout ep = moe(2, 1, 1);
+  ep.ep = 2;
+  check_layout(ep, world);
+  ep.zero = 3;  // every rank's shard of every expert, gathered per block
+  check_layout(ep, world);
+  Layout mixed = moe(2, 1, 1);
+  mixed.ep = 2;
+  mixed.moe_every = 2;
+  mixed.shared = 1;
+  check_layout(mixed, world);
+}
+
+TEST_CASE("moe: expert parallel with tp, cp and pp over four ranks trains like one rank", "[mpi][moe][ep]") {
+  const World world = whole_world();
+  if (world.size != 4) return;
+  Layout ep4 = moe(4, 1, 1);
+  ep4.ep = 4;  // one expert per rank
+  check_layout(ep4, world);
+  Layout ep2 = moe(4, 1, 1);
+  ep2.ep = 2;  // two groups of two
+  ep2.zero = 1;
+  check_layout(ep2, world);
+  Layout tp = moe(2, 2, 1);
+  tp.ep = 2;
+  tp.sp = true;
+  check_layout(tp, world);
+  Layout cp = moe(2, 1, 2);
+  cp.ep = 2;
+  check_layout(cp, world);
+  Layout pp = moe(2, 1, 1, 2);
+  pp.ep = 2;
+  check_layout(pp, world);
 }
 
 TEST_CASE("moe over four ranks trains like one rank", "[mpi][moe]") {

@@ -124,9 +124,12 @@ void resolve_dp(RunConfig& c) {
   // Expert parallel: the routed experts are split over groups of ep data-parallel ranks.
   if (p.ep > 1 && !c.model.moe.enabled())
     fail(cat("parallel.ep=", p.ep, " needs experts to split: set moe.n_experts (or parallel.ep=1)"));
-  if (p.ep > 1)
-    fail(cat("parallel.ep=", p.ep, ": expert parallelism is not available in this build of picotrain; ",
-             "use parallel.ep=1 (the experts are then replicated like the dense weights)"));
+  if (p.dp % p.ep != 0)
+    fail(cat("parallel.ep=", p.ep, " must divide parallel.dp=", p.dp,
+             " (expert parallel groups are made of data-parallel ranks)"));
+  if (c.model.moe.enabled() && c.model.moe.n_experts % p.ep != 0)
+    fail(cat("parallel.ep=", p.ep, " must divide moe.n_experts=", c.model.moe.n_experts,
+             " (each expert-parallel rank runs n_experts/ep experts)"));
   // HSDP: the dp replicas form dp_replicate groups of dp/dp_replicate ranks that shard ZeRO state.
   if (p.dp % p.dp_replicate != 0)
     fail(cat("parallel.dp_replicate=", p.dp_replicate, " must divide parallel.dp=", p.dp,

@@ -37,6 +37,9 @@ Grid::Grid(const ParallelSection& p) {
   }
   if (i != 4) throw ConfigError("parallel.order=" + p.order + " must name tp, cp, dp, pp once each");
   replicate_ = p.dp_replicate;
+  ep_ = p.ep;
+  if (ep_ < 1 || p.dp % ep_ != 0)
+    throw ConfigError("parallel.ep=" + std::to_string(ep_) + " must divide parallel.dp=" + std::to_string(p.dp));
   if (replicate_ < 1 || p.dp % replicate_ != 0)
     throw ConfigError("parallel.dp_replicate=" + std::to_string(replicate_) + " must divide parallel.dp=" +
                       std::to_string(p.dp));
@@ -85,6 +88,17 @@ std::vector<int> Grid::dp_shard_group(int r) const {
   std::vector<int> g;
   for (int member : dp_cp_group(r))
     if (coord(member).dp / dp_shard() == replica) g.push_back(member);
+  return g;
+}
+
+std::vector<int> Grid::ep_group(int r) const {
+  Coord c = coord(r);
+  const int first = c.dp - c.dp % ep_;
+  std::vector<int> g;
+  for (int i = 0; i < ep_; i++) {
+    c.dp = first + i;
+    g.push_back(rank(c));
+  }
   return g;
 }
 
@@ -158,6 +172,7 @@ std::string Grid::describe() const {
     os << "\n" << name << " groups: " << groups_line(world_size(), [&](int r) { return (this->*group)(r); });
   };
   if (size(Axis::dp) * size(Axis::cp) > 1) line("dp x cp", &Grid::dp_cp_group);
+  if (ep_ > 1) line("expert parallel", &Grid::ep_group);
   if (replicate_ > 1) {
     line("ZeRO shard", &Grid::dp_shard_group);
     line("replica", &Grid::dp_replicate_group);

@@ -43,6 +43,11 @@ class Grid {
   // The ranks that hold the same ZeRO shard as `rank` in the other replicas (same tp, pp, cp
   // and shard index), ordered by replica. One rank without HSDP.
   std::vector<int> dp_replicate_group(int rank) const;
+  // Expert parallel (parallel.ep): the ep consecutive dp ranks around `rank` (dp coordinates
+  // d - d % ep .. + ep - 1, sharing tp, cp and pp), which split the routed experts between them
+  // and exchange tokens all-to-all. One rank when ep is 1.
+  int ep() const { return ep_; }
+  std::vector<int> ep_group(int rank) const;
   // The layout for the start-up log, compactly: the degrees, each rank's coordinates, and the
   // groups of every axis larger than one (long lists are elided).
   std::string describe() const;
@@ -51,6 +56,7 @@ class Grid {
   std::array<int, 4> size_{};       // indexed by Axis
   std::array<Axis, 4> order_{};     // innermost first
   int replicate_ = 1;               // parallel.dp_replicate
+  int ep_ = 1;                      // parallel.ep
 };
 
 }  // namespace pt

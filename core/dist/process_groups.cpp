@@ -75,6 +75,7 @@ ProcessGroups make_process_groups(const Grid& grid, const World& world, Ops& ops
   g.replicate = make(grid.dp_replicate_group(world.rank));
   g.tp = make(grid.group(world.rank, Axis::tp));
   g.cp = make(grid.group(world.rank, Axis::cp));
+  g.ep = make(grid.ep_group(world.rank));
   const std::vector<int> pipeline = grid.group(world.rank, Axis::pp);
   g.pp = make(pipeline);
   std::vector<int> embedding = {world.rank};
@@ -82,7 +83,7 @@ ProcessGroups make_process_groups(const Grid& grid, const World& world, Ops& ops
     embedding = {pipeline.front(), pipeline.back()};
   g.embedding = make(embedding);
   // Every group adds its time and bytes to one CommStats: the run report's communication time.
-  for (std::unique_ptr<Comm>* c : {&g.world, &g.dp_cp, &g.shard, &g.replicate, &g.tp, &g.cp, &g.pp, &g.embedding})
+  for (std::unique_ptr<Comm>* c : {&g.world, &g.dp_cp, &g.shard, &g.replicate, &g.tp, &g.cp, &g.ep, &g.pp, &g.embedding})
     *c = std::make_unique<TimedComm>(std::move(*c), g.comm_stats);
   return g;
 }

@@ -25,6 +25,7 @@ struct ProcessGroups {
   std::unique_ptr<Comm> pp;         // this pipeline's stages, in stage order (Grid::group(rank, pp))
   std::unique_ptr<Comm> tp;         // tensor parallel: the ranks that split one layer's matrices
   std::unique_ptr<Comm> cp;         // context parallel: the ranks that split one sequence
+  std::unique_ptr<Comm> ep;         // expert parallel: the dp ranks that split the routed experts (Grid::ep_group)
   // The tied embedding's two copies: the first and the last stage of this pipeline when pp > 1
   // (rank 0 = first stage); every other rank (and every rank when pp == 1) is a group of one.
   std::unique_ptr<Comm> embedding;

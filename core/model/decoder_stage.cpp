@@ -33,7 +33,7 @@ DecoderStage::DecoderStage(const ModelSection& model, ParamStore& store, Ops& op
                      StageSlots slots, Recompute recompute, const ModelParallel& mp)
     : m_(model),
       arch_(describe_architecture(model)),
-      d_(StageDims::make(model, B, T, mp.tp_size(), mp.sequence_parallel, mp.cp_size())),
+      d_(StageDims::make(model, B, T, mp.tp_size(), mp.sequence_parallel, mp.cp_size(), mp.ep ? mp.ep->size() : 1)),
       store_(store),
       ops_(ops),
       layers_(layers),
@@ -152,7 +152,7 @@ DecoderStage::DecoderStage(const ModelSection& model, ParamStore& store, Ops& op
     Comm* sp_group = d.sp ? tp_comm_ : nullptr;
     moe_ = std::make_unique<MoeLayer>(ops, arch_, static_cast<int>(rows), sparse, slots.activations,
                                       std::vector<Comm*>{sp_group, mp.cp}, sp_group,
-                                      [this](size_t n, DType t) { return alloc_act(n, t); });
+                                      [this](size_t n, DType t) { return alloc_act(n, t); }, mp.ep);
     moe_out_ = alloc_act(RC, act);
   }
 }

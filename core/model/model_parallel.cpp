@@ -6,7 +6,7 @@
 
 namespace pt {
 
-StageDims StageDims::make(const ModelSection& m, int B, int seq_len, int tp, bool sp, int cp) {
+StageDims StageDims::make(const ModelSection& m, int B, int seq_len, int tp, bool sp, int cp, int ep) {
   auto need = [](bool ok, const std::string& what) {
     if (!ok) throw ConfigError(what);
   };
@@ -49,6 +49,7 @@ StageDims StageDims::make(const ModelSection& m, int B, int seq_len, int tp, boo
   d.top_k = a.top_k;
   d.expert_hidden = a.expert_hidden;
   d.moe_every = a.moe_every;
+  d.ep = a.n_experts > 0 ? ep : 1;
   return d;
 }
 

@@ -23,6 +23,7 @@ struct ModelParallel {
   bool sequence_parallel = false;
   Comm* cp = nullptr;  // nullptr: no context parallel
   CpImpl cp_impl = CpImpl::ring;
+  Comm* ep = nullptr;  // expert parallel (core/model/moe_layer.h); nullptr: every rank runs every expert
 
   int tp_size() const { return tp ? tp->size() : 1; }
   int tp_rank() const { return tp ? tp->rank() : 0; }
@@ -53,13 +54,14 @@ struct StageDims {
   // Mixture of experts (0 experts: dense): the routed experts' shape, which every rank holds
   // whole, and which blocks are sparse (Architecture::sparse_block).
   int experts = 0, top_k = 0, expert_hidden = 0, moe_every = 1;
+  int ep = 1;  // expert-parallel ranks (the experts' side of the exchange holds ep x the routed rows)
   bool sparse_block(int layer) const { return experts > 0 && (layer + 1) % moe_every == 0; }
 
   size_t lse() const { return static_cast<size_t>(B) * NHl * T; }  // attention log-sum-exps
   size_t rows_c() const { return static_cast<size_t>(rows) * C; }  // one residual-stream tensor
   // B sequences of seq_len tokens (the global micro-batch shape) under tp, sp and cp; throws
   // ConfigError when a dimension does not divide.
-  static StageDims make(const ModelSection& model, int B, int seq_len, int tp, bool sp, int cp);
+  static StageDims make(const ModelSection& model, int B, int seq_len, int tp, bool sp, int cp, int ep = 1);
 };
 
 }  // namespace pt

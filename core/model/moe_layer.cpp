@@ -25,7 +25,7 @@ MoeRouting plan_moe_routing(const int32_t* topk_expert, int N, int k, int E) {
 }
 
 MoeLayer::MoeLayer(Ops& ops, const Architecture& a, int rows, int layers, int slots,
-                   std::vector<Comm*> token_groups, Comm* grad_group, const Alloc& alloc)
+                   std::vector<Comm*> token_groups, Comm* grad_group, const Alloc& alloc, Comm* ep_group)
     : ops_(ops),
       E_(a.n_experts),
       k_(a.top_k),
@@ -34,10 +34,16 @@ MoeLayer::MoeLayer(Ops& ops, const Architecture& a, int rows, int layers, int sl
       rows_(rows),
       token_groups_(std::move(token_groups)),
       grad_group_(grad_group),
+      ep_(ep_group && ep_group->size() > 1 ? ep_group : nullptr),
       layers_(layers) {
   check(E_ >= 1 && k_ >= 1 && k_ <= E_ && H_ >= 1, "MoeLayer: an architecture without experts");
+  ep_size_ = ep_ ? ep_->size() : 1;
+  check(E_ % ep_size_ == 0, "MoeLayer: expert parallel over " + std::to_string(ep_size_) + " ranks needs n_experts=" +
+                                std::to_string(E_) + " to divide by it");
+  local_experts_ = E_ / ep_size_;
+  first_expert_ = ep_ ? ep_->rank() * local_experts_ : 0;
   const DType act = ops.compute_dtype(), f32 = DType::f32, i32 = DType::i32;
-  const size_t R = size_t(rows), RK = R * k_;
+  const size_t R = size_t(rows), RK = R * k_, cap = RK * ep_size_;  // cap: the experts' side
   kept_.resize(size_t(slots) * layers);
   for (Kept& s : kept_) {
     s.probs = alloc(R * E_, f32);
@@ -45,34 +51,48 @@ MoeLayer::MoeLayer(Ops& ops, const Architecture& a, int rows, int layers, int sl
     s.topk_weight = alloc(RK, f32);
     s.slot_of = alloc(RK, i32);
     s.x_perm = alloc(RK * C_, act);
-    s.h = alloc(RK * 2 * H_, act);
-    s.act = alloc(RK * H_, act);
     s.y = alloc(RK * C_, act);
     s.dprobs_all = alloc(size_t(E_), f32);
+    s.ex = ep_ ? alloc(cap * C_, act) : s.x_perm;
+    s.eh = alloc(cap * 2 * H_, act);
+    s.eact = alloc(cap * H_, act);
+    s.ey = ep_ ? alloc(cap * C_, act) : s.y;
   }
   logits_ = alloc(R * E_, act);
   dlogits_ = alloc(R * E_, act);
   dy_ = alloc(RK * C_, act);
-  dact_ = alloc(RK * H_, act);
-  dh_ = alloc(RK * 2 * H_, act);
+  dact_ = alloc(cap * H_, act);
+  dh_ = alloc(cap * 2 * H_, act);
   dx_perm_ = alloc(RK * C_, act);
   dweight_ = alloc(RK, f32);
   dx_router_ = alloc(R * C_, act);
   if (grad_group_) grad_sum_ = alloc(size_t(E_) * C_ * (1 + 3 * size_t(H_)), f32);
+  if (ep_) {
+    send_ = alloc(cap * C_, act);
+    recv_ = alloc(cap * C_, act);
+    counts_ = alloc(size_t(E_), f32);
+    all_counts_ = alloc(size_t(E_) * ep_size_, f32);
+    edy_ = alloc(cap * C_, act);
+    edx_ = alloc(cap * C_, act);
+  }
 }
 
 // What the constructor allocates, per kept set and shared (f32 and i32 are 4 bytes each).
-size_t MoeLayer::kept_bytes(int E, int k, int H, int C, int rows, DType act) {
-  const size_t R = size_t(rows), RK = R * k;
-  // probs, dprobs_all (f32); topk_expert, topk_weight, slot_of; x_perm, h, act, y
-  return 4 * (R * E + size_t(E)) + 4 * 3 * RK + dtype_size(act) * RK * (2 * size_t(C) + 3 * size_t(H));
+size_t MoeLayer::kept_bytes(int E, int k, int H, int C, int rows, DType act, int ep) {
+  const size_t R = size_t(rows), RK = R * k, cap = RK * ep, s = dtype_size(act);
+  // probs, dprobs_all (f32); topk_expert, topk_weight, slot_of; x_perm, y; the experts' side
+  // (eh, eact; ex, ey of their own with expert parallel)
+  return 4 * (R * E + size_t(E)) + 4 * 3 * RK + s * RK * 2 * size_t(C) + s * cap * 3 * size_t(H) +
+         (ep > 1 ? s * cap * 2 * size_t(C) : 0);
 }
 
-size_t MoeLayer::scratch_bytes(int E, int k, int H, int C, int rows, DType act, bool grad_group) {
-  const size_t R = size_t(rows), RK = R * k;
-  // logits, dlogits, dy, dact, dh, dx_perm, dx_router; dweight (f32); the partial gradients (f32)
-  return dtype_size(act) * (2 * R * E + RK * (2 * size_t(C) + 3 * size_t(H)) + R * C) + 4 * RK +
-         (grad_group ? 4 * size_t(E) * C * (1 + 3 * size_t(H)) : 0);
+size_t MoeLayer::scratch_bytes(int E, int k, int H, int C, int rows, DType act, bool grad_group, int ep) {
+  const size_t R = size_t(rows), RK = R * k, cap = RK * ep, s = dtype_size(act);
+  // logits, dlogits, dy, dx_perm, dx_router; dact, dh (the experts' side); dweight (f32); the
+  // partial gradients (f32); expert parallel: send, recv, edy, edx, the counts (f32)
+  return s * (2 * R * E + RK * 2 * size_t(C) + R * C) + s * cap * 3 * size_t(H) + 4 * RK +
+         (grad_group ? 4 * size_t(E) * C * (1 + 3 * size_t(H)) : 0) +
+         (ep > 1 ? s * cap * 4 * size_t(C) + 4 * size_t(E) * (1 + ep) : 0);
 }
 
 MoeLayer::Kept& MoeLayer::kept(int slot, int layer) {
@@ -81,11 +101,92 @@ MoeLayer::Kept& MoeLayer::kept(int slot, int layer) {
   return kept_[i];
 }
 
+// The all-to-all's layout: block r of the send buffer holds this rank's rows for rank r's experts
+// (in permuted order, so they are contiguous), padded to `block` rows; block r of the receive
+// buffer holds rank r's rows for this rank's experts, expert by expert.
+void MoeLayer::to_experts(Tensor expert_rows, Tensor permuted, const Exchange& x) {
+  if (!ep_) return;  // the same buffer
+  const size_t C = size_t(C_), B = size_t(x.block) * C;
+  for (int r = 0; r < ep_size_; r++)
+    if (x.send_rows[r] > 0)
+      ops_.copy(send_.slice(r * B, x.send_rows[r] * C), permuted.slice(x.send_first[r] * C, x.send_rows[r] * C),
+                x.send_rows[r] * C);
+  ep_->all_to_all(send_.slice(0, ep_size_ * B), recv_.slice(0, ep_size_ * B));
+  // Grouped by this rank's expert, then by source rank.
+  size_t at = 0;
+  for (int e = 0; e < local_experts_; e++)
+    for (int r = 0; r < ep_size_; r++) {
+      size_t first = 0;
+      for (int f = 0; f < e; f++) first += x.recv_counts[size_t(r) * local_experts_ + f];
+      const size_t n = x.recv_counts[size_t(r) * local_experts_ + e];
+      if (n > 0) ops_.copy(expert_rows.slice(at * C, n * C), recv_.slice(r * B + first * C, n * C), n * C);
+      at += n;
+    }
+}
+
+void MoeLayer::from_experts(Tensor permuted, Tensor expert_rows, const Exchange& x) {
+  if (!ep_) return;
+  const size_t C = size_t(C_), B = size_t(x.block) * C;
+  size_t at = 0;
+  for (int e = 0; e < local_experts_; e++)
+    for (int r = 0; r < ep_size_; r++) {
+      size_t first = 0;
+      for (int f = 0; f < e; f++) first += x.recv_counts[size_t(r) * local_experts_ + f];
+      const size_t n = x.recv_counts[size_t(r) * local_experts_ + e];
+      if (n > 0) ops_.copy(recv_.slice(r * B + first * C, n * C), expert_rows.slice(at * C, n * C), n * C);
+      at += n;
+    }
+  // The blocks go back to the ranks they came from: block r of send_ now holds what this rank
+  // sent rank r, processed.
+  ep_->all_to_all(recv_.slice(0, ep_size_ * B), send_.slice(0, ep_size_ * B));
+  for (int r = 0; r < ep_size_; r++)
+    if (x.send_rows[r] > 0)
+      ops_.copy(permuted.slice(x.send_first[r] * C, x.send_rows[r] * C), send_.slice(r * B, x.send_rows[r] * C),
+                x.send_rows[r] * C);
+}
+
+void MoeLayer::run_experts(const Kept& s, const MoeParams& p) {
+  const int H = H_, C = C_;
+  for (int e = 0; e < local_experts_; e++) {
+    const int r0 = s.offsets[size_t(e)], m = s.offsets[size_t(e) + 1] - r0;
+    if (m == 0) continue;
+    const size_t g = size_t(first_expert_ + e);
+    const Tensor up = p.up.slice(g * 2 * H * C, size_t(2) * H * C);
+    const Tensor down = p.down.slice(g * C * H, size_t(C) * H);
+    const Tensor h = s.eh.slice(size_t(r0) * 2 * H, size_t(m) * 2 * H);
+    const Tensor act = s.eact.slice(size_t(r0) * H, size_t(m) * H);
+    ops_.matmul_forward(h, s.ex.slice(size_t(r0) * C, size_t(m) * C), up, Tensor{}, m, C, 2 * H);
+    ops_.swiglu_forward(act, h, m, H);
+    ops_.matmul_forward(s.ey.slice(size_t(r0) * C, size_t(m) * C), act, down, Tensor{}, m, H, C);
+  }
+}
+
+void MoeLayer::experts_backward(const Kept& s, Tensor dy_rows, Tensor dx_rows, const MoeParams& p,
+                                const MoeParams& g) {
+  const int H = H_, C = C_;
+  for (int e = 0; e < local_experts_; e++) {
+    const int r0 = s.offsets[size_t(e)], m = s.offsets[size_t(e) + 1] - r0;
+    if (m == 0) continue;
+    const size_t ge = size_t(first_expert_ + e), up_at = ge * 2 * H * C, down_at = ge * C * H;
+    const Tensor h = s.eh.slice(size_t(r0) * 2 * H, size_t(m) * 2 * H);
+    const Tensor dh = dh_.slice(size_t(r0) * 2 * H, size_t(m) * 2 * H);
+    const Tensor act = s.eact.slice(size_t(r0) * H, size_t(m) * H);
+    const Tensor dact = dact_.slice(size_t(r0) * H, size_t(m) * H);
+    ops_.matmul_backward(dact, g.down.slice(down_at, size_t(C) * H), Tensor{},
+                         dy_rows.slice(size_t(r0) * C, size_t(m) * C), act, p.down.slice(down_at, size_t(C) * H), m, H,
+                         C);
+    ops_.swiglu_backward(dh, h, dact, m, H);
+    ops_.matmul_backward(dx_rows.slice(size_t(r0) * C, size_t(m) * C), g.up.slice(up_at, size_t(2) * H * C), Tensor{},
+                         dh, s.ex.slice(size_t(r0) * C, size_t(m) * C), p.up.slice(up_at, size_t(2) * H * C), m, C,
+                         2 * H);
+  }
+}
+
 double MoeLayer::forward(int slot, int layer, Tensor out, Tensor x, int n, const MoeParams& p, float aux_weight,
                          bool training) {
   check(n >= 1 && n <= rows_, "MoeLayer::forward: " + std::to_string(n) + " rows of at most " + std::to_string(rows_));
   Kept& s = kept(slot, layer);
-  const int E = E_, k = k_, H = H_, C = C_;
+  const int E = E_, k = k_, C = C_;
   ops_.matmul_forward(logits_, x, p.router, Tensor{}, n, C, E);
   ops_.moe_router_forward(s.probs, s.topk_expert, s.topk_weight, logits_, n, E, k);
 
@@ -94,20 +195,47 @@ double MoeLayer::forward(int slot, int layer, Tensor out, Tensor x, int n, const
   ops_.download(choice.data(), DType::i32, s.topk_expert, choice.size());
   MoeRouting route = plan_moe_routing(choice.data(), n, k, E);
   ops_.upload(s.slot_of, route.slot_of.data(), DType::i32, route.slot_of.size());
-  s.offsets = route.offsets;
-
   ops_.moe_permute(s.x_perm, x, s.slot_of, n, C, k);
-  for (int e = 0; e < E; e++) {
-    const int r0 = route.offsets[size_t(e)], m = route.counts[size_t(e)];
-    if (m == 0) continue;
-    const Tensor up = p.up.slice(size_t(e) * 2 * H * C, size_t(2) * H * C);
-    const Tensor down = p.down.slice(size_t(e) * C * H, size_t(C) * H);
-    const Tensor h = s.h.slice(size_t(r0) * 2 * H, size_t(m) * 2 * H);
-    const Tensor act = s.act.slice(size_t(r0) * H, size_t(m) * H);
-    ops_.matmul_forward(h, s.x_perm.slice(size_t(r0) * C, size_t(m) * C), up, Tensor{}, m, C, 2 * H);
-    ops_.swiglu_forward(act, h, m, H);
-    ops_.matmul_forward(s.y.slice(size_t(r0) * C, size_t(m) * C), act, down, Tensor{}, m, H, C);
+
+  if (!ep_) {
+    s.offsets = route.offsets;
+  } else {
+    // Every rank's counts, so each knows what it receives and how large the blocks must be.
+    const std::vector<float> mine(route.counts.begin(), route.counts.end());
+    ops_.upload(counts_, mine.data(), DType::f32, mine.size());
+    ep_->all_gather(counts_, all_counts_);
+    std::vector<float> all(size_t(E) * ep_size_);
+    ops_.download(all.data(), DType::f32, all_counts_, all.size());
+    Exchange& xc = s.xchg;
+    const int L = local_experts_;
+    xc.send_first.assign(size_t(ep_size_), 0);
+    xc.send_rows.assign(size_t(ep_size_), 0);
+    xc.recv_counts.assign(size_t(ep_size_) * L, 0);
+    xc.block = 0;
+    for (int src = 0; src < ep_size_; src++)
+      for (int dst = 0; dst < ep_size_; dst++) {
+        int rows = 0;
+        for (int e = dst * L; e < (dst + 1) * L; e++) rows += static_cast<int>(all[size_t(src) * E + e]);
+        xc.block = std::max(xc.block, rows);
+      }
+    for (int dst = 0; dst < ep_size_; dst++) {
+      xc.send_first[size_t(dst)] = route.offsets[size_t(dst) * L];
+      xc.send_rows[size_t(dst)] = route.offsets[size_t(dst + 1) * L] - route.offsets[size_t(dst) * L];
+    }
+    s.offsets.assign(size_t(L) + 1, 0);
+    for (int e = 0; e < L; e++) {
+      int rows = 0;
+      for (int src = 0; src < ep_size_; src++) {
+        const int c = static_cast<int>(all[size_t(src) * E + first_expert_ + e]);
+        xc.recv_counts[size_t(src) * L + e] = c;
+        rows += c;
+      }
+      s.offsets[size_t(e) + 1] = s.offsets[size_t(e)] + rows;
+    }
+    to_experts(s.ex, s.x_perm, xc);
   }
+  run_experts(s, p);
+  from_experts(s.y, s.ey, s.xchg);
   ops_.moe_combine(out, s.y, s.topk_weight, s.slot_of, n, C, k);
 
   // The load-balancing loss over the whole micro-batch: counts and probability sums of every
@@ -153,21 +281,12 @@ void MoeLayer::backward(int slot, int layer, Tensor dx, Tensor dout, Tensor x, i
     g = {grad_sum_.slice(0, n_router), grad_sum_.slice(n_router, n_up), grad_sum_.slice(n_router + n_up, n_down)};
   }
   ops_.moe_combine_backward(dy_, dweight_, dout, s.y, s.topk_weight, s.slot_of, n, C, k);
-  for (int e = 0; e < E; e++) {
-    const int r0 = s.offsets[size_t(e)], m = s.offsets[size_t(e) + 1] - r0;
-    if (m == 0) continue;
-    const size_t up_at = size_t(e) * 2 * H * C, down_at = size_t(e) * C * H;
-    const Tensor x_e = s.x_perm.slice(size_t(r0) * C, size_t(m) * C);
-    const Tensor h = s.h.slice(size_t(r0) * 2 * H, size_t(m) * 2 * H);
-    const Tensor dh = dh_.slice(size_t(r0) * 2 * H, size_t(m) * 2 * H);
-    const Tensor act = s.act.slice(size_t(r0) * H, size_t(m) * H);
-    const Tensor dact = dact_.slice(size_t(r0) * H, size_t(m) * H);
-    ops_.matmul_backward(dact, g.down.slice(down_at, size_t(C) * H), Tensor{}, dy_.slice(size_t(r0) * C, size_t(m) * C),
-                         act, p.down.slice(down_at, size_t(C) * H), m, H, C);
-    ops_.swiglu_backward(dh, h, dact, m, H);
-    ops_.matmul_backward(dx_perm_.slice(size_t(r0) * C, size_t(m) * C), g.up.slice(up_at, size_t(2) * H * C),
-                         Tensor{}, dh, x_e, p.up.slice(up_at, size_t(2) * H * C), m, C, 2 * H);
-  }
+  // The experts' side: with expert parallel the output gradients travel to the experts' ranks
+  // and the input gradients back, as the rows did in forward.
+  const Tensor edy = ep_ ? edy_ : dy_, edx = ep_ ? edx_ : dx_perm_;
+  to_experts(edy, dy_, s.xchg);
+  experts_backward(s, edy, edx, p, g);
+  from_experts(dx_perm_, edx, s.xchg);
   ops_.moe_permute_backward(dx, dx_perm_, s.slot_of, n, C, k);
   ops_.moe_router_backward(dlogits_, s.probs, s.topk_expert, s.topk_weight, dweight_, s.dprobs_all, n, E, k);
   ops_.matmul_backward(dx_router_, g.router, Tensor{}, dlogits_, x, p.router, n, C, E);

@@ -20,6 +20,17 @@
 // reaches each token's probabilities as d aux / d probs[n, i] = E f_i / tokens (f_i is a count,
 // not differentiated), times the caller's aux_weight.
 //
+// Expert parallel (`ep_group` of ep data-parallel ranks): rank r runs experts
+// [r E/ep, (r + 1) E/ep). After routing, each rank sends every (token, choice) row to the rank
+// of its expert and receives the rows of its own experts from every rank (all_to_all, blocks
+// padded to the largest count, which every rank knows after one all_gather of the counts); its
+// experts run on their rows grouped by expert in (source rank, token, choice) order, and the
+// outputs go back the same way before the combine. Backward sends the outputs' gradients the same
+// way and the inputs' gradients back. A rank computes gradients for its own experts only (the
+// other experts' gradients stay zero there): the data-parallel reduction sums each expert's
+// gradient from the ranks that ran it. The routed buffers on the experts' side hold up to
+// ep x rows x top_k rows: every token of the group may choose this rank's experts.
+//
 // Tensor parallel: the routed experts are not split; each tp rank routes the rows it holds. Under
 // sequence parallel those are its own rows, so the router's and experts' gradients are partial
 // and summed over tp here (like a norm weight's); without it every tp rank holds every row and
@@ -70,7 +81,7 @@ class MoeLayer {
   // are partial sums (sequence-parallel tp), or null. Buffers come from `alloc` (the owner's,
   // so it counts and frees them).
   MoeLayer(Ops& ops, const Architecture& arch, int rows, int layers, int slots, std::vector<Comm*> token_groups,
-           Comm* grad_group, const Alloc& alloc);
+           Comm* grad_group, const Alloc& alloc, Comm* ep_group = nullptr);
 
   // out [n, C] (overwritten) = the routed experts' output for x [n, C], n <= rows, keeping what
   // backward needs in (slot, layer). aux_weight: d(objective)/d(aux), the scale of the balancing
@@ -83,24 +94,47 @@ class MoeLayer {
   // Bytes one (slot, layer) keeps, and the shared scratch (with `grad_group`: the partial
   // gradients' buffer), for E experts of hidden width H, top_k k, d_model C: the memory plan
   // counts them (core/train/memory_plan.cpp).
-  static size_t kept_bytes(int E, int k, int H, int C, int rows, DType act);
-  static size_t scratch_bytes(int E, int k, int H, int C, int rows, DType act, bool grad_group);
+  static size_t kept_bytes(int E, int k, int H, int C, int rows, DType act, int ep = 1);
+  static size_t scratch_bytes(int E, int k, int H, int C, int rows, DType act, bool grad_group, int ep = 1);
 
  private:
+  // Where the (token, choice) rows travel under expert parallel, per forward (host).
+  struct Exchange {
+    int block = 0;                  // rows per all_to_all block: the most any rank sends any rank
+    std::vector<int> send_first;    // [ep] the first of this rank's permuted rows for each rank
+    std::vector<int> send_rows;     // [ep] how many
+    std::vector<int> recv_counts;   // [ep][E/ep] rows each rank sends for each of this rank's experts
+  };
   struct Kept {
-    Tensor probs, topk_expert, topk_weight, slot_of, x_perm, h, act, y, dprobs_all;
-    std::vector<int> offsets;  // host: each expert's rows
+    Tensor probs, topk_expert, topk_weight, slot_of, x_perm, y, dprobs_all;
+    // The experts' side: their input, hidden, activation and output rows, grouped by (this
+    // rank's) expert. Without expert parallel ex and ey are x_perm and y.
+    Tensor ex, eh, eact, ey;
+    std::vector<int> offsets;  // host: each of this rank's experts' rows in ex
+    Exchange xchg;
   };
   Kept& kept(int slot, int layer);
+  // Rows in the permuted order (grouped by expert over all E) -> the experts' side, and back:
+  // with expert parallel through the all-to-all, else the same buffer.
+  void to_experts(Tensor expert_rows, Tensor permuted, const Exchange& x);
+  void from_experts(Tensor permuted, Tensor expert_rows, const Exchange& x);
+  // This rank's experts on their rows, and their backward (dx_rows overwritten, grads +=).
+  void run_experts(const Kept& s, const MoeParams& p);
+  void experts_backward(const Kept& s, Tensor dy_rows, Tensor dx_rows, const MoeParams& p, const MoeParams& g);
 
   Ops& ops_;
   int E_, k_, H_, C_, rows_;
   std::vector<Comm*> token_groups_;
   Comm* grad_group_;
+  Comm* ep_;          // null: no expert parallel
+  int ep_size_ = 1, first_expert_ = 0, local_experts_ = 0;
   std::vector<Kept> kept_;  // slot-major
   int layers_;
   // scratch
   Tensor logits_, dlogits_, dy_, dact_, dh_, dx_perm_, dweight_, dx_router_, grad_sum_;
+  // expert parallel: the all-to-all's padded send and receive buffers, the counts' exchange, and
+  // the experts' side of the gradients
+  Tensor send_, recv_, counts_, all_counts_, edy_, edx_;
   MoeStats stats_;
 };
 

@@ -17,7 +17,7 @@ std::vector<StageMemory> plan_stage_memory(const RunConfig& cfg, const ParamTabl
   // ZeRO shards over the dp_shard x cp ranks of one HSDP replica (ShardLayout takes 1 under ZeRO-0).
   const int shards = par.dp / par.dp_replicate * par.cp;
   const size_t bucket_cap = bucket_cap_elements(par.grad_bucket_mb);
-  const StageDims dims = StageDims::make(m, b.micro_batch_size, b.seq_len, par.tp, par.sequence_parallel, par.cp);
+  const StageDims dims = StageDims::make(m, b.micro_batch_size, b.seq_len, par.tp, par.sequence_parallel, par.cp, par.ep);
   std::vector<StageMemory> out;
   for (int r = 0; r < par.pp; r++) {
     const std::vector<StageLayers> chunks = pipeline_chunks(m, par, r);

@@ -137,8 +137,8 @@ size_t decoder_activation_bytes(const StageDims& d, CpImpl cp_impl, DType comput
   size_t moe_bytes = 0;
   if (sparse > 0) {
     const int R = static_cast<int>(rows);
-    moe_bytes = S * sparse * MoeLayer::kept_bytes(d.experts, d.top_k, d.expert_hidden, d.C, R, compute) +
-                MoeLayer::scratch_bytes(d.experts, d.top_k, d.expert_hidden, d.C, R, compute, d.sp) +
+    moe_bytes = S * sparse * MoeLayer::kept_bytes(d.experts, d.top_k, d.expert_hidden, d.C, R, compute, d.ep) +
+                MoeLayer::scratch_bytes(d.experts, d.top_k, d.expert_hidden, d.C, R, compute, d.sp, d.ep) +
                 dtype_size(compute) * RC;
   }
   return moe_bytes + dtype_size(compute) * (S * per_set_act + IO * per_io_act + shared_act) +

@@ -71,6 +71,7 @@ Trainer::Trainer(const RunConfig& cfg, const World& world, Ops& ops)
     mp.sequence_parallel = cfg.parallel.sequence_parallel;
     mp.cp = groups_.cp.get();
     mp.cp_impl = parse_cp_impl(cfg.parallel.cp_impl);
+    mp.ep = groups_.ep.get();
     executor_ = std::make_unique<PipelineExecutor>(cfg, coord_.pp, *store_, ops, mp);
     executor_->connect(*groups_.pp, groups_.embedding.get());
     executor_->set_grad_runtime(hooks_.get(), grad_sync_.get());
