@@ -1,6 +1,6 @@
 // Shared by the checkpoint tests (test_ckpt_*.cpp, gpu_resume.cpp): a temporary run directory
-// with a shard of random tokens, a tiny GPT-2 config around it, readers of a trainer's state,
-// and the straight-vs-resumed runs with their bit-exact comparison on any backend.
+// with a shard of random tokens, a tiny GPT-2 config around it, the experts of the tiny models
+// with experts, readers of a trainer's state, and the straight-vs-resumed runs with their bit-exact comparison on any backend.
 #pragma once
 #include <unistd.h>
 
@@ -71,6 +71,28 @@ class CkptFixture {
  private:
   int vocab_;
 };
+
+// `sets` and then `more`: a config's settings with some added.
+inline std::vector<std::string> with(std::vector<std::string> sets, const std::vector<std::string>& more) {
+  sets.insert(sets.end(), more.begin(), more.end());
+  return sets;
+}
+
+// The experts of the tests' models with experts (on a Llama): 4 of width 24 in every block, 2
+// per token, and a balancing loss's weight that is not the default.
+inline const std::vector<std::string> kTinyMoe = {"moe.n_experts=4", "moe.top_k=2", "moe.expert_hidden=24",
+                                                  "moe.aux_loss_coef=0.02"};
+
+// A model read back (from a manifest, a config.json) has kTinyMoe's experts, every block sparse
+// and none shared.
+inline void check_tiny_moe(const MoeSection& e) {
+  CHECK(e.n_experts == 4);
+  CHECK(e.top_k == 2);
+  CHECK(e.expert_hidden == 24);
+  CHECK(e.every == 1);
+  CHECK(e.n_shared_experts == 0);
+  CHECK(e.aux_loss_coef == 0.02);
+}
 
 inline std::vector<float> master_weights(Trainer& t) {
   std::vector<float> w(t.params().table().total_numel());

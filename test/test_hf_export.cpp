@@ -23,9 +23,6 @@
 using namespace pt;
 using namespace pt::test;
 using namespace pt::ckpt;
-using Catch::Matchers::Contains;
-using json = nlohmann::json;
-using ojson = nlohmann::ordered_json;
 
 namespace {
 

@@ -151,17 +151,9 @@ nlohmann::ordered_json llama_config_json(const ModelSection& m, HfDtype dtype) {
 // the key, instead of importing weights that would give other logits.
 ModelSection llama_model_from_config(const nlohmann::json& c, const std::string& path) {
   const HfConfigKeys k(c, path);
-  HfLlamaDefaults d;
-  d.vocab_size = 32000;
-  d.hidden_size = 4096;
-  d.intermediate_size = 11008;
-  d.num_hidden_layers = 32;
-  d.num_attention_heads = 32;
-  d.num_key_value_heads = 0;  // num_attention_heads
-  d.max_position_embeddings = 2048;
-  d.rms_norm_eps = 1e-6;
-  d.rope_theta = 10000.0;
-  const ModelSection m = llama_family_model_from_config(k, d);
+  // num_key_value_heads left out: num_attention_heads.
+  const ModelSection m = llama_family_model_from_config(
+      k, {.intermediate_size = 11008, .max_position_embeddings = 2048, .rms_norm_eps = 1e-6, .rope_theta = 10000.0});
   k.require("attention_bias", k.flag("attention_bias", false), false, "picotrain's Llama has no biases");
   k.require("mlp_bias", k.flag("mlp_bias", false), false, "picotrain's Llama has no biases");
   if (k.given("pretraining_tp") && k.whole("pretraining_tp", 1) != 1)

@@ -14,8 +14,11 @@
 namespace pt::ckpt {
 
 // The config class's value of a key config.json leaves out (LlamaConfig's, MixtralConfig's).
+// The two classes agree on the vocabulary, the width, the depth and the query heads (Llama 2
+// 7B's and Mixtral 8x7B's): those are the members' defaults, the rest each class gives.
 struct HfLlamaDefaults {
-  int vocab_size = 0, hidden_size = 0, intermediate_size = 0, num_hidden_layers = 0, num_attention_heads = 0;
+  int vocab_size = 32000, hidden_size = 4096, intermediate_size = 0, num_hidden_layers = 32;
+  int num_attention_heads = 32;
   int num_key_value_heads = 0;  // 0: num_attention_heads
   int max_position_embeddings = 0;
   double rms_norm_eps = 0, rope_theta = 0;

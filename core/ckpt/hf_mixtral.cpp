@@ -53,17 +53,11 @@ nlohmann::ordered_json mixtral_config_json(const ModelSection& m, HfDtype dtype)
 // output_router_logits change no logit: they are accepted and not kept.
 ModelSection mixtral_model_from_config(const nlohmann::json& c, const std::string& path) {
   const HfConfigKeys k(c, path);
-  HfLlamaDefaults d;
-  d.vocab_size = 32000;
-  d.hidden_size = 4096;
-  d.intermediate_size = 14336;
-  d.num_hidden_layers = 32;
-  d.num_attention_heads = 32;
-  d.num_key_value_heads = 8;
-  d.max_position_embeddings = 4096 * 32;
-  d.rms_norm_eps = 1e-5;
-  d.rope_theta = 1e6;
-  ModelSection m = llama_family_model_from_config(k, d);
+  ModelSection m = llama_family_model_from_config(k, {.intermediate_size = 14336,
+                                                      .num_key_value_heads = 8,
+                                                      .max_position_embeddings = 4096 * 32,
+                                                      .rms_norm_eps = 1e-5,
+                                                      .rope_theta = 1e6});
   MoeSection& e = m.moe;
   // intermediate_size is each expert's width; no block has a dense MLP (model_shape_json
   // leaves ffn_hidden out then, so it stays unset here).
