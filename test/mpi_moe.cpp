@@ -10,8 +10,11 @@
 //            (tensor-parallel like a dense MLP) under tp2 + SP;
 //   4 ranks: tp2 x cp2 (+ SP), dp2 x tp2 (+ SP, ZeRO-1), pp2 x dp2 (AFAB, ZeRO-2), pp4
 //            interleaved; recompute changes no bit under tp2 x cp2 (the routed experts keep
-//            their activations); checkpoints reshard tp2 x cp2 <-> one rank; the activation
-//            memory the stages allocate equals the plan's formula.
+//            their activations); checkpoints reshard tp2 x cp2 <-> one rank and dp4 with ep 2
+//            <-> one rank; the activation memory the stages allocate equals the plan's formula.
+// Expert parallel (groups of ep dp ranks exchanging the routed rows all-to-all): 2 ranks: ep 2
+// (ZeRO-0 and ZeRO-3; and sparse every other block with a shared expert); 4 ranks: ep 4, ep 2 x 2
+// groups (ZeRO-1), ep 2 with tp 2 + SP, with cp 2, with pp 2.
 // Each layout's loss, gradient norm, balancing loss and busiest-expert load per step, its
 // validation loss and its final weights agree with the one-rank run within 1e-5 relative.
 #include <mpi.h>
@@ -191,4 +194,9 @@ TEST_CASE("moe: recompute changes no bit, checkpoints reshard, memory is the pla
   check_recompute_is_bitwise(tcp, world, data().dir, 3);
   check_reshard_with_one_rank(tcp, world, data().dir, "moe_tp2sp_cp2", reference());
   check_activation_memory(tcp, world, data().dir);
+  // Expert parallel: ep 2 x dp 2 saves and resumes on one rank (no expert parallel), and back.
+  Layout ep = moe(4, 1, 1);
+  ep.ep = 2;
+  check_reshard_with_one_rank(ep, world, data().dir, "moe_ep2_dp4", reference());
+  check_activation_memory(ep, world, data().dir);
 }

@@ -189,7 +189,7 @@ inline void check_activation_memory(Layout l, const World& world, const std::fil
     CpuOps ops;
     Trainer t(cfg, world, ops);
     const auto& b = cfg.batch;
-    const StageDims dims = StageDims::make(cfg.model, b.micro_batch_size, b.seq_len, l.tp, l.sp, l.cp);
+    const StageDims dims = StageDims::make(cfg.model, b.micro_batch_size, b.seq_len, l.tp, l.sp, l.cp, l.ep);
     PipelineExecutor& ex = t.pipeline();
     size_t want = 0;
     for (size_t c = 0; c < ex.chunks().size(); c++)
@@ -210,6 +210,10 @@ inline Layout one_rank(const Layout& l) {
   one.kv_heads = l.kv_heads;
   one.tied = l.tied;
   one.lr = l.lr;
+  one.experts = l.experts;
+  one.top_k = l.top_k;
+  one.moe_every = l.moe_every;
+  one.shared = l.shared;
   return one;
 }
 

@@ -674,5 +674,9 @@ TEST_CASE("the moe section: its rules and resolved values", "[config][moe]") {
         "parallel.tp=2 must divide the shared experts' width moe.n_shared_experts*expert_hidden = 1*3 = 3 (they are "
         "one tensor-parallel SwiGLU; the routed experts are not split by tp)");
   CHECK(error_of({"parallel.ep=2"}, 2) == "parallel.ep=2 needs experts to split: set moe.n_experts (or parallel.ep=1)");
-  CHECK(error_of(with({"parallel.ep=2"}), 2).find("parallel.ep=2: expert parallelism is not available") == 0);
+  CHECK(error_of(with({"parallel.ep=2", "parallel.tp=2"}), 2) ==
+        "parallel.ep=2 must divide parallel.dp=1 (expert parallel groups are made of data-parallel ranks)");
+  CHECK(error_of(with({"parallel.ep=3"}), 3) ==
+        "parallel.ep=3 must divide moe.n_experts=4 (each expert-parallel rank runs n_experts/ep experts)");
+  CHECK(pt::config_from_json(tiny(), with({"parallel.ep=2"}), 2).parallel.ep == 2);
 }

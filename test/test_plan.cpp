@@ -214,6 +214,31 @@ TEST_CASE("plan's step time: compute from FLOPs, the bubble formula, links by no
   }
 }
 
+TEST_CASE("plan's step time counts expert parallel's all-to-alls over the ep group's link", "[plan][moe]") {
+  const TempConfig cfg("moe");
+  Hardware hw;
+  hw.gpus_per_node = 4;
+  const std::vector<std::string> moe = {"model.arch=llama", "moe.n_experts=8", "moe.top_k=2", "moe.expert_hidden=64"};
+  std::vector<std::string> with_ep = moe;
+  with_ep.push_back("parallel.ep=2");
+  const Plan dense_ep = make_plan(cfg.path, moe, 8, hw), plan = make_plan(cfg.path, with_ep, 8, hw);
+  const LayoutPlan& one = find_layout(dense_ep, "dp8 tp1 pp1 cp1");
+  const LayoutPlan& ep2 = find_layout(plan, "dp8 tp1 pp1 cp1");
+  CHECK(one.time.ep_s == 0);
+  CHECK_THAT(ep2.time.links, Contains("ep NVLink"));  // dp neighbours 0,1 share a node of 4
+  // 4 all-to-alls per sparse block (all 4 blocks) and micro-batch of top_k x the rows x d_model
+  // values, half of which leave the rank, at NVLink's bandwidth.
+  const RunConfig& c = ep2.layout.cfg;
+  const double bytes = 2.0 * c.batch.micro_batch_size * c.batch.seq_len * c.model.d_model * 4;  // fp32
+  CHECK(ep2.time.ep_s == Approx(c.batch.grad_accum_steps * 4 * 4 * bytes * 0.5 / (hw.nvlink_gbps * 1e9)));
+  CHECK(ep2.time.step_s == Approx(one.time.step_s + ep2.time.ep_s));
+  // ep must divide dp: dp1 layouts are not valid with ep 2.
+  bool refused = false;
+  for (const LayoutCandidate& l : plan.invalid)
+    if (l.dp == 1) refused = refused || l.invalid.find("parallel.ep=2 must divide parallel.dp=1") != std::string::npos;
+  CHECK(refused);
+}
+
 TEST_CASE("plan says which layouts do not fit and why", "[plan]") {
   const TempConfig cfg("fit");
   Hardware hw;

@@ -54,6 +54,7 @@ StepTime estimate_step_time(const RunConfig& cfg, const ParamTable& model, const
   const double tp_bw = link("tp", par.tp, [&](int r) { return grid.group(r, Axis::tp); });
   const double cp_bw = link("cp", par.cp, [&](int r) { return grid.group(r, Axis::cp); });
   const double pp_bw = link("pp", par.pp, [&](int r) { return grid.group(r, Axis::pp); });
+  const double ep_bw = link("ep", par.ep, [&](int r) { return grid.ep_group(r); });
   t.tp_crosses_nodes = par.tp > 1 && tp_bw == hw.network_gbps && hw.network_gbps != hw.nvlink_gbps;
 
   // Compute, spread evenly over the GPUs.
@@ -66,13 +67,18 @@ StepTime estimate_step_time(const RunConfig& cfg, const ParamTable& model, const
   t.compute_s = step_tokens * (flops + redone) / (gpus * peak * hw.mfu);
 
   // The largest stage: its blocks and its parameters per rank (after the tensor-parallel split).
-  int stage_layers = 0;
+  int stage_layers = 0, stage_sparse = 0;
   double psi = 0;
+  const Architecture arch = describe_architecture(m);
   for (int r = 0; r < par.pp; r++) {
     const std::vector<StageLayers> chunks = pipeline_chunks(m, par, r);
-    int layers = 0;
-    for (const auto& ch : chunks) layers += ch.layers();
+    int layers = 0, sparse = 0;
+    for (const auto& ch : chunks) {
+      layers += ch.layers();
+      for (int l = ch.first_layer; l < ch.end_layer; l++) sparse += arch.sparse_block(l) ? 1 : 0;
+    }
     stage_layers = std::max(stage_layers, layers);
+    stage_sparse = std::max(stage_sparse, sparse);
     const ParamTable stage = tensor_parallel_table(stage_param_table(model, chunks, m.n_layers), par.tp, 0);
     psi = std::max(psi, static_cast<double>(stage.total_numel()));
   }
@@ -88,9 +94,15 @@ StepTime estimate_step_time(const RunConfig& cfg, const ParamTable& model, const
     else cp_mb = stage_layers * 3.0 * (par.cp - 1) * 2 * attn / (cp_bw * 1e9);
   }
   if (par.pp > 1) pp_mb = 2.0 * par.pp_virtual_stages * residual / (pp_bw * 1e9);
+  double ep_mb = 0;
+  if (par.ep > 1 && stage_sparse > 0) {
+    const double routed = residual / (par.sequence_parallel ? par.tp : 1) * m.moe.top_k;
+    ep_mb = stage_sparse * 4 * gather_s(routed, par.ep, ep_bw);
+  }
   t.tp_s = micro * tp_mb;
   t.cp_s = micro * cp_mb;
   t.pp_s = micro * pp_mb;
+  t.ep_s = micro * ep_mb;
 
   // Per step, over the dp x cp gradient group: ZeRO-0 all-reduces over all of it, ZeRO 1-3 work
   // in the shard group, and HSDP replicas all-reduce their shards.
@@ -107,7 +119,7 @@ StepTime estimate_step_time(const RunConfig& cfg, const ParamTable& model, const
     if (replicas > 1) t.dp_s += all_reduce_s(grads / shards, replicas, rep_bw);
   }
 
-  const double busy = t.compute_s + t.tp_s + t.cp_s + t.pp_s;
+  const double busy = t.compute_s + t.tp_s + t.cp_s + t.pp_s + t.ep_s;
   const PipeSchedule kind = parse_pipe_schedule(par.pp_schedule);
   t.bubble_s = busy * pipeline_bubble_ratio(kind, par.pp, par.pp_virtual_stages, micro);
   t.step_s = busy + t.bubble_s + t.dp_s;

@@ -18,7 +18,11 @@
 //     cp        ring attention: K and V go round the ring forward (cp-1 hops), and again with
 //               their gradients backward: 3(cp-1) hops of 2·B·(T/cp)·(d/tp) values per block;
 //               Ulysses: 8 all-to-alls of B·(T/cp)·(d/tp) values per block (q, k, v, out, both ways);
-//     pp        one activation forward and one gradient backward per chunk (v per rank).
+//     pp        one activation forward and one gradient backward per chunk (v per rank);
+//     ep        mixture of experts under expert parallel: 4 all-to-alls per sparse block (the
+//               routed rows to their experts' ranks and back, forward and backward) of
+//               top_k x the rows a rank routes (B·T/cp, /tp with sequence parallel) x d_model,
+//               over the ep group (ep of the dp ranks).
 //   per step, over dp x cp (ZeRO, core/train/grad_sync.h), Ψ = a rank's parameters on the
 //   largest stage, S = the ZeRO shard group (dp_shard·cp), R = HSDP replicas:
 //     ZeRO-0    all-reduce of the fp32 gradient (4Ψ bytes) over dp·cp;
@@ -27,7 +31,7 @@
 //     ZeRO-3    m reduce-scatters of 4Ψ and 2m all-gathers of cΨ (forward and backward);
 //     HSDP      + an all-reduce of the 4Ψ/S shard over R.
 //   bubble      pipeline_bubble_ratio (core/train/pp_bubble.h) x the stage's busy time.
-//   step        m x (compute + tp + cp + pp per micro-batch) + bubble + ZeRO/DP communication.
+//   step        m x (compute + tp + cp + pp + ep per micro-batch) + bubble + ZeRO/DP communication.
 // Nothing overlaps communication with compute (the trainer's collectives are blocking today),
 // and stages are taken as balanced, so the estimate errs on the slow side.
 #pragma once
@@ -50,7 +54,7 @@ struct Hardware {
 
 struct StepTime {
   double compute_s = 0;
-  double tp_s = 0, cp_s = 0, pp_s = 0, dp_s = 0;  // communication per step, by group
+  double tp_s = 0, cp_s = 0, pp_s = 0, ep_s = 0, dp_s = 0;  // communication per step, by group
   double bubble_s = 0;
   double step_s = 0;
   double tokens_per_s = 0;
@@ -58,7 +62,7 @@ struct StepTime {
   // The link each group of more than one rank uses, e.g. "tp NVLink, dp network".
   std::string links;
   bool tp_crosses_nodes = false;
-  double comm_s() const { return tp_s + cp_s + pp_s + dp_s; }
+  double comm_s() const { return tp_s + cp_s + pp_s + ep_s + dp_s; }
 };
 
 // The compute dtype a layout is planned in: fp32 when the config says so, else bf16 (GPUs).
