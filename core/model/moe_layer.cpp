@@ -103,46 +103,63 @@ MoeLayer::Kept& MoeLayer::kept(int slot, int layer) {
 
 // The all-to-all's layout: block r of the send buffer holds this rank's rows for rank r's experts
 // (in permuted order, so they are contiguous), padded to `block` rows; block r of the receive
-// buffer holds rank r's rows for this rank's experts, expert by expert.
-void MoeLayer::to_experts(Tensor expert_rows, Tensor permuted, const Exchange& x) {
-  if (!ep_) return;  // the same buffer
-  const size_t C = size_t(C_), B = size_t(x.block) * C;
-  for (int r = 0; r < ep_size_; r++)
-    if (x.send_rows[r] > 0)
-      ops_.copy(send_.slice(r * B, x.send_rows[r] * C), permuted.slice(x.send_first[r] * C, x.send_rows[r] * C),
-                x.send_rows[r] * C);
-  ep_->all_to_all(send_.slice(0, ep_size_ * B), recv_.slice(0, ep_size_ * B));
-  // Grouped by this rank's expert, then by source rank.
+// buffer holds rank r's rows for this rank's experts, expert by expert. The experts' side groups
+// them by this rank's expert, then by source rank.
+MoeLayer::Exchange MoeLayer::plan_exchange(const std::vector<float>& all, const std::vector<int>& route_offsets,
+                                           std::vector<int>& offsets) const {
+  const int E = E_, L = local_experts_;
+  auto count = [&](int src, int e) { return static_cast<size_t>(all[size_t(src) * E + e]); };
+  Exchange x;
+  for (int src = 0; src < ep_size_; src++)
+    for (int dst = 0; dst < ep_size_; dst++) {
+      size_t rows = 0;
+      for (int e = dst * L; e < (dst + 1) * L; e++) rows += count(src, e);
+      x.block = std::max(x.block, static_cast<int>(rows));
+    }
+  for (int dst = 0; dst < ep_size_; dst++) {
+    const size_t first = size_t(route_offsets[size_t(dst) * L]), end = size_t(route_offsets[size_t(dst + 1) * L]);
+    x.sent.push_back({size_t(dst) * x.block, first, end - first});
+  }
+  std::vector<size_t> next_in_block(size_t(ep_size_), 0);
+  offsets.assign(size_t(L) + 1, 0);
   size_t at = 0;
-  for (int e = 0; e < local_experts_; e++)
-    for (int r = 0; r < ep_size_; r++) {
-      size_t first = 0;
-      for (int f = 0; f < e; f++) first += x.recv_counts[size_t(r) * local_experts_ + f];
-      const size_t n = x.recv_counts[size_t(r) * local_experts_ + e];
-      if (n > 0) ops_.copy(expert_rows.slice(at * C, n * C), recv_.slice(r * B + first * C, n * C), n * C);
+  for (int e = 0; e < L; e++) {
+    for (int src = 0; src < ep_size_; src++) {
+      const size_t n = count(src, first_expert_ + e);
+      x.received.push_back({size_t(src) * x.block + next_in_block[size_t(src)], at, n});
+      next_in_block[size_t(src)] += n;
       at += n;
     }
+    offsets[size_t(e) + 1] = static_cast<int>(at);
+  }
+  return x;
 }
 
+void MoeLayer::copy_runs(const std::vector<Run>& runs, Tensor blocks, Tensor rows, bool into_blocks) {
+  const size_t C = size_t(C_);
+  for (const Run& r : runs) {
+    if (r.rows == 0) continue;
+    const Tensor b = blocks.slice(r.block_row * C, r.rows * C), x = rows.slice(r.row * C, r.rows * C);
+    if (into_blocks) ops_.copy(b, x, r.rows * C);
+    else ops_.copy(x, b, r.rows * C);
+  }
+}
+
+void MoeLayer::to_experts(Tensor expert_rows, Tensor permuted, const Exchange& x) {
+  if (!ep_) return;  // the same buffer
+  const size_t n = size_t(ep_size_) * x.block * C_;
+  copy_runs(x.sent, send_, permuted, true);
+  ep_->all_to_all(send_.slice(0, n), recv_.slice(0, n));
+  copy_runs(x.received, recv_, expert_rows, false);
+}
+
+// The way back: block r of send_ then holds what this rank sent rank r, processed.
 void MoeLayer::from_experts(Tensor permuted, Tensor expert_rows, const Exchange& x) {
   if (!ep_) return;
-  const size_t C = size_t(C_), B = size_t(x.block) * C;
-  size_t at = 0;
-  for (int e = 0; e < local_experts_; e++)
-    for (int r = 0; r < ep_size_; r++) {
-      size_t first = 0;
-      for (int f = 0; f < e; f++) first += x.recv_counts[size_t(r) * local_experts_ + f];
-      const size_t n = x.recv_counts[size_t(r) * local_experts_ + e];
-      if (n > 0) ops_.copy(recv_.slice(r * B + first * C, n * C), expert_rows.slice(at * C, n * C), n * C);
-      at += n;
-    }
-  // The blocks go back to the ranks they came from: block r of send_ now holds what this rank
-  // sent rank r, processed.
-  ep_->all_to_all(recv_.slice(0, ep_size_ * B), send_.slice(0, ep_size_ * B));
-  for (int r = 0; r < ep_size_; r++)
-    if (x.send_rows[r] > 0)
-      ops_.copy(permuted.slice(x.send_first[r] * C, x.send_rows[r] * C), send_.slice(r * B, x.send_rows[r] * C),
-                x.send_rows[r] * C);
+  const size_t n = size_t(ep_size_) * x.block * C_;
+  copy_runs(x.received, recv_, expert_rows, true);
+  ep_->all_to_all(recv_.slice(0, n), send_.slice(0, n));
+  copy_runs(x.sent, send_, permuted, false);
 }
 
 void MoeLayer::run_experts(const Kept& s, const MoeParams& p) {
@@ -206,33 +223,8 @@ double MoeLayer::forward(int slot, int layer, Tensor out, Tensor x, int n, const
     ep_->all_gather(counts_, all_counts_);
     std::vector<float> all(size_t(E) * ep_size_);
     ops_.download(all.data(), DType::f32, all_counts_, all.size());
-    Exchange& xc = s.xchg;
-    const int L = local_experts_;
-    xc.send_first.assign(size_t(ep_size_), 0);
-    xc.send_rows.assign(size_t(ep_size_), 0);
-    xc.recv_counts.assign(size_t(ep_size_) * L, 0);
-    xc.block = 0;
-    for (int src = 0; src < ep_size_; src++)
-      for (int dst = 0; dst < ep_size_; dst++) {
-        int rows = 0;
-        for (int e = dst * L; e < (dst + 1) * L; e++) rows += static_cast<int>(all[size_t(src) * E + e]);
-        xc.block = std::max(xc.block, rows);
-      }
-    for (int dst = 0; dst < ep_size_; dst++) {
-      xc.send_first[size_t(dst)] = route.offsets[size_t(dst) * L];
-      xc.send_rows[size_t(dst)] = route.offsets[size_t(dst + 1) * L] - route.offsets[size_t(dst) * L];
-    }
-    s.offsets.assign(size_t(L) + 1, 0);
-    for (int e = 0; e < L; e++) {
-      int rows = 0;
-      for (int src = 0; src < ep_size_; src++) {
-        const int c = static_cast<int>(all[size_t(src) * E + first_expert_ + e]);
-        xc.recv_counts[size_t(src) * L + e] = c;
-        rows += c;
-      }
-      s.offsets[size_t(e) + 1] = s.offsets[size_t(e)] + rows;
-    }
-    to_experts(s.ex, s.x_perm, xc);
+    s.xchg = plan_exchange(all, route.offsets, s.offsets);
+    to_experts(s.ex, s.x_perm, s.xchg);
   }
   run_experts(s, p);
   from_experts(s.y, s.ey, s.xchg);

@@ -99,11 +99,14 @@ class MoeLayer {
 
  private:
   // Where the (token, choice) rows travel under expert parallel, per forward (host).
+  // A run of rows between an all_to_all buffer of padded blocks and a buffer of rows.
+  struct Run {
+    size_t block_row = 0, row = 0, rows = 0;
+  };
   struct Exchange {
-    int block = 0;                  // rows per all_to_all block: the most any rank sends any rank
-    std::vector<int> send_first;    // [ep] the first of this rank's permuted rows for each rank
-    std::vector<int> send_rows;     // [ep] how many
-    std::vector<int> recv_counts;   // [ep][E/ep] rows each rank sends for each of this rank's experts
+    int block = 0;              // rows per all_to_all block: the most any rank sends any rank
+    std::vector<Run> sent;      // this rank's permuted rows for each rank -> send block r
+    std::vector<Run> received;  // receive block r's rows for each of this rank's experts -> the experts' rows
   };
   struct Kept {
     Tensor probs, topk_expert, topk_weight, slot_of, x_perm, y, dprobs_all;
@@ -118,6 +121,12 @@ class MoeLayer {
   // with expert parallel through the all-to-all, else the same buffer.
   void to_experts(Tensor expert_rows, Tensor permuted, const Exchange& x);
   void from_experts(Tensor permuted, Tensor expert_rows, const Exchange& x);
+  // Copies each run into the blocks (into_blocks) or out of them.
+  void copy_runs(const std::vector<Run>& runs, Tensor blocks, Tensor rows, bool into_blocks);
+  // From every rank's per-expert counts (all: [ep][E]) and this rank's routing offsets: the
+  // exchange, and the rows of each of this rank's experts on the experts' side (offsets).
+  Exchange plan_exchange(const std::vector<float>& all, const std::vector<int>& route_offsets,
+                         std::vector<int>& offsets) const;
   // This rank's experts on their rows, and their backward (dx_rows overwritten, grads +=).
   void run_experts(const Kept& s, const MoeParams& p);
   void experts_backward(const Kept& s, Tensor dy_rows, Tensor dx_rows, const MoeParams& p, const MoeParams& g);
