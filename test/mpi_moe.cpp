@@ -23,6 +23,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "core/model/expert_split.h"
 #include "mpi_trainer_parity.h"
 
 using namespace pt;
@@ -163,6 +164,17 @@ TEST_CASE("moe: expert parallel with tp, cp and pp over four ranks trains like o
   Layout pp = moe(2, 1, 1, 2);
   pp.ep = 2;
   check_layout(pp, world);
+  // The experts' ZeRO state sharded over the two ranks that hold the same experts, and gathered
+  // per block (ZeRO-3); and HSDP, whose replicas reduce the experts' shards too.
+  Layout z3 = moe(4, 1, 1);
+  z3.ep = 2;
+  z3.zero = 3;
+  check_layout(z3, world);
+  Layout hsdp = moe(4, 1, 1);
+  hsdp.ep = 2;
+  hsdp.zero = 2;
+  hsdp.dp_replicate = 2;
+  check_layout(hsdp, world);
 }
 
 TEST_CASE("moe over four ranks trains like one rank", "[mpi][moe]") {
@@ -199,4 +211,39 @@ TEST_CASE("moe: recompute changes no bit, checkpoints reshard, memory is the pla
   ep.ep = 2;
   check_reshard_with_one_rank(ep, world, data().dir, "moe_ep2_dp4", reference());
   check_activation_memory(ep, world, data().dir);
+  ep.zero = 3;  // the experts' shards of two ranks each
+  check_reshard_with_one_rank(ep, world, data().dir, "moe_ep2_dp4_z3", reference());
+}
+
+TEST_CASE("moe: under expert parallel a rank stores only its own experts", "[mpi][moe][ep][memory]") {
+  const World world = whole_world();
+  if (world.size != 4) return;
+  for (int zero : {0, 1, 3}) {
+    Layout l = moe(4, 1, 1);
+    l.ep = 2;
+    l.zero = zero;
+    INFO(describe(l));
+    CpuOps ops;
+    Trainer t(parity_config(l, data().dir), world, ops);
+    REQUIRE(t.expert_params() != nullptr);
+    // Rank r (dp coordinate r) holds experts 2 (r % 2) and 2 (r % 2) + 1 of every block; the
+    // dense store none.
+    for (const ParamSpec& p : t.params().table().specs()) CHECK(!is_routed_expert(p));
+    const ParamTable& mine = t.expert_params()->table();
+    REQUIRE(mine.specs().size() == size_t(8) * 2 * 3);  // 8 blocks x 2 experts x (w1, w3, w2)
+    for (const ParamSpec& p : mine.specs()) {
+      const int first = 2 * (world.rank % 2);
+      const bool own = p.name.find("experts." + std::to_string(first) + ".") != std::string::npos ||
+                       p.name.find("experts." + std::to_string(first + 1) + ".") != std::string::npos;
+      CHECK(own);
+    }
+    // Its ZeRO state is sharded over the two ranks that hold the same experts (dp 4 / ep 2).
+    CHECK(t.expert_params()->layout().shard_count() == (zero == 0 ? 1 : 2));
+    CHECK(t.groups().expert_dp_cp->size() == 2);
+    // Half the experts' parameters (what the allocations come to is checked against the plan
+    // above, and the plan's expert part in test_moe.cpp).
+    size_t all_experts = 0;
+    for (const ParamSpec& p : t.stage_table().specs()) all_experts += is_routed_expert(p) ? p.numel : 0;
+    CHECK(mine.total_numel() * 2 == all_experts);
+  }
 }

@@ -55,6 +55,7 @@ struct Layout {
   // moe_every-th block, with n_shared shared experts; 0 experts: dense.
   int experts = 0, top_k = 2, moe_every = 1, shared = 0;
   int ep = 1;  // expert parallel: ep of the dp ranks split the experts
+  int dp_replicate = 1;  // HSDP: ZeRO shards within dp / dp_replicate ranks, replicated across
   int ranks() const { return pp * dp * tp * cp; }
 };
 
@@ -66,7 +67,7 @@ inline RunConfig parity_config(const Layout& l, const std::filesystem::path& dir
       {"parallel", {{"pp", l.pp}, {"dp", l.dp}, {"tp", l.tp}, {"cp", l.cp}, {"sequence_parallel", l.sp},
                     {"cp_impl", l.cp_impl}, {"pp_schedule", l.schedule}, {"pp_virtual_stages", l.v},
                     {"pp_layers", l.pp_layers}, {"zero_stage", l.zero}, {"grad_bucket_mb", 0.002},
-                    {"comm_backend", l.comm_backend}, {"ep", l.ep}}},
+                    {"comm_backend", l.comm_backend}, {"ep", l.ep}, {"dp_replicate", l.dp_replicate}}},
       {"recompute", {{"mode", l.recompute}}},
       {"batch", {{"micro_batch_size", kB}, {"seq_len", kT}, {"global_batch_tokens", kSequencesPerStep * kT}}},
       {"optim", {{"lr", l.lr}, {"grad_clip", 0.5}}},  // clipping is active on these steps (GPT-2)

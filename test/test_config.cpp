@@ -679,4 +679,10 @@ TEST_CASE("the moe section: its rules and resolved values", "[config][moe]") {
   CHECK(error_of(with({"parallel.ep=3"}), 3) ==
         "parallel.ep=3 must divide moe.n_experts=4 (each expert-parallel rank runs n_experts/ep experts)");
   CHECK(pt::config_from_json(tiny(), with({"parallel.ep=2"}), 2).parallel.ep == 2);
+  // HSDP: an ep group lies within one replica.
+  CHECK(error_of(with({"parallel.ep=2", "parallel.dp=4", "parallel.dp_replicate=4"}), 4) ==
+        "parallel.ep=2 must divide dp_shard = parallel.dp/parallel.dp_replicate = 1 (an expert-parallel group lies "
+        "within one HSDP replica)");
+  CHECK(pt::config_from_json(tiny(), with({"parallel.ep=2", "parallel.dp=4", "parallel.dp_replicate=2", "batch.global_batch_tokens=2048"}), 4)
+            .parallel.ep == 2);
 }

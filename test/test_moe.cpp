@@ -7,12 +7,16 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "core/cpu/cpu_ops.h"
 #include "core/metrics/flops.h"
-#include "core/model/param_table.h"
+#include "core/config/run_config.h"
+#include "core/model/expert_split.h"
 #include "core/model/moe_layer.h"
+#include "core/model/param_table.h"
+#include "core/plan/stage_memory.h"
 #include "cpu_test_support.h"
 
 using namespace pt;
@@ -217,19 +221,27 @@ TEST_CASE("moe ops: permute, combine and their backward are each other's transpo
     }
 }
 
+namespace {
+// A 4-block Llama (4 heads, 2 key/value heads) of the given widths, dense until a test adds experts.
+ModelSection small_llama(int d_model, int vocab, int seq_len, int ffn_hidden) {
+  ModelSection m;
+  m.arch = "llama";
+  m.n_layers = 4;
+  m.d_model = d_model;
+  m.n_heads = 4;
+  m.n_kv_heads = 2;
+  m.vocab_size = vocab;
+  m.padded_vocab = vocab;
+  m.max_seq_len = seq_len;
+  m.ffn_hidden = ffn_hidden;
+  return m;
+}
+}  // namespace
+
 TEST_CASE("moe FLOPs count the active experts: top_k of n_experts, the router in full", "[cpu][moe]") {
   // configs/tiny-moe.json against tiny-llama.json: 8 experts of width 192, top-2, have the
   // active MLP of one dense SwiGLU of width 384; the router adds 8 x d_model per block.
-  ModelSection dense;
-  dense.arch = "llama";
-  dense.n_layers = 4;
-  dense.d_model = 128;
-  dense.n_heads = 4;
-  dense.n_kv_heads = 2;
-  dense.vocab_size = 512;
-  dense.padded_vocab = 512;
-  dense.max_seq_len = 64;
-  dense.ffn_hidden = 384;
+  const ModelSection dense = small_llama(128, 512, 64, 384);
   ModelSection sparse = dense;
   sparse.moe.n_experts = 8;
   sparse.moe.top_k = 2;
@@ -240,5 +252,94 @@ TEST_CASE("moe FLOPs count the active experts: top_k of n_experts, the router in
     INFO(formula);
     CHECK(flops_per_token(ts, sparse, 64, formula) - flops_per_token(td, dense, 64, formula) ==
           Approx(6.0 * 4 * 8 * 128));
+  }
+}
+
+TEST_CASE("expert parallel storage: each ep rank holds its own experts, the split joins back", "[cpu][moe][ep]") {
+  // Sparse every other block (1, 3) with a shared expert: 8 experts over ep 4, two per rank.
+  ModelSection m = small_llama(32, 64, 16, 48);
+  m.moe.n_experts = 8;
+  m.moe.top_k = 2;
+  m.moe.expert_hidden = 24;
+  m.moe.every = 2;
+  m.moe.n_shared_experts = 1;
+  const ParamTable whole = build_param_table(m);
+  size_t expert_numel = 0;
+  for (const ParamSpec& p : whole.specs()) expert_numel += is_routed_expert(p) ? p.numel : 0;
+  REQUIRE(expert_numel == size_t(2) * 8 * 3 * 24 * 32);  // 2 sparse blocks x 8 experts x (w1, w3, w2)
+
+  std::vector<float> values(whole.total_numel());
+  std::iota(values.begin(), values.end(), 0.0f);
+  std::vector<std::vector<float>> experts;
+  std::vector<float> dense;
+  for (int r = 0; r < 4; r++) {
+    const ExpertSplit s = split_expert_parallel(whole, 8, 4, r);
+    INFO("ep rank " << r);
+    CHECK(s.dense.total_numel() == whole.total_numel() - expert_numel);
+    CHECK(s.experts.total_numel() == expert_numel / 4);
+    for (const ParamSpec& p : s.dense.specs()) CHECK(!is_routed_expert(p));
+    // Rank r holds experts 2r and 2r + 1 of blocks 1 and 3: w1, w3 of each, then w2 of each.
+    std::vector<std::string> want;
+    for (int layer : {1, 3}) {
+      const std::string moe = "model.layers." + std::to_string(layer) + ".block_sparse_moe.experts.";
+      for (int e = 2 * r; e < 2 * r + 2; e++) {
+        want.push_back(moe + std::to_string(e) + ".w1.weight");
+        want.push_back(moe + std::to_string(e) + ".w3.weight");
+      }
+      for (int e = 2 * r; e < 2 * r + 2; e++) want.push_back(moe + std::to_string(e) + ".w2.weight");
+    }
+    std::vector<std::string> got;
+    for (const ParamSpec& p : s.experts.specs()) got.push_back(p.name);
+    CHECK(got == want);
+    // Each part's values, taken from the whole model by name.
+    auto take = [&](const ParamTable& t) {
+      std::vector<float> v;
+      for (const ParamSpec& p : t.specs()) {
+        const ParamSpec& w = whole.get(p.name);
+        v.insert(v.end(), values.begin() + w.offset, values.begin() + w.offset + w.numel);
+      }
+      return v;
+    };
+    experts.push_back(take(s.experts));
+    if (r == 0) dense = take(s.dense);
+  }
+  CHECK(join_expert_parallel(whole, 8, dense, experts) == values);
+  // The one-rank split holds every expert; an uneven split is refused.
+  CHECK(split_expert_parallel(whole, 8, 1, 0).experts.total_numel() == expert_numel);
+  CHECK_THROWS(split_expert_parallel(whole, 8, 3, 0));
+}
+
+TEST_CASE("expert parallel memory: a rank's plan holds 1/ep of the experts' parameters and state", "[cpu][moe][ep]") {
+  // configs/tiny-moe.json's model on dp 4: ep 1, 2 and 4 under ZeRO-0 and ZeRO-1.
+  RunConfig cfg = load_config(std::string(PICOTRAIN_SOURCE_DIR) + "/configs/tiny-moe.json", {"parallel.dp=4", "batch.global_batch_tokens=2048"}, 4);
+  const ParamTable whole = build_param_table(cfg.model);
+  size_t expert_numel = 0;
+  for (const ParamSpec& p : whole.specs()) expert_numel += is_routed_expert(p) ? p.numel : 0;
+  for (int zero : {0, 1}) {
+    std::vector<size_t> state;  // everything but activations, by ep
+    for (int ep : {1, 2, 4}) {
+      RunConfig c = cfg;
+      c.parallel.dp = 4;
+      c.parallel.ep = ep;
+      c.parallel.zero_stage = zero;
+      const MemoryPlan p = plan_stage_memory(c, whole, DType::f32).at(0).plan;
+      state.push_back(p.total() - p.activations);
+      INFO("ZeRO-" << zero << ", ep " << ep);
+      // fp32, per element: ZeRO-0 params (the master) 4, grads 4, Adam 8. ZeRO-1 over the S = 4 / ep
+      // ranks holding the same experts: params 4, grads 4 + 4/S, master 4/S, Adam 8/S: 16 again
+      // with S = 2 (plus the shards' padding), ZeRO-0's line with S = 1.
+      if (ep == 1) CHECK(p.experts == 0);
+      if (ep > 1 && zero == 0) CHECK(p.experts == size_t(16) * expert_numel / ep);
+      if (ep > 1 && zero == 1) CHECK(double(p.experts) == Approx(16.0 * expert_numel / ep).epsilon(1e-3));
+    }
+    INFO("ZeRO-" << zero);
+    // ZeRO-0 (fp32): params (the master), grads and Adam's two moments, 16 bytes per element,
+    // for the experts a rank no longer holds.
+    if (zero == 0) {
+      CHECK(state[0] - state[1] == size_t(16) * (expert_numel - expert_numel / 2));
+      CHECK(state[0] - state[2] == size_t(16) * (expert_numel - expert_numel / 4));
+    }
+    CHECK(state[2] < state[1]);
+    CHECK(state[1] < state[0]);
   }
 }

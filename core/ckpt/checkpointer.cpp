@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -58,6 +59,22 @@ void Checkpointer::set_not_saved(std::vector<bool> not_saved) {
         "Checkpointer::set_not_saved: " + std::to_string(not_saved.size()) + " flags for " +
             std::to_string(table_.specs().size()) + " parameters");
   not_saved_ = std::move(not_saved);
+}
+
+void Checkpointer::set_experts(const ParamTable& table, ParamStore& store, bool writes, std::vector<bool> not_saved) {
+  check(not_saved.empty() || not_saved.size() == table.specs().size(),
+        "Checkpointer::set_experts: " + std::to_string(not_saved.size()) + " flags for " +
+            std::to_string(table.specs().size()) + " parameters");
+  expert_table_ = &table;
+  expert_store_ = &store;
+  expert_writes_ = writes;
+  expert_not_saved_ = std::move(not_saved);
+}
+
+std::vector<Checkpointer::Part> Checkpointer::parts(ParamStore& main) const {
+  std::vector<Part> out = {{&table_, &main, &not_saved_, writes_shard_}};
+  if (expert_store_) out.push_back({expert_table_, expert_store_, &expert_not_saved_, expert_writes_});
+  return out;
 }
 
 void Checkpointer::set_ranks(Comm* world, bool writes_shard) {
@@ -153,31 +170,34 @@ TrainState Checkpointer::load(const std::string& dir, ParamStore& store, Ops& op
                             ", not the step its directory is named after");
   check_model_shape(m, cfg_.model, dir);
 
-  // State by state into the store. A checksum failure half-way leaves the store partly
+  // State by state into each store. A checksum failure half-way leaves the stores partly
   // overwritten, which is harmless: the caller loads another checkpoint or gives up.
-  const auto& specs = table_.specs();
-  {
-    // Master weights whole (load_master gives the resident params and the shard their parts).
-    std::vector<float> host(table_.total_numel());
-    for (const auto& p : specs) {
-      check_shape(r, "master/" + p.name, p.global_shape);
-      read_local(r, "master/" + p.name, p.tp, 0, p.numel, host.data() + p.offset);
-    }
-    store.load_master(host.data());
-  }
   // A weights-only checkpoint (imported from llm.c) starts the optimizer from zero moments.
-  const bool has_moments = r.has("adam_m/" + specs.front().name);
-  for (const char* state : {"adam_m", "adam_v"}) {
-    const Tensor shard = shard_of(state, store);
-    std::vector<float> host(shard.numel, 0.0f);  // shard padding stays zero
-    if (has_moments) {
-      for (const auto& p : specs) check_shape(r, std::string(state) + "/" + p.name, p.global_shape);
-      for (const auto& piece : store.layout().my_pieces()) {
-        const ParamSpec& p = specs[piece.param];
-        read_local(r, std::string(state) + "/" + p.name, p.tp, piece.begin, piece.end, host.data() + piece.shard_offset);
+  const bool has_moments = r.has("adam_m/" + table_.specs().front().name);
+  for (const Part& part : parts(store)) {
+    const auto& specs = part.table->specs();
+    {
+      // Master weights whole (load_master gives the resident params and the shard their parts).
+      std::vector<float> host(part.table->total_numel());
+      for (const auto& p : specs) {
+        check_shape(r, "master/" + p.name, p.global_shape);
+        read_local(r, "master/" + p.name, p.tp, 0, p.numel, host.data() + p.offset);
       }
+      part.store->load_master(host.data());
     }
-    ops.upload(shard, host.data(), DType::f32, shard.numel);
+    for (const char* state : {"adam_m", "adam_v"}) {
+      const Tensor shard = shard_of(state, *part.store);
+      std::vector<float> host(shard.numel, 0.0f);  // shard padding stays zero
+      if (has_moments) {
+        for (const auto& p : specs) check_shape(r, std::string(state) + "/" + p.name, p.global_shape);
+        for (const auto& piece : part.store->layout().my_pieces()) {
+          const ParamSpec& p = specs[piece.param];
+          read_local(r, std::string(state) + "/" + p.name, p.tp, piece.begin, piece.end,
+                     host.data() + piece.shard_offset);
+        }
+      }
+      ops.upload(shard, host.data(), DType::f32, shard.numel);
+    }
   }
 
   if (m.train_tokens != 0 && train_tokens != 0 && m.train_tokens != train_tokens)
@@ -210,27 +230,33 @@ std::string Checkpointer::save(const TrainState& state, ParamStore& store, Ops& 
   meta.model = model_shape_json(cfg_.model);
   const auto& par = cfg_.parallel;
   meta.layout = {{"world_size", cfg_.world_size}, {"dp", par.dp},   {"tp", par.tp}, {"pp", par.pp},
-                 {"cp", par.cp},                  {"zero_stage", par.zero_stage}, {"dp_replicate", par.dp_replicate}};
+                 {"cp", par.cp},                  {"zero_stage", par.zero_stage}, {"dp_replicate", par.dp_replicate},
+                 {"ep", par.ep}};
   meta.config = config_to_json(cfg_);
 
   const int rank = world_ ? world_->members()[world_->rank()] : 0;
+  const std::vector<Part> held = parts(store);
   const auto fill = [&](CheckpointWriter& w) {
-    for (const auto& s : state_names()) {
-      const Tensor shard = shard_of(s, store);
-      std::vector<float> host(shard.numel);
-      ops.download(host.data(), DType::f32, shard, shard.numel);
-      for (const auto& piece : store.layout().my_pieces()) {
-        if (!not_saved_.empty() && not_saved_[piece.param]) continue;
-        const ParamSpec& p = table_.specs()[piece.param];
-        const float* data = host.data() + piece.shard_offset;  // local element piece.begin
-        for (const GlobalSpan& g : global_spans(p.tp, piece.begin, piece.end))
-          w.add_strided_chunk(s + "/" + p.name, p.global_shape, state_file(s, rank), g.global_begin, g.run, g.stride,
-                              data + (g.local_begin - piece.begin), g.numel);
+    for (const auto& s : state_names())
+      for (const Part& part : held) {
+        if (!part.writes) continue;
+        const Tensor shard = shard_of(s, *part.store);
+        std::vector<float> host(shard.numel);
+        ops.download(host.data(), DType::f32, shard, shard.numel);
+        const std::vector<bool>& not_saved = *part.not_saved;
+        for (const auto& piece : part.store->layout().my_pieces()) {
+          if (!not_saved.empty() && not_saved[piece.param]) continue;
+          const ParamSpec& p = part.table->specs()[piece.param];
+          const float* data = host.data() + piece.shard_offset;  // local element piece.begin
+          for (const GlobalSpan& g : global_spans(p.tp, piece.begin, piece.end))
+            w.add_strided_chunk(s + "/" + p.name, p.global_shape, state_file(s, rank), g.global_begin, g.run,
+                                g.stride, data + (g.local_begin - piece.begin), g.numel);
+        }
       }
-    }
   };
+  const bool writes = std::any_of(held.begin(), held.end(), [](const Part& p) { return p.writes; });
   if (several_ranks()) {
-    const std::string path = save_with_ranks(meta, fill);
+    const std::string path = save_with_ranks(meta, writes, fill);
     step_on_disk_ = state.step;
     return path;
   }
@@ -241,7 +267,8 @@ std::string Checkpointer::save(const TrainState& state, ParamStore& store, Ops& 
   return path;
 }
 
-std::string Checkpointer::save_with_ranks(const Manifest& meta, const std::function<void(CheckpointWriter&)>& fill) {
+std::string Checkpointer::save_with_ranks(const Manifest& meta, bool writes,
+                                         const std::function<void(CheckpointWriter&)>& fill) {
   Comm& world = *world_;
   const std::string& dir = cfg_.checkpoint.dir;
   const std::string what = " checkpoint " + step_dir_name(meta.step);
@@ -273,7 +300,7 @@ std::string Checkpointer::save_with_ranks(const Manifest& meta, const std::funct
   // 2. Each rank whose shard no other rank writes writes its own files there.
   std::string part;
   together("writing", [&] {
-    if (!writes_shard_) return;
+    if (!writes) return;
     if (!root) w = std::make_unique<CheckpointWriter>(dir, meta.step, tmp);
     fill(*w);
     if (!root) part = manifest_to_json(w->finish_part()).dump();

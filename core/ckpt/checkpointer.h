@@ -54,6 +54,11 @@ class Checkpointer {
   // and under tensor parallel the replicated parameters on tp ranks > 0, saved by tp rank 0.
   // Replaces earlier marks (a rank with both kinds passes their union).
   void set_not_saved(std::vector<bool> not_saved);
+  // Expert parallel: this rank's routed experts live in a store of their own (`store`, over
+  // `table`; core/model/expert_split.h), saved and restored with the main one under the same
+  // global names. `writes`: this rank writes that store's shard (the first of the ranks holding
+  // the same one); `not_saved` as above, indexed like table.specs(). Not owned.
+  void set_experts(const ParamTable& table, ParamStore& store, bool writes, std::vector<bool> not_saved);
 
   // Resolves checkpoint.resume. none: nullopt (and a ConfigError when checkpoint.dir already
   // holds committed checkpoints, which a fresh run would prune). auto: the newest committed
@@ -78,13 +83,23 @@ class Checkpointer {
   const std::vector<std::string>& warnings() const { return warnings_; }
 
  private:
+  // One store's tensors: the main one (the constructor's table, the store given to save and
+  // restore) and under expert parallel the experts'.
+  struct Part {
+    const ParamTable* table;
+    ParamStore* store;
+    const std::vector<bool>* not_saved;  // empty: save everything
+    bool writes;
+  };
+  std::vector<Part> parts(ParamStore& main) const;
   void warn(const std::string& msg);
   TrainState load(const std::string& dir, ParamStore& store, Ops& ops, uint64_t train_tokens);
   // load() on every rank; any rank's failure becomes every rank's (so all resume from the same
   // checkpoint): a CorruptCheckpoint when some rank found it corrupt, else the failure itself.
   TrainState load_everywhere(const std::string& dir, ParamStore& store, Ops& ops, uint64_t train_tokens);
   // The commit protocol with several ranks writing (see the file comment); returns step_N's path.
-  std::string save_with_ranks(const Manifest& meta, const std::function<void(CheckpointWriter&)>& fill);
+  // `writes`: this rank writes files (some store's shard of it is its to save).
+  std::string save_with_ranks(const Manifest& meta, bool writes, const std::function<void(CheckpointWriter&)>& fill);
   void remove_leftovers();
   void prune();
   bool several_ranks() const { return world_ && world_->size() > 1; }
@@ -94,6 +109,10 @@ class Checkpointer {
   Comm* world_ = nullptr;
   bool writes_shard_ = true;
   std::vector<bool> not_saved_;  // by spec index; empty: save everything
+  const ParamTable* expert_table_ = nullptr;  // set_experts
+  ParamStore* expert_store_ = nullptr;
+  bool expert_writes_ = false;
+  std::vector<bool> expert_not_saved_;
   int step_on_disk_ = -1;
   std::string resumed_from_;
   std::vector<std::string> warnings_;

@@ -134,6 +134,10 @@ void resolve_dp(RunConfig& c) {
   if (p.dp % p.dp_replicate != 0)
     fail(cat("parallel.dp_replicate=", p.dp_replicate, " must divide parallel.dp=", p.dp,
              " (HSDP: dp = dp_replicate * dp_shard, ZeRO shards over the dp_shard ranks)"));
+  // An ep group lies inside one HSDP replica, so the experts' replicas are the dense part's.
+  if (p.ep > 1 && p.dp_replicate > 1 && (p.dp / p.dp_replicate) % p.ep != 0)
+    fail(cat("parallel.ep=", p.ep, " must divide dp_shard = parallel.dp/parallel.dp_replicate = ",
+             p.dp / p.dp_replicate, " (an expert-parallel group lies within one HSDP replica)"));
 }
 
 // Megatron-style splits: heads, the MLP width and the vocabulary are cut across TP ranks,

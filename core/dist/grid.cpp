@@ -102,6 +102,18 @@ std::vector<int> Grid::ep_group(int r) const {
   return g;
 }
 
+std::vector<int> Grid::expert_dp_cp_group(int r) const { return holding_experts_of(r, dp_cp_group(r)); }
+
+std::vector<int> Grid::expert_shard_group(int r) const { return holding_experts_of(r, dp_shard_group(r)); }
+
+std::vector<int> Grid::holding_experts_of(int r, const std::vector<int>& group) const {
+  const int slot = coord(r).dp % ep_;
+  std::vector<int> g;
+  for (int member : group)
+    if (coord(member).dp % ep_ == slot) g.push_back(member);
+  return g;
+}
+
 std::vector<int> Grid::dp_replicate_group(int r) const {
   Coord c = coord(r);
   const int shard = c.dp % dp_shard();

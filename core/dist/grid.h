@@ -48,11 +48,21 @@ class Grid {
   // and exchange tokens all-to-all. One rank when ep is 1.
   int ep() const { return ep_; }
   std::vector<int> ep_group(int rank) const;
+  // The dp x cp ranks that hold the same routed experts as `rank` (dp coordinate equal modulo ep),
+  // ordered by (dp, cp): the group whose expert gradients add up (core/model/expert_split.h).
+  // dp_cp_group when ep is 1.
+  std::vector<int> expert_dp_cp_group(int rank) const;
+  // Those of them in `rank`'s HSDP replica: the ZeRO shard group of the experts (their replicas
+  // are dp_replicate_group's, as ep divides dp_shard). dp_shard_group when ep is 1.
+  std::vector<int> expert_shard_group(int rank) const;
   // The layout for the start-up log, compactly: the degrees, each rank's coordinates, and the
   // groups of every axis larger than one (long lists are elided).
   std::string describe() const;
 
  private:
+  // The members of `group` that hold the same routed experts as `rank` (expert_dp_cp_group).
+  std::vector<int> holding_experts_of(int rank, const std::vector<int>& group) const;
+
   std::array<int, 4> size_{};       // indexed by Axis
   std::array<Axis, 4> order_{};     // innermost first
   int replicate_ = 1;               // parallel.dp_replicate

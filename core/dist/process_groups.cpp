@@ -76,6 +76,10 @@ ProcessGroups make_process_groups(const Grid& grid, const World& world, Ops& ops
   g.tp = make(grid.group(world.rank, Axis::tp));
   g.cp = make(grid.group(world.rank, Axis::cp));
   g.ep = make(grid.ep_group(world.rank));
+  if (grid.ep() > 1) {
+    g.expert_dp_cp = make(grid.expert_dp_cp_group(world.rank));
+    g.expert_shard = make(grid.expert_shard_group(world.rank));
+  }
   const std::vector<int> pipeline = grid.group(world.rank, Axis::pp);
   g.pp = make(pipeline);
   std::vector<int> embedding = {world.rank};
@@ -83,8 +87,9 @@ ProcessGroups make_process_groups(const Grid& grid, const World& world, Ops& ops
     embedding = {pipeline.front(), pipeline.back()};
   g.embedding = make(embedding);
   // Every group adds its time and bytes to one CommStats: the run report's communication time.
-  for (std::unique_ptr<Comm>* c : {&g.world, &g.dp_cp, &g.shard, &g.replicate, &g.tp, &g.cp, &g.ep, &g.pp, &g.embedding})
-    *c = std::make_unique<TimedComm>(std::move(*c), g.comm_stats);
+  for (std::unique_ptr<Comm>* c : {&g.world, &g.dp_cp, &g.shard, &g.replicate, &g.tp, &g.cp, &g.ep, &g.expert_dp_cp,
+                                    &g.expert_shard, &g.pp, &g.embedding})
+    if (*c) *c = std::make_unique<TimedComm>(std::move(*c), g.comm_stats);
   return g;
 }
 

@@ -26,6 +26,9 @@ struct ProcessGroups {
   std::unique_ptr<Comm> tp;         // tensor parallel: the ranks that split one layer's matrices
   std::unique_ptr<Comm> cp;         // context parallel: the ranks that split one sequence
   std::unique_ptr<Comm> ep;         // expert parallel: the dp ranks that split the routed experts (Grid::ep_group)
+  // Expert parallel only (null when parallel.ep is 1): the routed experts' gradient reduction and
+  // ZeRO shard groups (Grid::expert_dp_cp_group, expert_shard_group; core/model/expert_split.h).
+  std::unique_ptr<Comm> expert_dp_cp, expert_shard;
   // The tied embedding's two copies: the first and the last stage of this pipeline when pp > 1
   // (rank 0 = first stage); every other rank (and every rank when pp == 1) is a group of one.
   std::unique_ptr<Comm> embedding;

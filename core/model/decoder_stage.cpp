@@ -201,7 +201,9 @@ Tensor DecoderStage::grad_input(int io_slot) const {
 }
 
 Tensor DecoderStage::role_tensor(ParamRole role, int layer, bool grad) const {
-  return grad ? store_.role_grad(role, layer) : store_.role_param(role, layer);
+  const bool expert = role == ParamRole::expert_up || role == ParamRole::expert_down;
+  const ParamStore& s = expert && mp_.experts ? *mp_.experts : store_;
+  return grad ? s.role_grad(role, layer) : s.role_param(role, layer);
 }
 
 DecoderStage::LayerParams DecoderStage::layer_params(int l, bool grads) const {

@@ -18,12 +18,17 @@
 
 namespace pt {
 
+class ParamStore;
+
 struct ModelParallel {
   Comm* tp = nullptr;  // nullptr: no tensor parallel (a group of one)
   bool sequence_parallel = false;
   Comm* cp = nullptr;  // nullptr: no context parallel
   CpImpl cp_impl = CpImpl::ring;
   Comm* ep = nullptr;  // expert parallel (core/model/moe_layer.h); nullptr: every rank runs every expert
+  // Expert parallel: the store of this rank's routed experts (core/model/expert_split.h), which
+  // the stage reads the expert roles from; nullptr: the stage's own store holds them.
+  ParamStore* experts = nullptr;
 
   int tp_size() const { return tp ? tp->size() : 1; }
   int tp_rank() const { return tp ? tp->rank() : 0; }

@@ -66,7 +66,7 @@ MoeLayer::MoeLayer(Ops& ops, const Architecture& a, int rows, int layers, int sl
   dx_perm_ = alloc(RK * C_, act);
   dweight_ = alloc(RK, f32);
   dx_router_ = alloc(R * C_, act);
-  if (grad_group_) grad_sum_ = alloc(size_t(E_) * C_ * (1 + 3 * size_t(H_)), f32);
+  if (grad_group_) grad_sum_ = alloc(size_t(E_) * C_ + size_t(local_experts_) * 3 * H_ * C_, f32);
   if (ep_) {
     send_ = alloc(cap * C_, act);
     recv_ = alloc(cap * C_, act);
@@ -91,7 +91,7 @@ size_t MoeLayer::scratch_bytes(int E, int k, int H, int C, int rows, DType act, 
   // logits, dlogits, dy, dx_perm, dx_router; dact, dh (the experts' side); dweight (f32); the
   // partial gradients (f32); expert parallel: send, recv, edy, edx, the counts (f32)
   return s * (2 * R * E + RK * 2 * size_t(C) + R * C) + s * cap * 3 * size_t(H) + 4 * RK +
-         (grad_group ? 4 * size_t(E) * C * (1 + 3 * size_t(H)) : 0) +
+         (grad_group ? 4 * (size_t(E) * C + size_t(E / ep) * 3 * H * C) : 0) +
          (ep > 1 ? s * cap * 4 * size_t(C) + 4 * size_t(E) * (1 + ep) : 0);
 }
 
@@ -167,7 +167,7 @@ void MoeLayer::run_experts(const Kept& s, const MoeParams& p) {
   for (int e = 0; e < local_experts_; e++) {
     const int r0 = s.offsets[size_t(e)], m = s.offsets[size_t(e) + 1] - r0;
     if (m == 0) continue;
-    const size_t g = size_t(first_expert_ + e);
+    const size_t g = size_t(e);  // p holds this rank's experts only
     const Tensor up = p.up.slice(g * 2 * H * C, size_t(2) * H * C);
     const Tensor down = p.down.slice(g * C * H, size_t(C) * H);
     const Tensor h = s.eh.slice(size_t(r0) * 2 * H, size_t(m) * 2 * H);
@@ -184,7 +184,7 @@ void MoeLayer::experts_backward(const Kept& s, Tensor dy_rows, Tensor dx_rows, c
   for (int e = 0; e < local_experts_; e++) {
     const int r0 = s.offsets[size_t(e)], m = s.offsets[size_t(e) + 1] - r0;
     if (m == 0) continue;
-    const size_t ge = size_t(first_expert_ + e), up_at = ge * 2 * H * C, down_at = ge * C * H;
+    const size_t ge = size_t(e), up_at = ge * 2 * H * C, down_at = ge * C * H;
     const Tensor h = s.eh.slice(size_t(r0) * 2 * H, size_t(m) * 2 * H);
     const Tensor dh = dh_.slice(size_t(r0) * 2 * H, size_t(m) * 2 * H);
     const Tensor act = s.eact.slice(size_t(r0) * H, size_t(m) * H);
@@ -267,7 +267,8 @@ void MoeLayer::backward(int slot, int layer, Tensor dx, Tensor dout, Tensor x, i
   // Under sequence parallel the gradients of this rank's rows are summed over tp before they
   // join the parameters' (which may hold earlier micro-batches, summed already).
   MoeParams g = g_in;
-  const size_t n_router = size_t(E) * C, n_up = size_t(E) * 2 * H * C, n_down = size_t(E) * C * H;
+  const size_t L = size_t(local_experts_);
+  const size_t n_router = size_t(E) * C, n_up = L * 2 * H * C, n_down = L * C * H;
   if (grad_group_) {
     ops_.zero(grad_sum_);
     g = {grad_sum_.slice(0, n_router), grad_sum_.slice(n_router, n_up), grad_sum_.slice(n_router + n_up, n_down)};

@@ -26,9 +26,10 @@
 // padded to the largest count, which every rank knows after one all_gather of the counts); its
 // experts run on their rows grouped by expert in (source rank, token, choice) order, and the
 // outputs go back the same way before the combine. Backward sends the outputs' gradients the same
-// way and the inputs' gradients back. A rank computes gradients for its own experts only (the
-// other experts' gradients stay zero there): the data-parallel reduction sums each expert's
-// gradient from the ranks that ran it. The routed buffers on the experts' side hold up to
+// way and the inputs' gradients back. A rank holds its own experts only: MoeParams' up and down
+// (and their gradients) are [E/ep, 2H, C] and [E/ep, C, H], this rank's experts in order, held in
+// the trainer's expert ParamStore and reduced over the ranks that hold the same experts
+// (core/model/expert_split.h). The routed buffers on the experts' side hold up to
 // ep x rows x top_k rows: every token of the group may choose this rank's experts.
 //
 // Tensor parallel: the routed experts are not split; each tp rank routes the rows it holds. Under
@@ -58,8 +59,8 @@ MoeRouting plan_moe_routing(const int32_t* topk_expert, int N, int k, int E);
 // A sparse block's router and routed experts (or their gradients): role tensors.
 struct MoeParams {
   Tensor router;  // [E, C]
-  Tensor up;      // [E, 2H, C]
-  Tensor down;    // [E, C, H]
+  Tensor up;      // [E/ep, 2H, C]: the experts this rank runs (all E without expert parallel)
+  Tensor down;    // [E/ep, C, H]
 };
 
 // What the training forwards of one step routed, for the log: summed over micro-batches and

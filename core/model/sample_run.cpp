@@ -148,8 +148,10 @@ std::optional<TrainingSample> print_training_sample(const RunConfig& cfg, int st
   // takes part in the gather.
   const auto& specs = store.table().specs();
   const bool pieces = std::any_of(specs.begin(), specs.end(), [](const ParamSpec& p) { return !p.tp.whole(); });
+  // Expert parallel holds only this rank's experts (expert_split.h): fewer tensors than the model's.
+  const bool some_tensors = specs.size() != build_param_table(cfg.model).specs().size();
   std::vector<float> gathered;
-  if (!store.layout().params_resident() || pieces) gathered = gather_master();
+  if (!store.layout().params_resident() || pieces || some_tensors) gathered = gather_master();
   if (!lead) return std::nullopt;
   const std::shared_ptr<const Tokenizer> tok = training_tokenizer(cfg.model.vocab_size);
   if (!tok) return std::nullopt;

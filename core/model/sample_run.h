@@ -66,9 +66,9 @@ TrainingSample sample_training_text(const RunConfig& cfg, KvCacheDecoder& decode
 // The trainer's hook, called on every rank after each step (run_finished: after the last one).
 // When logging.sample_every > 0 and `step` is a multiple of it, or the run has finished, the
 // lead rank prints logging.sample_tokens tokens sampled after logging.sample_prompt (seed
-// run.seed, temperature 0.8, top-k 200) into the log. Parameters sharded by ZeRO-3 are first
-// gathered with `gather_master`, which is collective: every rank calls this function at the
-// same steps. The tokenizer comes from model.vocab_size (256: bytes, 50257: gpt2); when there
+// run.seed, temperature 0.8, top-k 200) into the log. Parameters sharded by ZeRO-3, split by
+// tensor parallel or (experts) by expert parallel are first gathered with `gather_master`, which
+// is collective: every rank calls this function at the same steps. The tokenizer comes from model.vocab_size (256: bytes, 50257: gpt2); when there
 // is none, or the gpt2 files are missing, samples are skipped with one warning.
 // Returns what the lead rank printed (nothing on the other ranks, or when no sample was due or
 // there is no tokenizer).

@@ -46,6 +46,8 @@ ShardLayout::ShardLayout(const ParamTable& table, int zero_stage, int shard_coun
   const std::vector<LayerRange> layers = layer_ranges(table);
   first_layer_ = layers.front().layer;
   last_layer_ = layers.back().layer;
+  held_.assign(static_cast<size_t>(last_layer_ - first_layer_ + 1), false);
+  for (const LayerRange& r : layers) held_[static_cast<size_t>(r.layer - first_layer_)] = true;
 
   // Fill buckets from the last layer down: the order backward completes gradients in.
   const bool layer_per_bucket = zero_stage >= 2;
@@ -55,9 +57,11 @@ ShardLayout::ShardLayout(const ParamTable& table, int zero_stage, int shard_coun
     if (fits) {
       buckets_.back().first_layer = it->layer;
       buckets_.back().begin = it->begin;
+      buckets_.back().layers++;
     } else {
       Bucket b;
       b.first_layer = b.last_layer = it->layer;
+      b.layers = 1;
       b.begin = it->begin;
       b.end = it->end;
       buckets_.push_back(b);
@@ -78,6 +82,10 @@ const Bucket& ShardLayout::bucket_of_layer(int layer) const {
   for (const auto& b : buckets_)
     if (layer >= b.first_layer && layer <= b.last_layer) return b;
   throw RuntimeError("ShardLayout: no bucket holds layer " + std::to_string(layer));
+}
+
+bool ShardLayout::holds_layer(int layer) const {
+  return layer >= first_layer_ && layer <= last_layer_ && held_[static_cast<size_t>(layer - first_layer_)];
 }
 
 size_t ShardLayout::arena_offset(const ParamSpec& p) const {

@@ -34,6 +34,8 @@ namespace pt {
 
 struct Bucket {
   int first_layer = 0, last_layer = 0;  // the layers it holds (ParamSpec::layer), ascending
+  int layers = 0;                       // how many: every layer between them, except in a table of
+                                        // some blocks only (expert parallel's experts: expert_split.h)
   size_t begin = 0, end = 0;            // its elements in the table's flat order
   size_t padded = 0;                    // end - begin rounded up to a multiple of the shard count
   size_t arena_offset = 0;              // where it starts in the padded arena
@@ -74,6 +76,7 @@ class ShardLayout {
 
   const std::vector<Bucket>& buckets() const { return buckets_; }  // in arena (table) order
   const Bucket& bucket_of_layer(int layer) const;
+  bool holds_layer(int layer) const;  // whether the table has parameters of `layer`
   int first_layer() const { return first_layer_; }  // ParamSpec::layer range of the table
   int last_layer() const { return last_layer_; }
 
@@ -94,6 +97,7 @@ class ShardLayout {
   std::vector<size_t> arena_offsets_;  // per spec
   size_t arena_numel_ = 0, shard_numel_ = 0;
   std::vector<ShardPiece> my_pieces_;
+  std::vector<bool> held_;  // by layer - first_layer_: whether the table has that layer
 };
 
 // grad_bucket_mb (MiB of fp32 gradients) as elements, at least 1.

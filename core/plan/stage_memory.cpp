@@ -1,5 +1,6 @@
 #include "core/plan/stage_memory.h"
 
+#include "core/model/expert_split.h"
 #include "core/model/model_parallel.h"
 #include "core/model/pipeline_stages.h"
 #include "core/model/shard_layout.h"
@@ -34,7 +35,15 @@ std::vector<StageMemory> plan_stage_memory(const RunConfig& cfg, const ParamTabl
       s.chunks += (c ? "; " : "") + chunks[c].describe() + ", " + std::to_string(slots[c].activations) +
                   " micro-batch(es) in flight";
     }
-    s.plan = plan_memory(ShardLayout(stage, par.zero_stage, shards, 0, bucket_cap), compute, activations);
+    if (par.ep > 1) {
+      // Expert parallel: the dense part as above, and 1/ep of the routed experts sharded over the
+      // ranks holding the same ones (expert_split.h).
+      const ExpertSplit split = split_expert_parallel(stage, m.moe.n_experts, par.ep, 0);
+      s.plan = plan_memory(ShardLayout(split.dense, par.zero_stage, shards, 0, bucket_cap), compute, activations);
+      add_expert_memory(s.plan, ShardLayout(split.experts, par.zero_stage, shards / par.ep, 0, bucket_cap), compute);
+    } else {
+      s.plan = plan_memory(ShardLayout(stage, par.zero_stage, shards, 0, bucket_cap), compute, activations);
+    }
     out.push_back(std::move(s));
   }
   return out;

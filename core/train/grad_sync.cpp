@@ -52,7 +52,7 @@ void GradSync::start_micro_step(bool last) {
   last_micro_ = last;
   for (size_t b = 0; b < layers_left_.size(); b++) {
     const Bucket& bucket = layout_.buckets()[b];
-    layers_left_[b] = bucket.last_layer - bucket.first_layer + 1;
+    layers_left_[b] = bucket.layers;
   }
 }
 

@@ -39,9 +39,9 @@ size_t peak_working_elements(const ShardLayout& layout) {
   return embeddings.padded + largest_other;
 }
 
-}  // namespace
-
-MemoryPlan plan_memory(const ShardLayout& layout, DType compute, size_t activation_bytes) {
+// What one ParamStore over `layout` allocates (everything but activations), with `working`
+// elements of layers held in full at the peak by ZeRO-2/3.
+MemoryPlan store_memory(const ShardLayout& layout, DType compute, size_t working) {
   MemoryPlan p;
   p.zero_stage = layout.zero_stage();
   p.shard_count = layout.shard_count();
@@ -56,7 +56,6 @@ MemoryPlan plan_memory(const ShardLayout& layout, DType compute, size_t activati
   // ZeRO-2/3's working buffers (ParamGather, GradSync); with one shard the layers are used in
   // place in the shard, so there are none.
   if (!layout.single_shard()) {
-    const size_t working = peak_working_elements(layout);
     if (!params_full) p.params_working = c * working;
     if (!grads_full) {
       size_t largest_piece = 0;
@@ -65,8 +64,30 @@ MemoryPlan plan_memory(const ShardLayout& layout, DType compute, size_t activati
     }
   }
   p.optimizer = 2 * f * shard;
+  return p;
+}
+
+}  // namespace
+
+MemoryPlan plan_memory(const ShardLayout& layout, DType compute, size_t activation_bytes) {
+  MemoryPlan p = layout.single_shard() ? store_memory(layout, compute, 0)
+                                       : store_memory(layout, compute, peak_working_elements(layout));
   p.activations = activation_bytes;
   return p;
+}
+
+void add_expert_memory(MemoryPlan& plan, const ShardLayout& experts, DType compute) {
+  // The experts' layers are gathered (ZeRO-3) and their gradients reduced (ZeRO-2/3) one at a time.
+  size_t largest = 0;
+  for (const auto& b : experts.buckets()) largest = std::max(largest, b.padded);
+  const MemoryPlan e = store_memory(experts, compute, largest);
+  plan.params += e.params;
+  plan.params_working += e.params_working;
+  plan.grads += e.grads;
+  plan.grads_working += e.grads_working;
+  plan.master += e.master;
+  plan.optimizer += e.optimizer;
+  plan.experts = e.total();
 }
 
 std::string MemoryPlan::describe() const {
@@ -85,6 +106,7 @@ std::string MemoryPlan::describe() const {
   if (zero_stage >= 2 && sharded) s += " (shard + per-layer buffers: " + format_mib(grads_working) + ")";
   s += ", master " + (master == 0 ? std::string("(= params)") : format_mib(master));
   s += ", adam " + format_mib(optimizer) + ", activations " + format_mib(activations) + "; total " + format_mib(total());
+  if (experts > 0) s += " (of which this rank's routed experts " + format_mib(experts) + ")";
   return s;
 }
 

@@ -39,6 +39,7 @@ struct MemoryPlan {
   size_t master = 0;          // fp32 master weights (0 when they are the params)
   size_t optimizer = 0;       // Adam m and v
   size_t activations = 0;     // every micro-batch in flight, what the recompute mode keeps (decoder_stage.h)
+  size_t experts = 0;         // expert parallel: of the above, the store of this rank's routed experts
   size_t total() const;
   // "params 0.1 MiB, grads ..., total ...": one line for the start-up log.
   std::string describe() const;
@@ -53,6 +54,10 @@ std::string format_mib(size_t bytes);
 std::string describe_memory_use(const MemoryUse& use, size_t plan_total);
 
 MemoryPlan plan_memory(const ShardLayout& layout, DType compute_dtype, size_t activation_bytes);
+// Expert parallel: adds the store of a rank's routed experts (core/model/expert_split.h), laid out
+// by `experts` over its own shard group, to `plan` (the dense store's), and records it in
+// plan.experts. ZeRO-2/3 hold one of its layers in full at a time (it has no embeddings).
+void add_expert_memory(MemoryPlan& plan, const ShardLayout& experts, DType compute_dtype);
 
 // Bytes of the activations (and backward scratch) of a decoder stage (any architecture) running the blocks and ends
 // of `layers` with `slots` micro-batches in flight under `recompute`, each of the per-rank shape

@@ -4,36 +4,59 @@
 
 namespace pt {
 
-OptimizerStats adamw_step(Ops& ops, ParamStore& store, const OptimSection& o, double lr, int t, Comm* shard_group,
-                          const NormScope& scope) {
-  OptimizerStats s;
-  // Each element of the model lies in exactly one rank's shard (padding is zero), and HSDP
-  // replicas hold copies of the same shard: summing squares over the shard group only counts
-  // every element once. A stage's parameters lie in that stage only, except a tied copy, which
-  // is left out here and counted where its original lives.
+namespace {
+
+// The squared norm of the gradient elements of `store`'s shard, over the ranks of `shard_group`
+// (each element lies in exactly one rank's shard, padding is zero, and HSDP replicas hold copies
+// of the same shard, so summing over the shard group counts every element once), leaving out
+// the parameters marked in `not_counted` (empty: none).
+double shard_sum_squares(Ops& ops, const ParamStore& store, Comm* shard_group, const std::vector<bool>& not_counted) {
   const Tensor grads = store.grad_shard();
-  const auto& specs = store.table().specs();
   double sum_sq = 0;
-  if (scope.not_counted.empty()) {
+  if (not_counted.empty()) {
     sum_sq = ops.sum_squares(grads, grads.numel);
   } else {
     for (const ShardPiece& piece : store.layout().my_pieces())
-      if (!scope.not_counted[piece.param])
+      if (!not_counted[piece.param])
         sum_sq += ops.sum_squares(grads.slice(piece.shard_offset, piece.numel()), piece.numel());
   }
   if (shard_group && !store.holds_whole_shard()) shard_group->all_reduce(&sum_sq, 1);
-  if (scope.pipeline) scope.pipeline->all_reduce(&sum_sq, 1);
-  if (scope.tensor) scope.tensor->all_reduce(&sum_sq, 1);
-  s.grad_norm = std::sqrt(sum_sq);
-  if (o.grad_clip > 0 && s.grad_norm > o.grad_clip) s.clip_scale = o.grad_clip / s.grad_norm;
+  return sum_sq;
+}
+
+// AdamW on every piece of `store`'s shard, its gradient scaled by clip_scale.
+void update_shard(Ops& ops, ParamStore& store, const OptimSection& o, double lr, int t, double clip_scale) {
+  const auto& specs = store.table().specs();
+  const Tensor grads = store.grad_shard();
   for (const ShardPiece& piece : store.layout().my_pieces()) {
     const float wd = specs[piece.param].weight_decay ? static_cast<float>(o.weight_decay) : 0.0f;
     const size_t off = piece.shard_offset, n = piece.numel();
     ops.adamw_update(store.param_piece(piece), store.master_shard().slice(off, n), grads.slice(off, n),
                      store.adam_m_shard().slice(off, n), store.adam_v_shard().slice(off, n), n,
                      static_cast<float>(lr), static_cast<float>(o.betas[0]), static_cast<float>(o.betas[1]),
-                     static_cast<float>(o.eps), wd, t, static_cast<float>(s.clip_scale));
+                     static_cast<float>(o.eps), wd, t, static_cast<float>(clip_scale));
   }
+}
+
+}  // namespace
+
+OptimizerStats adamw_step(Ops& ops, ParamStore& store, const OptimSection& o, double lr, int t, Comm* shard_group,
+                          const NormScope& scope, const ExpertOptimizerPart* experts) {
+  OptimizerStats s;
+  // A stage's parameters lie in that stage only, except a tied copy, which is left out here and
+  // counted where its original lives.
+  double sum_sq = shard_sum_squares(ops, store, shard_group, scope.not_counted);
+  if (experts) {
+    double expert_sq = shard_sum_squares(ops, *experts->store, experts->shard_group, experts->not_counted);
+    if (experts->ep_group) experts->ep_group->all_reduce(&expert_sq, 1);
+    sum_sq += expert_sq;
+  }
+  if (scope.pipeline) scope.pipeline->all_reduce(&sum_sq, 1);
+  if (scope.tensor) scope.tensor->all_reduce(&sum_sq, 1);
+  s.grad_norm = std::sqrt(sum_sq);
+  if (o.grad_clip > 0 && s.grad_norm > o.grad_clip) s.clip_scale = o.grad_clip / s.grad_norm;
+  update_shard(ops, store, o, lr, t, s.clip_scale);
+  if (experts) update_shard(ops, *experts->store, o, lr, t, s.clip_scale);
   return s;
 }
 

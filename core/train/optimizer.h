@@ -29,10 +29,21 @@ struct NormScope {
   std::vector<bool> not_counted;
 };
 
+// Expert parallel: the store of this rank's routed experts (core/model/expert_split.h), updated
+// in the same step under the same clipping. Its squared norm adds up over its own shard group
+// and over the ep group (each rank holds other experts) before it joins the dense part's.
+struct ExpertOptimizerPart {
+  ParamStore* store = nullptr;
+  Comm* shard_group = nullptr;
+  Comm* ep_group = nullptr;
+  std::vector<bool> not_counted;  // like NormScope's, by index into the experts' table
+};
+
 // t: the 1-based AdamW step (bias correction). Reads store.grad_shard() (reduced by GradSync).
 // shard_group: the ranks the shard is split over, whose squared norms add up to the global one
 // (nullptr, or any group when the store holds one shard: nothing to add).
 OptimizerStats adamw_step(Ops& ops, ParamStore& store, const OptimSection& optim, double lr, int t,
-                          Comm* shard_group = nullptr, const NormScope& scope = {});
+                          Comm* shard_group = nullptr, const NormScope& scope = {},
+                          const ExpertOptimizerPart* experts = nullptr);
 
 }  // namespace pt

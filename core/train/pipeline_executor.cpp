@@ -171,9 +171,9 @@ void PipelineExecutor::connect(Comm& pp_group, Comm* embedding_group) {
   embedding_group_ = tied_hooks_->hold_embeddings ? embedding_group : nullptr;
 }
 
-void PipelineExecutor::set_grad_runtime(LayerHooks* hooks, GradSync* sync) {
+void PipelineExecutor::set_grad_runtime(LayerHooks* hooks, std::vector<GradSync*> syncs) {
   tied_hooks_->inner = hooks;
-  sync_ = sync;
+  syncs_ = std::move(syncs);
 }
 
 bool PipelineExecutor::has_embedding() const {
@@ -215,11 +215,12 @@ PipelineStepStats PipelineExecutor::train_step(const int32_t* inputs, const int3
   SlotTable slots(actions_, v_);
   size_t first_compute = 0;
   while (first_compute < actions_.size() && !is_compute(actions_[first_compute])) first_compute++;
-  if (sync_) sync_->start_micro_step(last_micro_start_ == first_compute);
+  for (GradSync* s : syncs_) s->start_micro_step(last_micro_start_ == first_compute);
   bool output_unsent = false;  // a chunk's shared output buffer holds an activation not yet sent
   for (size_t i = 0; i < actions_.size(); i++) {
     const PipeAction& a = actions_[i];
-    if (sync_ && i == last_micro_start_ && i != first_compute) sync_->start_micro_step(true);
+    if (i == last_micro_start_ && i != first_compute)
+      for (GradSync* s : syncs_) s->start_micro_step(true);
     DecoderStage& ch = *chunks_[static_cast<size_t>(a.chunk)];
     const int mb = a.micro_batch;
     if (timeline) timeline->enter(phase_of(a.op));

@@ -79,7 +79,7 @@ class PipelineExecutor {
   // (ignored) on the other ranks or when pp == 1. Not owned. Needed before the first step.
   void connect(Comm& pp_group, Comm* embedding_group);
   // The runtime's layer hooks and gradient reduction (not owned; nullptr: none).
-  void set_grad_runtime(LayerHooks* hooks, GradSync* sync);
+  void set_grad_runtime(LayerHooks* hooks, std::vector<GradSync*> syncs);
 
   // One step's schedule. inputs and targets: the step's micro-batches, m * B * T host ids each
   // (T = seq_len / cp: this rank's tokens; read only by the embedding and head chunks; may be
@@ -107,7 +107,7 @@ class PipelineExecutor {
   ParamStore& store_;
   Comm* pp_group_ = nullptr;
   Comm* embedding_group_ = nullptr;
-  GradSync* sync_ = nullptr;
+  std::vector<GradSync*> syncs_;  // the dense store's, and under expert parallel the experts'
   std::vector<StageLayers> chunk_layers_;
   std::vector<PipeAction> actions_;
   std::vector<StageSlots> slots_;

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "core/model/expert_split.h"
+
 namespace pt {
 
 std::vector<float> gather_shards(const ParamStore& store, Tensor shard, Comm& shard_group, Ops& ops) {
@@ -71,6 +73,23 @@ std::vector<float> gather_tensor_parallel(const ParamTable& local_table, const s
     at += global_numel(p);
   }
   return out;
+}
+
+std::vector<float> gather_expert_parallel(const ParamTable& stage, int n_experts, const std::vector<float>& dense,
+                                          const std::vector<float>& experts, Comm& ep, Ops& ops) {
+  // Every ep rank holds as many experts of the same shapes: equal blocks.
+  const size_t n = experts.size();
+  const int P = ep.size();
+  Tensor mine = ops.alloc(n, DType::f32), all = ops.alloc(n * P, DType::f32);
+  ops.upload(mine, experts.data(), DType::f32, n);
+  ep.all_gather(mine, all);
+  std::vector<float> host(n * P);
+  ops.download(host.data(), DType::f32, all, host.size());
+  ops.release(mine);
+  ops.release(all);
+  std::vector<std::vector<float>> blocks;
+  for (int r = 0; r < P; r++) blocks.emplace_back(host.begin() + r * n, host.begin() + (r + 1) * n);
+  return join_expert_parallel(stage, n_experts, dense, blocks);
 }
 
 }  // namespace pt

@@ -26,4 +26,11 @@ std::vector<float> gather_shards(const ParamStore& store, Tensor shard, Comm& sh
 std::vector<float> gather_tensor_parallel(const ParamTable& local_table, const std::vector<float>& local, Comm& tp,
                                           Ops& ops);
 
+// Expert parallel: every parameter of `stage` (a stage table, in its order) from this rank's
+// dense part (`dense`, in the split's dense order, e.g. gather_shards' result on the dense store)
+// and its routed experts (`experts`, in its expert table's order); collective over `ep` (ep
+// rank r holds the experts of expert_split.h's rank r), which contributes the other experts.
+std::vector<float> gather_expert_parallel(const ParamTable& stage, int n_experts, const std::vector<float>& dense,
+                                          const std::vector<float>& experts, Comm& ep, Ops& ops);
+
 }  // namespace pt

@@ -10,6 +10,7 @@
 #include "core/metrics/flops.h"
 #include "core/metrics/peak_probe.h"
 #include "core/metrics/process_clock.h"
+#include "core/model/expert_split.h"
 #include "core/model/sample_run.h"
 #include "core/plan/stage_memory.h"
 #include "core/train/lr_schedule.h"
@@ -65,6 +66,17 @@ Trainer::Trainer(const RunConfig& cfg, const World& world, Ops& ops)
     gather_ = std::make_unique<ParamGather>(*store_, ops, *groups_.shard);
     grad_sync_ = std::make_unique<GradSync>(*store_, ops, *groups_.dp_cp, *groups_.shard, *groups_.replicate);
     hooks_ = std::make_unique<ZeroHooks>(*gather_, *grad_sync_);
+    std::vector<GradSync*> syncs = {grad_sync_.get()};
+    if (expert_store_) {
+      expert_gather_ = std::make_unique<ParamGather>(*expert_store_, ops, *groups_.expert_shard);
+      expert_sync_ = std::make_unique<GradSync>(*expert_store_, ops, *groups_.expert_dp_cp, *groups_.expert_shard,
+                                                *groups_.replicate);
+      hooks_->add(*expert_gather_, *expert_sync_, expert_store_->layout());
+      syncs.push_back(expert_sync_.get());
+      expert_optim_.store = expert_store_.get();
+      expert_optim_.shard_group = groups_.expert_shard.get();
+      expert_optim_.ep_group = groups_.ep.get();
+    }
     // The model's chunks run over the tensor- and context-parallel groups: built now that they exist.
     ModelParallel mp;
     mp.tp = groups_.tp.get();
@@ -72,9 +84,10 @@ Trainer::Trainer(const RunConfig& cfg, const World& world, Ops& ops)
     mp.cp = groups_.cp.get();
     mp.cp_impl = parse_cp_impl(cfg.parallel.cp_impl);
     mp.ep = groups_.ep.get();
+    mp.experts = expert_store_.get();
     executor_ = std::make_unique<PipelineExecutor>(cfg, coord_.pp, *store_, ops, mp);
     executor_->connect(*groups_.pp, groups_.embedding.get());
-    executor_->set_grad_runtime(hooks_.get(), grad_sync_.get());
+    executor_->set_grad_runtime(hooks_.get(), syncs);
     lap(startup_parts_, "model", t0);
     if (const auto st = ckpt_->restore(*store_, ops, train_data_->total_tokens())) {
       step_ = st->step;
@@ -114,18 +127,32 @@ void Trainer::setup_local() {
   const std::vector<StageLayers> chunks = pipeline_chunks(cfg.model, par, coord_.pp);
   stage_table_ = std::make_unique<ParamTable>(
       tensor_parallel_table(stage_param_table(table_, chunks, cfg.model.n_layers), par.tp, coord_.tp));
-  const ParamTable& stage_table = *stage_table_;
-  const ShardLayout layout(stage_table, par.zero_stage, static_cast<int>(shard_group.size()), shard_rank,
-                           bucket_cap_elements(par.grad_bucket_mb));
+  // Expert parallel: this rank holds the dense part of its stage and its own routed experts, in
+  // two stores, the experts' sharded over the ranks that hold the same ones.
+  if (par.ep > 1) {
+    ExpertSplit split = split_expert_parallel(*stage_table_, cfg.model.moe.n_experts, par.ep, coord_.dp % par.ep);
+    dense_table_ = std::make_unique<ParamTable>(std::move(split.dense));
+    expert_table_ = std::make_unique<ParamTable>(std::move(split.experts));
+  }
+  const ParamTable& stage_table = dense_table_ ? *dense_table_ : *stage_table_;  // what store_ holds
+  const size_t bucket_cap = bucket_cap_elements(par.grad_bucket_mb);
+  const ShardLayout layout(stage_table, par.zero_stage, static_cast<int>(shard_group.size()), shard_rank, bucket_cap);
   auto t0 = Clock::now();
   store_ = std::make_unique<ParamStore>(stage_table, layout, ops);
+  if (expert_table_) {
+    const std::vector<int> group = grid_->expert_shard_group(world_.rank);
+    const int at = static_cast<int>(std::find(group.begin(), group.end(), world_.rank) - group.begin());
+    const ShardLayout experts(*expert_table_, par.zero_stage, static_cast<int>(group.size()), at, bucket_cap);
+    expert_store_ = std::make_unique<ParamStore>(*expert_table_, experts, ops);
+  }
   lap(startup_parts_, "buffers", t0);
-  {
+  for (ParamStore* store : {store_.get(), expert_store_.get()}) {
+    if (!store) continue;
     // Not a std::vector: init_params writes every element, and zero-filling half a gigabyte first
     // (GPT-2 124M) was a second pass over it on one core.
-    const std::unique_ptr<float[]> host(new float[stage_table.total_numel()]);
-    init_params(stage_table, cfg.run.seed, host.get());
-    store_->load_master(host.get());
+    const std::unique_ptr<float[]> host(new float[store->table().total_numel()]);
+    init_params(store->table(), cfg.run.seed, host.get());
+    store->load_master(host.get());
   }
   lap(startup_parts_, "weights", t0);
 
@@ -149,6 +176,17 @@ void Trainer::setup_local() {
   if (std::find(held_elsewhere.begin(), held_elsewhere.end(), true) != held_elsewhere.end()) {
     norm_scope_.not_counted = held_elsewhere;
     ckpt_->set_not_saved(held_elsewhere);
+  }
+  if (expert_store_) {
+    // The routed experts are whole on every tp rank: counted and saved on tp rank 0. Of the ranks
+    // holding the same expert shard (all of them under ZeRO-0, the HSDP replicas otherwise) the
+    // first saves it.
+    const std::vector<bool> tp_copy(expert_table_->specs().size(), coord_.tp > 0);
+    const std::vector<int> holders = par.zero_stage == 0 ? grid_->expert_dp_cp_group(world_.rank)
+                                                         : grid_->dp_replicate_group(world_.rank);
+    ckpt_->set_experts(*expert_table_, *expert_store_, holders.front() == world_.rank,
+                       coord_.tp > 0 ? tp_copy : std::vector<bool>{});
+    if (coord_.tp > 0) expert_optim_.not_counted = tp_copy;
   }
 }
 
@@ -198,9 +236,11 @@ StepResult Trainer::step() {
   // The device's time from here on, by phase (the gradients' zeroing counts as backward's).
   timeline_.start(StepPhase::backward);
   grad_sync_->start_step();
+  if (expert_sync_) expert_sync_->start_step();
   const PipelineStepStats ps = executor_->train_step(inputs_.data(), targets_.data(), dloss, &timeline_);
   timeline_.enter(StepPhase::grad_sync);
   grad_sync_->finish_step();
+  if (expert_sync_) expert_sync_->finish_step();
   // This rank's loss sum and tokens with a target, and its sparse blocks' routing statistics
   // (each the same on every tp and cp rank of a micro-batch, so their ratio survives the sum).
   MoeStats moe;
@@ -218,8 +258,10 @@ StepResult Trainer::step() {
   r.lr = lr_at(cfg_.optim, cfg_.schedule, step_);
   timeline_.enter(StepPhase::optimizer);
   const OptimizerStats s =
-      adamw_step(ops_, *store_, cfg_.optim, r.lr, step_ + 1, groups_.shard.get(), norm_scope_);
+      adamw_step(ops_, *store_, cfg_.optim, r.lr, step_ + 1, groups_.shard.get(), norm_scope_,
+                 expert_store_ ? &expert_optim_ : nullptr);
   gather_->gather_updated();  // ZeRO-1/2: every rank's updated piece back into the full params
+  if (expert_gather_) expert_gather_->gather_updated();
   r.grad_norm = s.grad_norm;
   r.phases = timeline_.finish();
   if (pp > 1) {
@@ -244,7 +286,12 @@ StepResult Trainer::step() {
 }
 
 std::vector<float> Trainer::gather_master() {
-  const std::vector<float> local = gather_shards(*store_, store_->master_shard(), *groups_.shard, ops_);
+  std::vector<float> local = gather_shards(*store_, store_->master_shard(), *groups_.shard, ops_);
+  if (expert_store_) {
+    const std::vector<float> experts =
+        gather_shards(*expert_store_, expert_store_->master_shard(), *groups_.expert_shard, ops_);
+    local = gather_expert_parallel(*stage_table_, cfg_.model.moe.n_experts, local, experts, *groups_.ep, ops_);
+  }
   return gather_tensor_parallel(*stage_table_, local, *groups_.tp, ops_);
 }
 
@@ -317,6 +364,13 @@ void Trainer::print_startup() const {
   print_linef(out, "          | ZeRO-%d, gradients reduced in %zu bucket(s) of <= %g MiB%s", store_->layout().zero_stage(),
               store_->layout().buckets().size(), cfg_.parallel.grad_bucket_mb,
               store_->layout().zero_stage() >= 2 ? " (one layer each under ZeRO-2/3)" : "");
+  if (expert_store_) {
+    const int E = cfg_.model.moe.n_experts, ep = cfg_.parallel.ep, first = coord_.dp % ep * (E / ep);
+    print_linef(out, "          | expert parallel: each rank holds %d of %d routed experts (this one %d-%d, %.2fM params), "
+                "their gradients reduced over %d rank(s) and ZeRO-sharded over %d",
+                E / ep, E, first, first + E / ep - 1, expert_table_->total_numel() / 1e6, groups_.expert_dp_cp->size(),
+                expert_store_->layout().shard_count());
+  }
   const auto& par = cfg_.parallel;
   const Recompute recompute = parse_recompute(cfg_.recompute.mode);
   if (par.pp > 1) {

@@ -88,7 +88,10 @@ class Trainer {
 
   int steps_done() const { return step_; }
   uint64_t cursor() const { return cursor_; }
+  // The parameters this rank holds; under expert parallel all but its routed experts, which
+  // expert_params() holds (null otherwise).
   ParamStore& params() { return *store_; }
+  ParamStore* expert_params() { return expert_store_.get(); }
   // The parameters this rank's pipeline stage holds (the whole model when pp == 1), each cut to
   // this rank's tensor-parallel piece (ParamSpec::shape; global_shape is the whole one).
   const ParamTable& stage_table() const { return *stage_table_; }
@@ -123,7 +126,15 @@ class Trainer {
   Ops& ops_;
   ParamTable table_;                         // the whole model
   std::unique_ptr<ParamTable> stage_table_;  // this rank's pipeline stage (= table_ with pp == 1)
+  // Expert parallel (parallel.ep > 1; else null): stage_table_ split into the dense part, which
+  // store_ holds, and this rank's routed experts, which expert_store_ holds, with their own
+  // ZeRO halves over the ranks holding the same experts (core/model/expert_split.h).
+  std::unique_ptr<ParamTable> dense_table_, expert_table_;
   std::unique_ptr<ParamStore> store_;
+  std::unique_ptr<ParamStore> expert_store_;
+  std::unique_ptr<ParamGather> expert_gather_;
+  std::unique_ptr<GradSync> expert_sync_;
+  ExpertOptimizerPart expert_optim_;
   std::unique_ptr<PipelineExecutor> executor_;
   std::unique_ptr<DataLoader> train_data_, val_data_;
   std::unique_ptr<ckpt::Checkpointer> ckpt_;
