@@ -21,6 +21,7 @@
 
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <algorithm>
 #include <cstdio>
 
 #include "core/model/expert_split.h"
@@ -218,13 +219,14 @@ TEST_CASE("moe: recompute changes no bit, checkpoints reshard, memory is the pla
 TEST_CASE("moe: under expert parallel a rank stores only its own experts", "[mpi][moe][ep][memory]") {
   const World world = whole_world();
   if (world.size != 4) return;
-  for (int zero : {0, 1, 3}) {
+  for (int zero : {0, 1, 2, 3}) {
     Layout l = moe(4, 1, 1);
     l.ep = 2;
     l.zero = zero;
     INFO(describe(l));
+    const RunConfig cfg = parity_config(l, data().dir);
     CpuOps ops;
-    Trainer t(parity_config(l, data().dir), world, ops);
+    Trainer t(cfg, world, ops);
     REQUIRE(t.expert_params() != nullptr);
     // Rank r (dp coordinate r) holds experts 2 (r % 2) and 2 (r % 2) + 1 of every block; the
     // dense store none.
@@ -245,5 +247,27 @@ TEST_CASE("moe: under expert parallel a rank stores only its own experts", "[mpi
     size_t all_experts = 0;
     for (const ParamSpec& p : t.stage_table().specs()) all_experts += is_routed_expert(p) ? p.numel : 0;
     CHECK(mine.total_numel() * 2 == all_experts);
+    // What the rank allocates is its plan's (the dense store's and the experts'; as mpi_zero.cpp
+    // checks without experts): all of it held through the step under ZeRO 0-1; under ZeRO 2-3
+    // all but the layers' working buffers after the step, and at most the plan in it.
+    t.step();
+    const MemoryPlan plan = plan_stage_memory(cfg, build_param_table(cfg.model), DType::f32).at(0).plan;
+    CHECK(plan.experts > 0);
+    const MemoryUse use = ops.memory_use();
+    if (zero <= 1) {
+      CHECK(use.live == plan.total());
+      CHECK(use.peak == plan.total());
+    } else {
+      // GradSync keeps each store's largest reduced piece for the whole run.
+      size_t pieces = 0;
+      for (const ShardLayout* layout : {&t.params().layout(), &t.expert_params()->layout()}) {
+        size_t largest = 0;
+        for (const auto& b : layout->buckets()) largest = std::max(largest, layout->piece_numel(b));
+        pieces += sizeof(float) * largest;
+      }
+      CHECK(use.live == plan.total() - (plan.params_working + plan.grads_working - pieces));
+      CHECK(use.peak <= plan.total());
+      CHECK(use.peak > use.live);
+    }
   }
 }
