@@ -16,6 +16,13 @@ ParamTable::ParamTable(std::vector<ParamSpec> specs) : specs_(std::move(specs)) 
     p.offset = total_;
     total_ += p.numel;
   }
+  for (size_t i = 0; i < specs_.size(); i++) by_role_[{specs_[i].layer, specs_[i].role}].push_back(i);
+}
+
+const std::vector<size_t>& ParamTable::role_indices(ParamRole role, int layer) const {
+  static const std::vector<size_t> none;
+  const auto it = by_role_.find({layer, role});
+  return it == by_role_.end() ? none : it->second;
 }
 
 const ParamSpec& ParamTable::get(const std::string& name) const {
@@ -115,8 +122,7 @@ ParamTable build_param_table(const ModelSection& m) {
 
 std::vector<const ParamSpec*> role_specs(const ParamTable& table, ParamRole role, int layer) {
   std::vector<const ParamSpec*> out;
-  for (const ParamSpec& p : table.specs())
-    if (p.role == role && p.layer == layer) out.push_back(&p);
+  for (size_t i : table.role_indices(role, layer)) out.push_back(&table.specs()[i]);
   return out;
 }
 

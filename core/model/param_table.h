@@ -9,7 +9,9 @@
 // PyTorch's nn.Linear.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/config/run_config.h"
@@ -53,10 +55,15 @@ class ParamTable {
   const ParamSpec& get(const std::string& name) const;  // throws if unknown
   size_t total_numel() const { return total_; }
   size_t count_numel(bool (*pred)(const ParamSpec&)) const;
+  // The indices into specs() of `role`'s tensors in block `layer`, in table order (empty: none).
+  // Indexed once: the stages look roles up for every block of every micro-batch, and a table of
+  // many experts holds thousands of tensors.
+  const std::vector<size_t>& role_indices(ParamRole role, int layer) const;
 
  private:
   std::vector<ParamSpec> specs_;
   size_t total_ = 0;
+  std::map<std::pair<int, ParamRole>, std::vector<size_t>> by_role_;  // (layer, role) -> indices
 };
 
 // The model's parameters, from its Architecture (core/model/architecture.h): the embeddings
