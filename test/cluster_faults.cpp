@@ -3,6 +3,8 @@
 //  - host 1's link goes down mid-run: rank 0's watchdog ends it within its limit, naming rank 1
 //    on host 1 as the one it waits for, and mpirun ends; with the link up again the run resumes
 //    from the newest committed checkpoint and finishes bit-identical to an uninterrupted run;
+//  - host 1's link goes down during a save: checkpoint.save_timeout_s ends it (a save is not
+//    watched by the step's limit), naming the save and rank 1, and the run resumes bit-exact;
 //  - rank 1 is SIGKILLed while a checkpoint is being saved: the newest committed checkpoint is
 //    still there, every committed one reads back whole, and resume is bit-exact;
 //  - the checkpoint file system (a small tmpfs) fills up during a save: an error naming the path,
@@ -141,6 +143,18 @@ std::vector<pid_t> ranks_on(const Cluster& cluster, int host, const std::string&
   return out;
 }
 
+// Waits (at most 30 s) for a save to begin in checkpoint directory `ckpt`: rank 0 has created
+// its temporary directory, which is returned (empty on a timeout). Polled every 100 us: a save
+// is tens of milliseconds.
+fs::path wait_for_save(const fs::path& ckpt) {
+  for (const auto t0 = Clock::now(); since(t0) < 30; usleep(100)) {
+    std::error_code ec;  // entries come and go as the run saves and prunes
+    for (const auto& e : fs::directory_iterator(ckpt, ec))
+      if (e.path().filename().string().rfind(".tmp_step_", 0) == 0) return e.path();
+  }
+  return {};
+}
+
 }  // namespace
 
 TEST_CASE("a host whose link goes down mid-run: the watchdog names it, the restarted run resumes bit-exact",
@@ -149,8 +163,7 @@ TEST_CASE("a host whose link goes down mid-run: the watchdog names it, the resta
   const fs::path ckpt = out_dir("link") / "checkpoints";
 
   // Checkpoints at steps 6 and 12: the link goes down after step 7, so in step 8 or soon after
-  // (steps take tens of milliseconds, taking a link down a few), never in a save (a save pauses
-  // the watchdog: README, "Still open").
+  // (steps take tens of milliseconds, taking a link down a few), not in a save (the next case).
   const std::string every6 = "--set checkpoint.every_steps=6";
   Streamed job(cluster.mpirun(1, train("link", every6)));
   REQUIRE(job.until("", 7));
@@ -194,6 +207,56 @@ TEST_CASE("a host whose link goes down mid-run: the watchdog names it, the resta
               detect_s, limit_s, end_s, first_step_s, rerun_s, committed, redone, redone * 64, redone * 128, ckpt_bytes);
 }
 
+TEST_CASE("a host whose link goes down during a save: the save's own limit ends the run; resume is bit-exact",
+          "[cluster]") {
+  const Cluster cluster = Cluster::from_env();
+  const fs::path ckpt = out_dir("save_link") / "checkpoints";
+  // The save's limit is checkpoint.save_timeout_s (2 s here), not the step's. The test waits for
+  // a save to begin, freezes rank 0 in it (SIGSTOP: it has created the temporary directory, and
+  // every later part of the save needs rank 1), takes host 1's link down and lets rank 0 go on:
+  // it waits for rank 1 in one of the save's agreements until its watchdog ends it.
+  Streamed job(cluster.mpirun(1, train("save_link", "--set checkpoint.save_timeout_s=2")));
+  REQUIRE(job.until("", 3));  // step 2 is committed
+  const std::vector<pid_t> rank0 = ranks_on(cluster, 0, shared_run().dir.string());
+  REQUIRE(rank0.size() == 1);
+  const fs::path tmp = wait_for_save(ckpt);
+  REQUIRE(!tmp.empty());
+  REQUIRE(kill(rank0[0], SIGSTOP) == 0);
+  const int latest_before = latest_step(ckpt);
+  cluster.link(1, false);
+  const auto down_at = Clock::now();
+  REQUIRE(kill(rank0[0], SIGCONT) == 0);
+  const bool named = job.until("no progress for");
+  const double detect_s = since(down_at);
+  const int code = job.finish();
+  cluster.link(1, true);
+  INFO(job.output);
+  REQUIRE(named);
+  CHECK(code != 0);
+  CHECK(code != 124);  // it ended by itself
+  // Frozen too late (a busy machine can be slower than a save), rank 0 had finished the save and
+  // waits in the next step, which its step limit ends; otherwise the save's limit names the save.
+  const bool save_done = latest_step(ckpt) > latest_before;
+  if (!save_done)
+    CHECK_THAT(job.output, Contains("the save of the checkpoint of step") &&
+                               Contains("the limit is 2.0 s: checkpoint.save_timeout_s"));
+  CHECK_THAT(job.output, Contains("this rank has waited") && Contains("1 (host " + cluster.host_name(1) + ")"));
+  CHECK(detect_s <= 2.0 + 1.5);  // the limit, plus the watchdog's polling
+
+  const int committed = latest_step(ckpt);
+  Streamed again(cluster.mpirun(1, train("save_link", "--set checkpoint.resume=auto")));
+  const int code2 = again.finish();
+  INFO(again.output);
+  REQUIRE(code2 == 0);
+  CHECK_THAT(again.output, Contains("resumed at step " + std::to_string(committed)));
+  check_same_run("save_link");
+  std::printf("figure | link down during the save of %s: rank 0's watchdog fired after %.1f s (%s); resumed "
+              "from step %d\n",
+              tmp.filename().c_str(), detect_s,
+              save_done ? "the save had finished: the step's limit" : "the save's limit, checkpoint.save_timeout_s",
+              committed);
+}
+
 TEST_CASE("a rank SIGKILLed while a checkpoint is written loses no committed checkpoint; resume is bit-exact",
           "[cluster]") {
   const Cluster cluster = Cluster::from_env();
@@ -209,14 +272,7 @@ TEST_CASE("a rank SIGKILLed while a checkpoint is written loses no committed che
   const std::vector<pid_t> rank0 = ranks_on(cluster, 0, marker), rank1 = ranks_on(cluster, 1, marker);
   REQUIRE(rank0.size() == 1);
   REQUIRE(rank1.size() == 1);
-  auto temp_dir = [&] {
-    std::error_code ec;  // entries come and go as the run saves and prunes
-    for (const auto& e : fs::directory_iterator(ckpt, ec))
-      if (e.path().filename().string().rfind(".tmp_step_", 0) == 0) return e.path();
-    return fs::path();
-  };
-  fs::path tmp;
-  for (const auto t0 = Clock::now(); tmp.empty() && since(t0) < 30; usleep(100)) tmp = temp_dir();
+  const fs::path tmp = wait_for_save(ckpt);
   REQUIRE(!tmp.empty());
   REQUIRE(kill(rank0[0], SIGSTOP) == 0);
   // Rank 1 writes its files unless rank 0 was frozen before it told rank 1 where.

@@ -234,5 +234,6 @@ TEST_CASE("a rank that stops responding ends the run after run.hang_timeout_s in
   CHECK(seconds >= 2.0);
   CHECK_THAT(output, Contains("no progress for") && Contains("has not finished") &&
                          Contains("run.hang_timeout_s") && Contains("Ending this rank (exit code 1)"));
-  CHECK_THAT(output, Contains("watchdog  | a rank without progress for 2 s"));
+  CHECK_THAT(output, Contains("watchdog  | a rank without progress for 2 s") &&
+                         Contains("a checkpoint save after 900 s (checkpoint.save_timeout_s)"));
 }

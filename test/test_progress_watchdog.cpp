@@ -80,13 +80,13 @@ TEST_CASE("watchdog: silence after a beat fires it once, after the limit, naming
   CHECK(rec.count() == 1);  // once: the thread ends after firing
 }
 
-TEST_CASE("watchdog: a pause stops the clock, which restarts when the pause ends", "[watchdog]") {
+TEST_CASE("watchdog: long work stops the step clock, which restarts when the work ends", "[watchdog]") {
   Record rec;
   ProgressWatchdog w(0.4, {}, rec.on_hang(), 4.0, kPoll);
   w.beat("step 1");
   {
-    ProgressWatchdog::Pause p(&w);
-    sleep_s(1.0);  // far past the limit
+    ProgressWatchdog::LongWork save(&w, "the save of step 1");  // no limit of its own
+    sleep_s(1.0);  // far past the step limit
   }
   const Clock::time_point resumed = Clock::now();
   sleep_s(0.1);
@@ -94,7 +94,34 @@ TEST_CASE("watchdog: a pause stops the clock, which restarts when the pause ends
   REQUIRE(rec.wait(10));
   CHECK(std::chrono::duration<double>(rec.at - resumed).count() >= 0.39);
   CHECK_THAT(rec.reason, Contains("step 1"));
-  ProgressWatchdog::Pause none(nullptr);  // no watchdog: nothing to pause
+  CHECK(w.limit_s() == Approx(0.4));  // the work's time is no step's: the limit is not raised by it
+  ProgressWatchdog::LongWork none(nullptr, "nothing");  // no watchdog: nothing to do
+}
+
+TEST_CASE("watchdog: long work past its own limit fires it, naming the work and the limit's key", "[watchdog]") {
+  {
+    // Within its limit (longer than the step limit), the work does not fire it.
+    Record rec;
+    ProgressWatchdog w(0.2, {}, rec.on_hang(), 4.0, kPoll);
+    w.beat("step 4");
+    {
+      ProgressWatchdog::LongWork save(&w, "the save of the checkpoint of step 4", 1.0, "checkpoint.save_timeout_s");
+      sleep_s(0.6);
+    }
+    CHECK(rec.count() == 0);
+  }
+  Record rec;
+  ProgressWatchdog w(100.0, {}, rec.on_hang(), 4.0, kPoll);
+  w.beat("step 5");
+  const Clock::time_point t0 = Clock::now();
+  ProgressWatchdog::LongWork save(&w, "the save of the checkpoint of step 5", 0.3, "checkpoint.save_timeout_s");
+  REQUIRE(rec.wait(10));
+  const double after = std::chrono::duration<double>(rec.at - t0).count();
+  CHECK(after >= 0.29);
+  CHECK(after < 5.0);  // not the 100 s step limit
+  CHECK_THAT(rec.reason, Contains("the save of the checkpoint of step 5 has not finished") &&
+                             Contains("the limit is 0.3 s: checkpoint.save_timeout_s"));
+  CHECK(rec.count() == 1);
 }
 
 TEST_CASE("watchdog: a slow step raises the limit to slow_factor times it", "[watchdog]") {

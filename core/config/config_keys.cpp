@@ -332,6 +332,7 @@ std::vector<ConfigKey> build_table() {
       .add("every_steps", &CheckpointSection::every_steps, at_least(0))
       .add("keep_latest", &CheckpointSection::keep_latest, at_least(2))
       .add("keep_every", &CheckpointSection::keep_every, at_least(0))
+      .add("save_timeout_s", &CheckpointSection::save_timeout_s, at_least(0))
       .add("resume", &CheckpointSection::resume, not_empty);  // "none", "auto" or a path
 
   SectionKeys(k, "logging", &RunConfig::logging)

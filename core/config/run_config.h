@@ -144,6 +144,7 @@ struct CheckpointSection {
   int every_steps = 0;
   int keep_latest = 2;             // >= 2: the newest may be mid-write when the next one starts
   int keep_every = 0;              // steps that are multiples are milestones, never pruned; 0: none
+  double save_timeout_s = 900;     // a save lasting longer ends the rank (the watchdog's); 0: never
   std::string resume = "none";  // auto | none | PATH
 };
 

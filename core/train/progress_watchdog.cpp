@@ -52,24 +52,30 @@ ProgressWatchdog::~ProgressWatchdog() {
 void ProgressWatchdog::beat(std::string activity) {
   std::lock_guard<std::mutex> lock(mu_);
   const Clock::time_point now = Clock::now();
-  if (beaten_ && paused_ == 0)
+  if (beaten_ && !in_long_work_)
     longest_gap_s_ = std::max(longest_gap_s_, std::chrono::duration<double>(now - last_beat_).count());
   beaten_ = true;
   last_beat_ = now;
   activity_ = std::move(activity);
 }
 
-ProgressWatchdog::Pause::Pause(ProgressWatchdog* w) : w_(w) {
+ProgressWatchdog::LongWork::LongWork(ProgressWatchdog* w, std::string activity, double limit_s, std::string limit_key)
+    : w_(w) {
   if (!w_) return;
   std::lock_guard<std::mutex> lock(w_->mu_);
-  w_->paused_++;
+  check(!w_->in_long_work_, "ProgressWatchdog: one LongWork at a time (" + w_->long_activity_ + " is running)");
+  w_->in_long_work_ = true;
+  w_->long_limit_s_ = limit_s;
+  w_->long_activity_ = std::move(activity);
+  w_->long_limit_key_ = std::move(limit_key);
+  w_->long_started_ = Clock::now();
 }
 
-ProgressWatchdog::Pause::~Pause() {
+ProgressWatchdog::LongWork::~LongWork() {
   if (!w_) return;
   std::lock_guard<std::mutex> lock(w_->mu_);
-  w_->paused_--;
-  // The paused time is not the activity's: its clock restarts (and the gap it spans is not a step).
+  w_->in_long_work_ = false;
+  // The work's time is not the activity's: its clock restarts (and the gap it spans is not a step).
   w_->last_beat_ = Clock::now();
 }
 
@@ -100,8 +106,14 @@ void ProgressWatchdog::watch() {
       if (stop_) return;
       if (!error.empty()) reason = error + " (during " + activity_ + ")";
     }
-    const double waited = std::chrono::duration<double>(Clock::now() - last_beat_).count();
-    if (reason.empty() && paused_ == 0 && waited > limit_locked())
+    const Clock::time_point now = Clock::now();
+    const double waited = std::chrono::duration<double>(now - last_beat_).count();
+    const double working = std::chrono::duration<double>(now - long_started_).count();
+    if (reason.empty() && in_long_work_ && long_limit_s_ > 0 && working > long_limit_s_)
+      reason = "no progress for " + seconds(working) + ": " + long_activity_ + " has not finished (the limit is " +
+               seconds(long_limit_s_) + ": " + long_limit_key_ +
+               "). A rank's storage is stalled, or a rank is stuck or gone";
+    if (reason.empty() && !in_long_work_ && waited > limit_locked())
       reason = "no progress for " + seconds(waited) + ": " + activity_ + " has not finished (the limit is " +
                seconds(limit_locked()) + ": run.hang_timeout_s, or " + factor(slow_factor_) +
                " times the slowest step when that is longer). A rank is stuck or gone, or the ranks disagree on "

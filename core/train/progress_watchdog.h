@@ -14,8 +14,10 @@
 //
 // The limit is the configured timeout, or `slow_factor` times the longest gap between two
 // beats seen so far when that is longer, so a layout whose steps are slow (a large model on
-// CPUs) is not taken for a hung one once its first step has finished. Work of unbounded length
-// that is not a hang (writing a checkpoint to a slow file system) runs inside pause().
+// CPUs) is not taken for a hung one once its first step has finished. Work of its own length
+// that is not a step (writing a checkpoint to a slow file system) runs inside a LongWork: the
+// step clock stops, and the work has a limit of its own (checkpoint.save_timeout_s), so that a
+// rank lost while the others wait in a save's agreements still ends the run, with a message.
 #pragma once
 #include <chrono>
 #include <condition_variable>
@@ -45,13 +47,16 @@ class ProgressWatchdog {
   // `activity` starts now (e.g. "step 12"): the clock restarts.
   void beat(std::string activity);
 
-  // While a Pause lives the clock does not run; it restarts when the pause ends.
-  class Pause {
+  // While a LongWork lives the step clock does not run (it restarts when the work ends), and
+  // the work fires the watchdog when it lasts longer than limit_s (0: never), with a message
+  // naming `activity` and the config key that sets the limit (`limit_key`). One at a time.
+  class LongWork {
    public:
-    explicit Pause(ProgressWatchdog* w);  // nullptr: no watchdog, nothing to pause
-    ~Pause();
-    Pause(const Pause&) = delete;
-    Pause& operator=(const Pause&) = delete;
+    // w nullptr: no watchdog, nothing to do.
+    LongWork(ProgressWatchdog* w, std::string activity, double limit_s = 0, std::string limit_key = "");
+    ~LongWork();
+    LongWork(const LongWork&) = delete;
+    LongWork& operator=(const LongWork&) = delete;
 
    private:
     ProgressWatchdog* w_;
@@ -74,7 +79,10 @@ class ProgressWatchdog {
   mutable std::mutex mu_;
   std::condition_variable wake_;
   bool stop_ = false, fired_ = false;
-  int paused_ = 0;
+  bool in_long_work_ = false;
+  double long_limit_s_ = 0;  // the LongWork's limit (0: none)
+  std::string long_activity_, long_limit_key_;
+  Clock::time_point long_started_;
   bool beaten_ = false;  // a beat has come: gaps between beats count from the second one
   Clock::time_point last_beat_;
   double longest_gap_s_ = 0;

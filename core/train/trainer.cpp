@@ -414,8 +414,10 @@ void Trainer::print_startup() const {
 }
 
 std::string Trainer::save_checkpoint() {
-  // Writing may take long on a slow file system; that is not a hang.
-  const ProgressWatchdog::Pause pause(watchdog_.get());
+  // Writing may take long on a slow file system; that is not a hung step. It has a limit of its
+  // own, so a rank lost while the others wait in the save's agreements still ends the run.
+  const ProgressWatchdog::LongWork save(watchdog_.get(), "the save of the checkpoint of step " + std::to_string(step_),
+                                        cfg_.checkpoint.save_timeout_s, "checkpoint.save_timeout_s");
   const auto t0 = Clock::now();
   const std::string path = ckpt_->save({step_, cursor_}, *store_, ops_, train_data_->total_tokens());
   const double seconds = seconds_since(t0);
@@ -521,9 +523,13 @@ void Trainer::run() {
     time_.sample += seconds_since(t0);
   };
   watchdog_ = start_rank_watchdog(cfg_.run.hang_timeout_s, world_);
-  if (watchdog_ && lead)
+  if (watchdog_ && lead) {
+    const double save_s = cfg_.checkpoint.save_timeout_s;
+    const std::string saves = save_s > 0 ? format("a checkpoint save after %.0f s (checkpoint.save_timeout_s)", save_s)
+                                         : std::string("checkpoint saves never (checkpoint.save_timeout_s=0)");
     print_linef(Stream::out, "watchdog  | a rank without progress for %.0f s (or %gx its slowest step) ends the run "
-                "(run.hang_timeout_s)", watchdog_->limit_s(), watchdog_->slow_factor());
+                "(run.hang_timeout_s); %s", watchdog_->limit_s(), watchdog_->slow_factor(), saves.c_str());
+  }
   if (lead) print_startup_time();
   const double startup_s = seconds_since_process_start();
   bool stopped = false;
