@@ -61,11 +61,10 @@ void Checkpointer::set_not_saved(std::vector<bool> not_saved) {
   not_saved_ = std::move(not_saved);
 }
 
-void Checkpointer::set_experts(const ParamTable& table, ParamStore& store, bool writes, std::vector<bool> not_saved) {
-  check(not_saved.empty() || not_saved.size() == table.specs().size(),
-        "Checkpointer::set_experts: " + std::to_string(not_saved.size()) + " flags for " +
-            std::to_string(table.specs().size()) + " parameters");
-  expert_table_ = &table;
+void Checkpointer::set_experts(ParamStore& store, bool writes, std::vector<bool> not_saved) {
+  const size_t n = store.table().specs().size();
+  check(not_saved.empty() || not_saved.size() == n, "Checkpointer::set_experts: " + std::to_string(not_saved.size()) +
+                                                        " flags for " + std::to_string(n) + " parameters");
   expert_store_ = &store;
   expert_writes_ = writes;
   expert_not_saved_ = std::move(not_saved);
@@ -73,7 +72,7 @@ void Checkpointer::set_experts(const ParamTable& table, ParamStore& store, bool 
 
 std::vector<Checkpointer::Part> Checkpointer::parts(ParamStore& main) const {
   std::vector<Part> out = {{&table_, &main, &not_saved_, writes_shard_}};
-  if (expert_store_) out.push_back({expert_table_, expert_store_, &expert_not_saved_, expert_writes_});
+  if (expert_store_) out.push_back({&expert_store_->table(), expert_store_, &expert_not_saved_, expert_writes_});
   return out;
 }
 

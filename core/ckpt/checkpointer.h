@@ -54,11 +54,11 @@ class Checkpointer {
   // and under tensor parallel the replicated parameters on tp ranks > 0, saved by tp rank 0.
   // Replaces earlier marks (a rank with both kinds passes their union).
   void set_not_saved(std::vector<bool> not_saved);
-  // Expert parallel: this rank's routed experts live in a store of their own (`store`, over
-  // `table`; core/model/expert_split.h), saved and restored with the main one under the same
-  // global names. `writes`: this rank writes that store's shard (the first of the ranks holding
-  // the same one); `not_saved` as above, indexed like table.specs(). Not owned.
-  void set_experts(const ParamTable& table, ParamStore& store, bool writes, std::vector<bool> not_saved);
+  // Expert parallel: this rank's routed experts live in a store of their own (`store`;
+  // core/model/expert_split.h), saved and restored with the main one under the same global
+  // names. `writes`: this rank writes that store's shard (the first of the ranks holding the same
+  // one); `not_saved` as above, indexed like store.table().specs(). Not owned.
+  void set_experts(ParamStore& store, bool writes, std::vector<bool> not_saved);
 
   // Resolves checkpoint.resume. none: nullopt (and a ConfigError when checkpoint.dir already
   // holds committed checkpoints, which a fresh run would prune). auto: the newest committed
@@ -109,8 +109,7 @@ class Checkpointer {
   Comm* world_ = nullptr;
   bool writes_shard_ = true;
   std::vector<bool> not_saved_;  // by spec index; empty: save everything
-  const ParamTable* expert_table_ = nullptr;  // set_experts
-  ParamStore* expert_store_ = nullptr;
+  ParamStore* expert_store_ = nullptr;  // set_experts
   bool expert_writes_ = false;
   std::vector<bool> expert_not_saved_;
   int step_on_disk_ = -1;

@@ -8,6 +8,7 @@
 #include "core/ckpt/checkpoint_reader.h"
 #include "core/ckpt/manifest.h"
 #include "core/common/error.h"
+#include "core/model/expert_split.h"
 #include "core/model/kv_cache_decoder.h"
 #include "core/model/param_table.h"
 #include "core/tokenizer/gpt2_tokenizer.h"
@@ -148,10 +149,11 @@ std::optional<TrainingSample> print_training_sample(const RunConfig& cfg, int st
   // takes part in the gather.
   const auto& specs = store.table().specs();
   const bool pieces = std::any_of(specs.begin(), specs.end(), [](const ParamSpec& p) { return !p.tp.whole(); });
-  // Expert parallel holds only this rank's experts (expert_split.h): fewer tensors than the model's.
-  const bool some_tensors = specs.size() != build_param_table(cfg.model).specs().size();
+  // Expert parallel keeps the routed experts in a store of their own (expert_split.h).
+  const bool experts_elsewhere =
+      cfg.model.moe.enabled() && std::none_of(specs.begin(), specs.end(), is_routed_expert);
   std::vector<float> gathered;
-  if (!store.layout().params_resident() || pieces || some_tensors) gathered = gather_master();
+  if (!store.layout().params_resident() || pieces || experts_elsewhere) gathered = gather_master();
   if (!lead) return std::nullopt;
   const std::shared_ptr<const Tokenizer> tok = training_tokenizer(cfg.model.vocab_size);
   if (!tok) return std::nullopt;

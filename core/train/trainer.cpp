@@ -184,7 +184,7 @@ void Trainer::setup_local() {
     const std::vector<bool> tp_copy(expert_table_->specs().size(), coord_.tp > 0);
     const std::vector<int> holders = par.zero_stage == 0 ? grid_->expert_dp_cp_group(world_.rank)
                                                          : grid_->dp_replicate_group(world_.rank);
-    ckpt_->set_experts(*expert_table_, *expert_store_, holders.front() == world_.rank,
+    ckpt_->set_experts(*expert_store_, holders.front() == world_.rank,
                        coord_.tp > 0 ? tp_copy : std::vector<bool>{});
     if (coord_.tp > 0) expert_optim_.not_counted = tp_copy;
   }
