@@ -190,6 +190,7 @@ TEST_CASE("every rule names its key and the offending value", "[config]") {
       {{"checkpoint.every_steps=-1"}, 1, {"checkpoint.every_steps=-1", ">= 0"}},
       {{"checkpoint.keep_latest=1"}, 1, {"checkpoint.keep_latest=1", ">= 2"}},
       {{"checkpoint.keep_every=-1"}, 1, {"checkpoint.keep_every=-1", ">= 0"}},
+      {{"checkpoint.save_timeout_s=-1"}, 1, {"checkpoint.save_timeout_s=-1", ">= 0"}},
       {{"checkpoint.resume="}, 1, {"checkpoint.resume=\"\"", "must not be empty"}},
       // logging
       {{"logging.every_steps=0"}, 1, {"logging.every_steps=0", ">= 1"}},
@@ -261,6 +262,7 @@ TEST_CASE("defaults are GPT-2 124M", "[config]") {
   CHECK(c.data.val.empty());
   CHECK(c.checkpoint.keep_latest == 2);
   CHECK(c.checkpoint.keep_every == 0);
+  CHECK(c.checkpoint.save_timeout_s == 900);
   CHECK(c.checkpoint.resume == "none");
   CHECK(c.logging.metrics_file == "metrics.jsonl");
   CHECK(c.logging.flops_formula == "palm");
