@@ -16,7 +16,6 @@
 
 #include <catch2/catch.hpp>
 #include <cmath>
-#include <cstdio>
 #include <filesystem>
 
 #include "core/plan/stage_memory.h"
@@ -42,42 +41,17 @@ const SharedShards& data() {
 constexpr double kLr = 3e-3;
 
 Layout llama(int dp, int tp, int cp, int pp = 1) {
-  Layout l;
-  l.arch = "llama";
-  l.dp = dp;
-  l.tp = tp;
-  l.cp = cp;
-  l.pp = pp;
-  l.lr = kLr;
-  return l;
+  return grid(dp, tp, cp, pp).with([](Layout& l) { l.arch = "llama", l.lr = kLr; });
 }
 
 // The one-rank runs, untied and tied.
 const RunResult& reference(bool tied = false) {
   static const RunResult untied = train(llama(1, 1, 1), World{}, data().dir);
-  static const RunResult with_tied = [] {
-    Layout l = llama(1, 1, 1);
-    l.tied = true;
-    return train(l, World{}, data().dir);
-  }();
+  static const RunResult with_tied = train(llama(1, 1, 1).with_tied(), World{}, data().dir);
   return tied ? with_tied : untied;
 }
 
-std::string describe(const Layout& l) {
-  char buf[200];
-  std::snprintf(buf, sizeof buf, "llama: dp %d x tp %d%s x cp %d (%s) x pp %d (%s, v %d), ZeRO-%d, recompute %s, %s",
-                l.dp, l.tp, l.sp ? " + SP" : "", l.cp, l.cp_impl.c_str(), l.pp, l.schedule.c_str(), l.v, l.zero,
-                l.recompute.c_str(), l.tied ? "tied" : "untied");
-  return buf;
-}
-
-void check_layout(const Layout& l, const World& world) {
-  REQUIRE(l.ranks() == world.size);
-  INFO(describe(l));
-  const RunResult r = train(l, world, data().dir);
-  check_parity(r, reference(l.tied));
-  check_tied_copies(r, l, world);
-}
+void check(const Layout& l, const World& world) { check_trains_like(l, world, data().dir, reference(l.tied)); }
 
 }  // namespace
 
@@ -94,56 +68,25 @@ TEST_CASE("llama: the one-rank run trains, with GQA's smaller K/V and an untied 
 TEST_CASE("llama over two ranks trains like one rank", "[mpi][llama]") {
   const World world = whole_world();
   if (world.size != 2) return;
-  check_layout(llama(2, 1, 1), world);
-  Layout z3 = llama(2, 1, 1);
-  z3.zero = 3;
-  check_layout(z3, world);
-  check_layout(llama(1, 2, 1), world);
-  Layout sp = llama(1, 2, 1);
-  sp.sp = true;
-  check_layout(sp, world);
-  check_layout(llama(1, 1, 2), world);
-  Layout ulysses = llama(1, 1, 2);
-  ulysses.cp_impl = "ulysses";
-  check_layout(ulysses, world);
-  check_layout(llama(1, 1, 1, 2), world);
-  Layout afab_tied = llama(1, 1, 1, 2);
-  afab_tied.schedule = "afab";
-  afab_tied.tied = true;
-  check_layout(afab_tied, world);
+  for (const Layout& l : {llama(2, 1, 1), llama(2, 1, 1).with_zero(3), llama(1, 2, 1), llama(1, 2, 1).with_sp(),
+                          llama(1, 1, 2), llama(1, 1, 2).with_ulysses(), llama(1, 1, 1, 2),
+                          llama(1, 1, 1, 2).with_schedule("afab").with_tied()})
+    check(l, world);
 }
 
 TEST_CASE("llama over four ranks trains like one rank", "[mpi][llama]") {
   const World world = whole_world();
   if (world.size != 4) return;
-  Layout tcp = llama(1, 2, 2);
-  tcp.sp = true;
-  check_layout(tcp, world);
-  check_layout(llama(1, 1, 4), world);
-  Layout dtp = llama(2, 2, 1);
-  dtp.sp = true;
-  dtp.zero = 1;
-  check_layout(dtp, world);
-  Layout dcp = llama(2, 1, 2);
-  dcp.cp_impl = "ulysses";
-  dcp.zero = 2;
-  check_layout(dcp, world);
-  Layout pdp = llama(2, 1, 1, 2);
-  pdp.schedule = "afab";
-  pdp.zero = 1;
-  check_layout(pdp, world);
-  Layout inter = llama(1, 1, 1, 4);
-  inter.schedule = "interleaved";
-  inter.v = 2;
-  check_layout(inter, world);
-  check_layout(llama(1, 2, 1, 2), world);
+  for (const Layout& l : {llama(1, 2, 2).with_sp(), llama(1, 1, 4), llama(2, 2, 1).with_sp().with_zero(1),
+                          llama(2, 1, 2).with_ulysses().with_zero(2), llama(2, 1, 1, 2).with_schedule("afab").with_zero(1),
+                          llama(1, 1, 1, 4).with_schedule("interleaved", 2), llama(1, 2, 1, 2)})
+    check(l, world);
 }
 
 TEST_CASE("llama: recompute changes no bit, and checkpoints reshard, under tp2 x cp2", "[mpi][llama][ckpt]") {
   const World world = whole_world();
   if (world.size != 4) return;
-  Layout tcp = llama(1, 2, 2);
-  tcp.sp = true;
+  const Layout tcp = llama(1, 2, 2).with_sp();
   check_recompute_is_bitwise(tcp, world, data().dir, 3);
   check_reshard_with_one_rank(tcp, world, data().dir, "llama_tp2sp_cp2", reference());
 }
@@ -151,12 +94,11 @@ TEST_CASE("llama: recompute changes no bit, and checkpoints reshard, under tp2 x
 TEST_CASE("llama: the activation memory the stages allocate is the plan's", "[mpi][llama][memory]") {
   const World world = whole_world();
   if (world.size != 2 && world.size != 4) return;
-  std::vector<Layout> layouts = {llama(1, 2, 1), llama(1, 1, world.size)};
-  layouts[0].sp = true;
+  std::vector<Layout> layouts = {llama(1, 2, 1).with_sp(), llama(1, 1, world.size)};
   if (world.size == 4) layouts.push_back(llama(1, 2, 2));
   for (const Layout& l : layouts) {
     if (l.ranks() != world.size) continue;
-    INFO(describe(l));
+    INFO(l.describe());
     check_activation_memory(l, world, data().dir);
   }
 }
@@ -164,12 +106,6 @@ TEST_CASE("llama: the activation memory the stages allocate is the plan's", "[mp
 TEST_CASE("llama over eight ranks: 4-D layouts train like one rank", "[mpi][llama][pipeline]") {
   const World world = whole_world();
   if (world.size != 8) return;
-  Layout dtp = llama(2, 2, 1, 2);
-  dtp.sp = true;
-  dtp.zero = 1;
-  check_layout(dtp, world);
-  Layout tcp = llama(1, 2, 2, 2);
-  tcp.schedule = "interleaved";
-  tcp.v = 2;
-  check_layout(tcp, world);
+  check(llama(2, 2, 1, 2).with_sp().with_zero(1), world);
+  check(llama(1, 2, 2, 2).with_schedule("interleaved", 2), world);
 }

@@ -22,7 +22,6 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <algorithm>
-#include <cstdio>
 
 #include "core/model/expert_split.h"
 #include "mpi_trainer_parity.h"
@@ -38,45 +37,24 @@ const SharedShards& data() {
 }
 
 Layout moe(int dp, int tp, int cp, int pp = 1) {
-  Layout l;
-  l.arch = "llama";
-  l.dp = dp;
-  l.tp = tp;
-  l.cp = cp;
-  l.pp = pp;
-  l.lr = 3e-3;  // as mpi_llama.cpp: Adam would amplify float-order differences at 1e-2
-  l.experts = 4;
-  l.top_k = 2;
-  return l;
+  return grid(dp, tp, cp, pp).with([](Layout& l) {
+    l.arch = "llama";
+    l.lr = 3e-3;  // as mpi_llama.cpp: Adam would amplify float-order differences at 1e-2
+    l.experts = 4;
+    l.top_k = 2;
+  });
 }
 
 // The one-rank runs: every block sparse; or every other block sparse with a shared expert.
 const RunResult& reference(bool mixed = false) {
   static const RunResult all_sparse = train(moe(1, 1, 1), World{}, data().dir);
-  static const RunResult with_shared = [] {
-    Layout l = moe(1, 1, 1);
-    l.moe_every = 2;
-    l.shared = 1;
-    return train(l, World{}, data().dir);
-  }();
+  static const RunResult with_shared = train(moe(1, 1, 1).with_moe_every(2, 1), World{}, data().dir);
   return mixed ? with_shared : all_sparse;
 }
 
-std::string describe(const Layout& l) {
-  char buf[220];
-  std::snprintf(buf, sizeof buf,
-                "moe (%d experts, top %d, every %d, %d shared): dp %d (ep %d) x tp %d%s x cp %d (%s) x pp %d (%s, v %d), "
-                "ZeRO-%d, recompute %s",
-                l.experts, l.top_k, l.moe_every, l.shared, l.dp, l.ep, l.tp, l.sp ? " + SP" : "", l.cp,
-                l.cp_impl.c_str(), l.pp, l.schedule.c_str(), l.v, l.zero, l.recompute.c_str());
-  return buf;
-}
-
-void check_layout(const Layout& l, const World& world) {
-  REQUIRE(l.ranks() == world.size);
-  INFO(describe(l));
-  const RunResult r = train(l, world, data().dir);
-  check_parity(r, reference(l.moe_every != 1));  // with the balancing loss and load (mpi_trainer_parity.h)
+// With the balancing loss and load (check_parity).
+void check(const Layout& l, const World& world) {
+  check_trains_like(l, world, data().dir, reference(l.moe_every != 1));
 }
 
 }  // namespace
@@ -110,120 +88,63 @@ TEST_CASE("moe: the one-rank run trains and balances its experts", "[mpi][moe]")
 TEST_CASE("moe over two ranks trains like one rank", "[mpi][moe]") {
   const World world = whole_world();
   if (world.size != 2) return;
-  check_layout(moe(2, 1, 1), world);
-  Layout z3 = moe(2, 1, 1);
-  z3.zero = 3;
-  check_layout(z3, world);
-  check_layout(moe(1, 2, 1), world);
-  Layout sp = moe(1, 2, 1);
-  sp.sp = true;
-  check_layout(sp, world);
-  check_layout(moe(1, 1, 2), world);
-  Layout ulysses = moe(1, 1, 2);
-  ulysses.cp_impl = "ulysses";
-  check_layout(ulysses, world);
-  check_layout(moe(1, 1, 1, 2), world);
-  Layout mixed = moe(1, 2, 1);
-  mixed.sp = true;
-  mixed.moe_every = 2;
-  mixed.shared = 1;
-  check_layout(mixed, world);
+  for (const Layout& l : {moe(2, 1, 1), moe(2, 1, 1).with_zero(3), moe(1, 2, 1), moe(1, 2, 1).with_sp(), moe(1, 1, 2),
+                          moe(1, 1, 2).with_ulysses(), moe(1, 1, 1, 2), moe(1, 2, 1).with_sp().with_moe_every(2, 1)})
+    check(l, world);
 }
 
 TEST_CASE("moe: expert parallel over two ranks trains like one rank", "[mpi][moe][ep]") {
   const World world = whole_world();
   if (world.size != 2) return;
-  Layout ep = moe(2, 1, 1);
-  ep.ep = 2;
-  check_layout(ep, world);
-  ep.zero = 3;  // every rank's shard of every expert, gathered per block
-  check_layout(ep, world);
-  Layout mixed = moe(2, 1, 1);
-  mixed.ep = 2;
-  mixed.moe_every = 2;
-  mixed.shared = 1;
-  check_layout(mixed, world);
+  const Layout ep = moe(2, 1, 1).with_ep(2);
+  // ZeRO-3: every rank's shard of every expert, gathered per block.
+  for (const Layout& l : {ep, ep.with_zero(3), ep.with_moe_every(2, 1)}) check(l, world);
 }
 
 TEST_CASE("moe: expert parallel with tp, cp and pp over four ranks trains like one rank", "[mpi][moe][ep]") {
   const World world = whole_world();
   if (world.size != 4) return;
-  Layout ep4 = moe(4, 1, 1);
-  ep4.ep = 4;  // one expert per rank
-  check_layout(ep4, world);
-  Layout ep2 = moe(4, 1, 1);
-  ep2.ep = 2;  // two groups of two
-  ep2.zero = 1;
-  check_layout(ep2, world);
-  Layout tp = moe(2, 2, 1);
-  tp.ep = 2;
-  tp.sp = true;
-  check_layout(tp, world);
-  Layout cp = moe(2, 1, 2);
-  cp.ep = 2;
-  check_layout(cp, world);
-  Layout pp = moe(2, 1, 1, 2);
-  pp.ep = 2;
-  check_layout(pp, world);
+  check(moe(4, 1, 1).with_ep(4), world);                // one expert per rank
+  check(moe(4, 1, 1).with_ep(2).with_zero(1), world);   // two groups of two
+  check(moe(2, 2, 1).with_ep(2).with_sp(), world);
+  check(moe(2, 1, 2).with_ep(2), world);
+  check(moe(2, 1, 1, 2).with_ep(2), world);
   // The experts' ZeRO state sharded over the two ranks that hold the same experts, and gathered
   // per block (ZeRO-3); and HSDP, whose replicas reduce the experts' shards too.
-  Layout z3 = moe(4, 1, 1);
-  z3.ep = 2;
-  z3.zero = 3;
-  check_layout(z3, world);
-  Layout hsdp = moe(4, 1, 1);
-  hsdp.ep = 2;
-  hsdp.zero = 2;
-  hsdp.dp_replicate = 2;
-  check_layout(hsdp, world);
+  check(moe(4, 1, 1).with_ep(2).with_zero(3), world);
+  check(moe(4, 1, 1).with_ep(2).with_zero(2).with_hsdp(2), world);
 }
 
 TEST_CASE("moe over four ranks trains like one rank", "[mpi][moe]") {
   const World world = whole_world();
   if (world.size != 4) return;
-  Layout tcp = moe(1, 2, 2);
-  tcp.sp = true;
-  check_layout(tcp, world);
-  Layout dtp = moe(2, 2, 1);
-  dtp.sp = true;
-  dtp.zero = 1;
-  check_layout(dtp, world);
-  Layout pdp = moe(2, 1, 1, 2);
-  pdp.schedule = "afab";
-  pdp.zero = 2;
-  check_layout(pdp, world);
-  Layout inter = moe(1, 1, 1, 4);
-  inter.schedule = "interleaved";
-  inter.v = 2;
-  check_layout(inter, world);
+  for (const Layout& l : {moe(1, 2, 2).with_sp(), moe(2, 2, 1).with_sp().with_zero(1),
+                          moe(2, 1, 1, 2).with_schedule("afab").with_zero(2), moe(1, 1, 1, 4).with_schedule("interleaved", 2)})
+    check(l, world);
 }
 
 TEST_CASE("moe: recompute changes no bit, checkpoints reshard, memory is the plan's, under tp2 x cp2",
           "[mpi][moe][ckpt][memory]") {
   const World world = whole_world();
   if (world.size != 4) return;
-  Layout tcp = moe(1, 2, 2);
-  tcp.sp = true;
+  const Layout tcp = moe(1, 2, 2).with_sp();
   check_recompute_is_bitwise(tcp, world, data().dir, 3);
   check_reshard_with_one_rank(tcp, world, data().dir, "moe_tp2sp_cp2", reference());
   check_activation_memory(tcp, world, data().dir);
   // Expert parallel: ep 2 x dp 2 saves and resumes on one rank (no expert parallel), and back.
-  Layout ep = moe(4, 1, 1);
-  ep.ep = 2;
+  const Layout ep = moe(4, 1, 1).with_ep(2);
   check_reshard_with_one_rank(ep, world, data().dir, "moe_ep2_dp4", reference());
   check_activation_memory(ep, world, data().dir);
-  ep.zero = 3;  // the experts' shards of two ranks each
-  check_reshard_with_one_rank(ep, world, data().dir, "moe_ep2_dp4_z3", reference());
+  // The experts' shards of two ranks each.
+  check_reshard_with_one_rank(ep.with_zero(3), world, data().dir, "moe_ep2_dp4_z3", reference());
 }
 
 TEST_CASE("moe: under expert parallel a rank stores only its own experts", "[mpi][moe][ep][memory]") {
   const World world = whole_world();
   if (world.size != 4) return;
   for (int zero : {0, 1, 2, 3}) {
-    Layout l = moe(4, 1, 1);
-    l.ep = 2;
-    l.zero = zero;
-    INFO(describe(l));
+    const Layout l = moe(4, 1, 1).with_ep(2).with_zero(zero);
+    INFO(l.describe());
     const RunConfig cfg = parity_config(l, data().dir);
     CpuOps ops;
     Trainer t(cfg, world, ops);

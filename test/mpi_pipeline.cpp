@@ -17,7 +17,6 @@
 
 using namespace pt;
 using namespace pt::test;
-namespace fs = std::filesystem;
 
 namespace {
 
@@ -26,13 +25,9 @@ const SharedShards& data() {
   return d;
 }
 
-RunResult train(const Layout& l, const World& world, int steps = kSteps) {
-  return pt::test::train(l, world, data().dir, steps);
-}
-
 // The one-rank run, computed once by every rank on its own.
 const RunResult& reference() {
-  static const RunResult r = train(Layout{}, World{});
+  static const RunResult r = train(Layout{}, World{}, data().dir);
   return r;
 }
 
@@ -41,49 +36,28 @@ const RunResult& reference() {
 TEST_CASE("pipeline parallel trains like one rank under afab, 1f1b and interleaved", "[mpi][pipeline]") {
   const World world = whole_world();
   for (const auto& [schedule, v] : {std::pair{"afab", 1}, std::pair{"1f1b", 1}, std::pair{"interleaved", 2}}) {
-    Layout l;
-    l.pp = world.size;
-    l.schedule = schedule;
-    l.v = v;
-    INFO("pp " << l.pp << ", " << schedule << ", v " << v);
-    const RunResult r = train(l, world);
-    check_parity(r, reference());
-    check_tied_copies(r, l, world);
+    check_trains_like(grid(1, 1, 1, world.size).with_schedule(schedule, v), world, data().dir, reference());
   }
 }
 
 TEST_CASE("an uneven parallel.pp_layers split trains like one rank", "[mpi][pipeline]") {
   const World world = whole_world();
-  Layout l;
-  l.pp = world.size;
+  Layout l = grid(1, 1, 1, world.size);
   l.pp_layers = world.size == 2 ? std::vector<int>{3, 5} : std::vector<int>{1, 3, 3, 1};
-  check_parity(train(l, world), reference());
+  check_trains_like(l, world, data().dir, reference());
 }
 
 TEST_CASE("dp2 x pp2 trains like one rank under ZeRO 0-3", "[mpi][pipeline]") {
   const World world = whole_world();
   if (world.size != 4) return;
-  for (int zero : {0, 1, 2, 3}) {
-    Layout l;
-    l.pp = 2;
-    l.dp = 2;
-    l.zero = zero;
-    INFO("dp 2 x pp 2, ZeRO-" << zero);
-    const RunResult r = train(l, world);
-    check_parity(r, reference());
-    check_tied_copies(r, l, world);
-  }
+  for (int zero : {0, 1, 2, 3}) check_trains_like(grid(2, 1, 1, 2).with_zero(zero), world, data().dir, reference());
 }
 
 TEST_CASE("activation recompute changes no bit of a pipeline run", "[mpi][pipeline][recompute]") {
-  Layout l;
-  l.pp = whole_world().size;
-  l.schedule = "afab";  // every micro-batch in flight at once
-  check_recompute_is_bitwise(l, whole_world(), data().dir, 4);
+  // AFAB: every micro-batch in flight at once.
+  check_recompute_is_bitwise(grid(1, 1, 1, whole_world().size).with_schedule("afab"), whole_world(), data().dir, 4);
 }
 
 TEST_CASE("checkpoints reshard: pp = world -> pp1 and pp1 -> pp = world", "[mpi][pipeline][ckpt]") {
-  Layout l;
-  l.pp = whole_world().size;
-  check_reshard_with_one_rank(l, whole_world(), data().dir, "pp", reference());
+  check_reshard_with_one_rank(grid(1, 1, 1, whole_world().size), whole_world(), data().dir, "pp", reference());
 }

@@ -57,7 +57,56 @@ struct Layout {
   int ep = 1;  // expert parallel: ep of the dp ranks split the experts
   int dp_replicate = 1;  // HSDP: ZeRO shards within dp / dp_replicate ranks, replicated across
   int ranks() const { return pp * dp * tp * cp; }
+
+  // Variations, so that a test names each layout in one expression:
+  //   check(grid(2, 2, 1).with_sp().with_zero(1))
+  Layout with_sp() const { return with([](Layout& l) { l.sp = true; }); }
+  Layout with_zero(int stage) const { return with([&](Layout& l) { l.zero = stage; }); }
+  Layout with_ulysses() const { return with([](Layout& l) { l.cp_impl = "ulysses"; }); }
+  Layout with_schedule(const std::string& s, int virtual_stages = 1) const {
+    return with([&](Layout& l) { l.schedule = s, l.v = virtual_stages; });
+  }
+  Layout with_tied() const { return with([](Layout& l) { l.tied = true; }); }
+  Layout with_ep(int n) const { return with([&](Layout& l) { l.ep = n; }); }
+  Layout with_hsdp(int replicas) const { return with([&](Layout& l) { l.dp_replicate = replicas; }); }
+  // Sparse blocks every `every`-th block, with `n_shared` shared experts.
+  Layout with_moe_every(int every, int n_shared) const {
+    return with([&](Layout& l) { l.moe_every = every, l.shared = n_shared; });
+  }
+  template <class F>
+  Layout with(F change) const {
+    Layout l = *this;
+    change(l);
+    return l;
+  }
+
+  // One line for a failure's context: the axes, and the model and options that differ from GPT-2's.
+  std::string describe() const {
+    char buf[320];
+    std::snprintf(buf, sizeof buf, "%s: dp %d x tp %d%s x cp %d (%s) x pp %d (%s, v %d), ZeRO-%d%s, recompute %s",
+                  arch.c_str(), dp, tp, sp ? " + SP" : "", cp, cp_impl.c_str(), pp, schedule.c_str(), v, zero,
+                  dp_replicate > 1 ? (", " + std::to_string(dp_replicate) + " HSDP replicas").c_str() : "",
+                  recompute.c_str());
+    std::string d = buf;
+    if (arch != "gpt2") d += tied ? ", tied head" : ", untied head";
+    if (experts > 0) {
+      std::snprintf(buf, sizeof buf, ", %d experts (top %d, every %d block, %d shared, ep %d)", experts, top_k,
+                    moe_every, shared, ep);
+      d += buf;
+    }
+    return d;
+  }
 };
+
+// dp x tp x cp x pp, the rest at its defaults (GPT-2, ring attention, 1F1B, ZeRO-0).
+inline Layout grid(int dp, int tp, int cp, int pp = 1) {
+  Layout l;
+  l.dp = dp;
+  l.tp = tp;
+  l.cp = cp;
+  l.pp = pp;
+  return l;
+}
 
 inline RunConfig parity_config(const Layout& l, const std::filesystem::path& dir) {
   nlohmann::json j = {
@@ -160,6 +209,17 @@ inline void check_tied_copies(const RunResult& r, const Layout& l, const World& 
   MPI_Sendrecv(mine.data(), static_cast<int>(mine.size()), MPI_FLOAT, peer, 7, theirs.data(),
                static_cast<int>(theirs.size()), MPI_FLOAT, peer, 7, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
   CHECK(mine == theirs);
+}
+
+// Trains `l`, which must fill the world, and checks it against `reference` (the one-rank run of
+// the same model): check_parity, and the tied embedding's copies.
+inline void check_trains_like(const Layout& l, const World& world, const std::filesystem::path& dir,
+                              const RunResult& reference) {
+  REQUIRE(l.ranks() == world.size);
+  INFO(l.describe());
+  const RunResult r = train(l, world, dir);
+  check_parity(r, reference);
+  check_tied_copies(r, l, world);
 }
 
 // Activation recompute (selective, full) changes no bit of `l`'s run of `steps` steps.
