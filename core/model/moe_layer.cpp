@@ -211,6 +211,9 @@ double MoeLayer::forward(int slot, int layer, Tensor out, Tensor x, int n, const
   std::vector<int32_t> choice(size_t(n) * k);
   ops_.download(choice.data(), DType::i32, s.topk_expert, choice.size());
   MoeRouting route = plan_moe_routing(choice.data(), n, k, E);
+  // The balancing loss now, while the download above has left the device idle: after the
+  // experts, its own download would wait for all their work a second time.
+  const double aux = balancing_loss(s, route, n, aux_weight, training);
   ops_.upload(s.slot_of, route.slot_of.data(), DType::i32, route.slot_of.size());
   ops_.moe_permute(s.x_perm, x, s.slot_of, n, C, k);
 
@@ -229,9 +232,14 @@ double MoeLayer::forward(int slot, int layer, Tensor out, Tensor x, int n, const
   run_experts(s, p);
   from_experts(s.y, s.ey, s.xchg);
   ops_.moe_combine(out, s.y, s.topk_weight, s.slot_of, n, C, k);
+  return aux;
+}
 
-  // The load-balancing loss over the whole micro-batch: counts and probability sums of every
-  // rank holding its tokens (in double, in row order, so every layout sums alike).
+// The load-balancing loss over the whole micro-batch: counts and probability sums of every rank
+// holding its tokens (in double, in row order, so every layout sums alike). Its gradient goes to
+// s.dprobs_all for backward.
+double MoeLayer::balancing_loss(Kept& s, const MoeRouting& route, int n, float aux_weight, bool training) {
+  const int E = E_, k = k_;
   std::vector<float> probs(size_t(n) * E);
   ops_.download(probs.data(), DType::f32, s.probs, probs.size());
   std::vector<double> sums(2 * size_t(E) + 1, 0.0);  // counts | probability sums | tokens

@@ -128,6 +128,9 @@ class MoeLayer {
   // exchange, and the rows of each of this rank's experts on the experts' side (offsets).
   Exchange plan_exchange(const std::vector<float>& all, const std::vector<int>& route_offsets,
                          std::vector<int>& offsets) const;
+  // aux for the routing `route` of n rows (whose probabilities s.probs holds), summed over the
+  // token groups; writes its gradient to s.dprobs_all and, when training, adds to the stats.
+  double balancing_loss(Kept& s, const MoeRouting& route, int n, float aux_weight, bool training);
   // This rank's experts on their rows, and their backward (dx_rows overwritten, grads +=).
   void run_experts(const Kept& s, const MoeParams& p);
   void experts_backward(const Kept& s, Tensor dy_rows, Tensor dx_rows, const MoeParams& p, const MoeParams& g);
