@@ -279,6 +279,19 @@ int run_plan(const PlanArgs& a) {
   return 0;
 }
 
+// How a command's error ends this rank: printed (prefixed with the rank when there are several),
+// then, once ranks wait on each other in collectives, the whole world ended (the others would wait
+// for this one forever), else a normal exit with `code`.
+int fail(const pt::World& world, const std::string& msg, int code) {
+  std::fflush(stdout);  // `picotrain sample` streams its text through stdio
+  pt::print_error((world.size > 1 ? "rank " + std::to_string(world.rank) + ": " : "") + msg);
+  if (pt::ranks_in_lockstep()) pt::abort_world(code);
+  pt::finalize_world();
+  return code;
+}
+
+int exit_code_of(const std::exception& e) { return dynamic_cast<const pt::ConfigError*>(&e) ? 2 : 1; }
+
 int run_train(const TrainArgs& a, const pt::World& world) {
   const pt::RunConfig cfg = pt::load_config(a.config, a.overrides, world.size);
   std::unique_ptr<pt::Ops> ops;
@@ -297,7 +310,15 @@ int run_train(const TrainArgs& a, const pt::World& world) {
   // them all here, instead of leaving the others waiting in the trainer's first collective.
   pt::agree_on_startup(world, failure);
   pt::Trainer trainer(cfg, world, *ops);
-  trainer.run();
+  try {
+    trainer.run();
+  } catch (const std::exception& e) {
+    // Ended here, before the trainer's destructor runs: under NCCL it waits for the other ranks
+    // (ncclCommDestroy; cudaFree waits for their collectives' kernels), which wait for this one,
+    // so the error would never be printed nor the world ended.
+    if (pt::ranks_in_lockstep()) fail(world, e.what(), exit_code_of(e));
+    throw;
+  }
   return 0;
 }
 
@@ -317,16 +338,6 @@ int run_prepare(const pt::PrepareOptions& o) {
 
 int main(int argc, char** argv) {
   const pt::World world = pt::init_world(&argc, &argv);
-  // Errors are printed by every rank, prefixed with the rank when there are several.
-  const std::string who = world.size > 1 ? "rank " + std::to_string(world.rank) + ": " : "";
-  auto fail = [&](const std::string& msg, int code) {
-    std::fflush(stdout);  // `picotrain sample` streams its text through stdio
-    pt::print_error(who + msg);
-    // Once ranks wait on each other in collectives, the others would wait for this one forever.
-    if (pt::ranks_in_lockstep()) pt::abort_world(code);
-    pt::finalize_world();
-    return code;
-  };
 
   CLI::App app{"picotrain: pretrain GPT-style language models, from one CPU or GPU to a cluster"};
   app.require_subcommand(1);
@@ -354,7 +365,7 @@ int main(int argc, char** argv) {
     pt::finalize_world();
     return rc;
   } catch (const CLI::ParseError& e) {
-    return fail(pt::cli::words_for(e), 2);
+    return fail(world, pt::cli::words_for(e), 2);
   }
 
   try {
@@ -367,9 +378,7 @@ int main(int argc, char** argv) {
     else if (app.got_subcommand("keys")) rc = run_keys(keys_args);
     pt::finalize_world();
     return rc;
-  } catch (const pt::ConfigError& e) {
-    return fail(e.what(), 2);
   } catch (const std::exception& e) {
-    return fail(e.what(), 1);
+    return fail(world, e.what(), exit_code_of(e));
   }
 }

@@ -142,13 +142,22 @@ __device__ __forceinline__ T block_sum(T v, T* shared) {
 // Calls f(T{}, G{}) with the element types of the (activation, parameter-gradient) dtype pair:
 // f32/f32 (fp32 compute), bf16/f32 (bf16 compute, fp32 gradients: the model's layout) and
 // bf16/bf16. Any other pair throws, naming the op.
+// Throws, naming the op, unless dispatch_act_grad takes the pair: so that a launcher can refuse
+// a call before its first launch has written anything.
+inline void check_act_grad(const char* op, DType act, DType grad) {
+  const bool ok = (act == DType::f32 && grad == DType::f32) || (act == DType::bf16 && grad == DType::f32) ||
+                  (act == DType::bf16 && grad == DType::bf16);
+  if (!ok)
+    throw RuntimeError(std::string(op) + ": activations in " + dtype_name(act) + " with gradients in " +
+                       dtype_name(grad) + " are not supported (f32/f32, bf16/f32 or bf16/bf16)");
+}
+
 template <typename F>
 void dispatch_act_grad(const char* op, DType act, DType grad, F&& f) {
+  check_act_grad(op, act, grad);
   if (act == DType::f32 && grad == DType::f32) return f(float{}, float{});
   if (act == DType::bf16 && grad == DType::f32) return f(__nv_bfloat16{}, float{});
-  if (act == DType::bf16 && grad == DType::bf16) return f(__nv_bfloat16{}, __nv_bfloat16{});
-  throw RuntimeError(std::string(op) + ": activations in " + dtype_name(act) + " with gradients in " +
-                     dtype_name(grad) + " are not supported (f32/f32, bf16/f32 or bf16/bf16)");
+  return f(__nv_bfloat16{}, __nv_bfloat16{});  // bf16/bf16, the last pair check_act_grad lets through
 }
 
 // Calls f(T{}) with the element type of an activation dtype (f32 or bf16); others throw.

@@ -220,9 +220,14 @@ void layernorm_backward(DType dtype, DType grad_dtype, void* dinp, void* dw, voi
                         void* scratch, void* stream) {
   check_norm_args("layernorm_backward", N, C, {dout, inp, mean, rstd});
   if (N == 0) return;
+  // Everything is checked before the first launch, so that a refused call has written nothing.
+  check(dinp == nullptr || w != nullptr, "layernorm_backward: w is null");
+  if (dw || db) {
+    check(scratch != nullptr, "layernorm_backward: scratch is null");
+    check_act_grad("layernorm_backward", dtype, grad_dtype);
+  }
   cudaStream_t s = as_stream(stream);
   if (dinp) {
-    check(w != nullptr, "layernorm_backward: w is null");
     dispatch_act("layernorm_backward", dtype, [&](auto tag) {
       using T = decltype(tag);
       constexpr int V = 16 / sizeof(T);
@@ -241,7 +246,6 @@ void layernorm_backward(DType dtype, DType grad_dtype, void* dinp, void* dw, voi
     });
   }
   if (dw || db) {
-    check(scratch != nullptr, "layernorm_backward: scratch is null");
     const ColumnSplit split(N);
     float* partial_a = static_cast<float*>(scratch);
     float* partial_b = partial_a + size_t(split.chunks) * C;

@@ -50,6 +50,15 @@ std::vector<nccl::ncclComm_t>& live_comms() {
   return comms;
 }
 
+// The completion event of the NCCL operation this process queued last, on any communicator (null:
+// none yet). Every operation's stream waits for it first, so this rank's NCCL operations run one
+// after another in the order the host queued them (nccl_comm.h, "Ordering"). Only the thread that
+// drives training queues NCCL operations.
+cudaEvent_t& last_queued() {
+  static cudaEvent_t event = nullptr;
+  return event;
+}
+
 }  // namespace
 
 struct NcclComm::State {
@@ -75,6 +84,7 @@ struct NcclComm::State {
       auto& live = live_comms();
       live.erase(std::remove(live.begin(), live.end(), comm), live.end());
     }
+    if (last_queued() == outputs_ready) last_queued() = nullptr;
     // No throwing here: a failed teardown (e.g. after a peer died) must not hide the first error.
     if (stream) cudaStreamSynchronize(stream);
     if (comm) nccl::api().CommDestroy(comm);
@@ -131,10 +141,14 @@ void NcclComm::ordered(const char* what, F&& launch, bool compute_waits) {
   State& s = *state_;
   CUDA_CHECK(cudaEventRecord(s.inputs_ready, s.compute));
   CUDA_CHECK(cudaStreamWaitEvent(s.stream, s.inputs_ready, 0));
+  // After the operation queued before it on another communicator (a wait takes the event as last
+  // recorded, so re-recording it later changes nothing here).
+  if (last_queued() && last_queued() != s.outputs_ready) CUDA_CHECK(cudaStreamWaitEvent(s.stream, last_queued(), 0));
   nccl_check(launch(s.stream), what);
   // outputs_ready always marks the latest call on this stream; the stream runs in order, so
   // waiting for it waits for every call before it too (what wait_started relies on).
   CUDA_CHECK(cudaEventRecord(s.outputs_ready, s.stream));
+  last_queued() = s.outputs_ready;
   if (compute_waits) CUDA_CHECK(cudaStreamWaitEvent(s.compute, s.outputs_ready, 0));
 }
 

@@ -18,12 +18,13 @@
 //
 // The one exception is the started reductions (start_all_reduce, start_reduce_scatter: GradSync's
 // gradient buckets under ZeRO 0-1): the compute stream does not wait for them until
-// wait_started(), so backward runs on while they reduce, and a later collective on another
-// communicator (tp, pp) may run on the GPU at the same time as a bucket's. Every rank of a group
-// starts its buckets in the same program order, so the kernels of one communicator still meet;
-// NCCL's documentation calls concurrent communicators safe as long as their kernels fit on the
-// GPU together, which one ring kernel each does (PyTorch's DDP with tensor parallel relies on the
-// same).
+// wait_started(), so backward runs on while they reduce. A later collective on another
+// communicator (tp, pp) must still not run beside a bucket's: before NCCL 2.26 two communicators'
+// kernels on one GPU deadlock unless every rank runs them in one consistent order (NCCL's
+// "Using multiple NCCL communicators concurrently"; 2.26's NCCL_LAUNCH_ORDER_IMPLICIT does what
+// follows). So each operation's stream also waits for the operation this process queued before
+// it, on any communicator: a rank's NCCL kernels run one at a time in its program order, which
+// is the same on every rank of a group, while compute overlaps them.
 //
 // Dtypes: reductions in f32 (and f64 for host doubles); all_gather, all_to_all, broadcast and
 // send/recv move f32, bf16 and i32 as those NCCL types.

@@ -170,9 +170,14 @@ void rmsnorm_backward(DType dtype, DType grad_dtype, void* dinp, void* dw, const
                       const void* w, const float* rstd, int N, int C, void* scratch, void* stream) {
   check_norm_args("rmsnorm_backward", N, C, {dout, inp, rstd});
   if (N == 0) return;
+  // Everything is checked before the first launch, so that a refused call has written nothing.
+  check(dinp == nullptr || w != nullptr, "rmsnorm_backward: w is null");
+  if (dw) {
+    check(scratch != nullptr, "rmsnorm_backward: scratch is null");
+    check_act_grad("rmsnorm_backward", dtype, grad_dtype);
+  }
   cudaStream_t s = as_stream(stream);
   if (dinp) {
-    check(w != nullptr, "rmsnorm_backward: w is null");
     dispatch_act("rmsnorm_backward", dtype, [&](auto tag) {
       using T = decltype(tag);
       constexpr int V = 16 / sizeof(T);
@@ -191,7 +196,6 @@ void rmsnorm_backward(DType dtype, DType grad_dtype, void* dinp, void* dw, const
     });
   }
   if (dw) {
-    check(scratch != nullptr, "rmsnorm_backward: scratch is null");
     const ColumnSplit split(N);
     float* partial = static_cast<float*>(scratch);
     const dim3 grid(static_cast<unsigned>(ceil_div(C, kColumnBlock)), static_cast<unsigned>(split.chunks));

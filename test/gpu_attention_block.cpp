@@ -1,8 +1,8 @@
 // CudaOps attention_block_forward/backward (attention_block.cu) and merge_attention_partials
 // against CpuOps on random inputs: query/key counts that are not multiples of the 32-row tile,
 // position offsets that leave the first queries with no key (out 0, lse -inf), a past block,
-// the diagonal, non-causal, decoding (Tq = 1) against a long cache; f32 (head sizes 32, 5, 64)
-// and bf16; grouped-query attention (k, v with NKV < NH heads; dk/dv sum a group's query heads). Forward outputs are
+// the diagonal, non-causal, decoding (Tq = 1) against a long cache; f32 (head sizes 32, 5, 64,
+// 128) and bf16 (32, 64, 128); grouped-query attention (k, v with NKV < NH heads; dk/dv sum a group's query heads). Forward outputs are
 // poisoned first; the backward runs from the reference's out and lse onto a nonzero start (checking "+="), per
 // gradient, and once more for bitwise determinism. Tolerances: gpu_test_support.h (relative L2; lse -inf entries must
 // match exactly).
@@ -43,6 +43,10 @@ const Case kCases[] = {
     {DType::f32, 2, 20, 50, 4, 8, 0, 0, false, 1},    // non-causal
     {DType::f32, 1, 1, 100, 8, 64, 40, 0, true, 2},   // decoding against a GQA cache
     {DType::bf16, 2, 67, 45, 6, 32, 20, 0, true, 3},  // bf16, groups of 2
+    // Llama's head size 128, where every block kernel needs over 48 KiB of shared memory (the
+    // opt-in limit, cudaFuncSetAttribute), with GQA in bf16 and at the diagonal in f32.
+    {DType::bf16, 2, 67, 45, 8, 128, 20, 0, true, 2},
+    {DType::f32, 1, 33, 33, 2, 128, 7, 7, true},
 };
 
 // lse: -inf where the reference has -inf, relative L2 over the finite rest.

@@ -2,7 +2,10 @@
 // test/CMakeLists.txt): every rank trains on the same GPU in fp32, its tensors moved by the MpiComm
 // staged through pinned host memory (NCCL cannot put two ranks on one GPU), and each layout must
 // follow the one-rank GPU run within 1e-5 relative (mpi_trainer_parity.h):
-//   2 ranks: dp2, tp2, pp2, cp2;  4 ranks: dp2 x tp2, pp2 x cp2, dp4 with ZeRO-2.
+//   2 ranks: dp2, tp2, pp2, cp2;  4 ranks: dp2 x tp2, pp2 x cp2, dp4 with ZeRO-2;
+// and the Llama family (mpi_llama.cpp's and mpi_moe.cpp's tiny models): 2 ranks: a Llama under
+// tp2 (one K/V head each), a Mixtral under tp2 + SP and under expert parallel 2 (its routed rows
+// exchanged all-to-all); 4 ranks: a Mixtral under ep2 x dp4 with ZeRO-1 and under ep2 x cp2.
 // It also checks that `auto` picks the staged MpiComm when ranks share a GPU.
 #include <catch2/catch.hpp>
 #include <cstdio>
@@ -40,14 +43,7 @@ const RunResult& reference() {
 }
 
 Layout layout(int dp, int tp, int pp, int cp, int zero = 0) {
-  Layout l;
-  l.dp = dp;
-  l.tp = tp;
-  l.pp = pp;
-  l.cp = cp;
-  l.zero = zero;
-  l.comm_backend = "mpi";
-  return l;
+  return grid(dp, tp, cp, pp).with_zero(zero).with([](Layout& l) { l.comm_backend = "mpi"; });
 }
 
 }  // namespace
@@ -60,10 +56,39 @@ TEST_CASE("layouts on one GPU through the staged MpiComm train like one rank", "
   if (w.size == 4) layouts = {layout(2, 2, 1, 1), layout(1, 1, 2, 2), layout(4, 1, 1, 1, 2)};
   REQUIRE(!layouts.empty());
   for (const Layout& l : layouts) {
-    INFO("dp " << l.dp << " x tp " << l.tp << " x pp " << l.pp << " x cp " << l.cp << ", ZeRO-" << l.zero);
+    INFO(l.describe());
     const RunResult r = run_on_gpu(l, w);
     check_parity(r, reference());
     check_tied_copies(r, l, w);
+  }
+}
+
+// The Llama (GQA, untied head) and the Mixtral (4 experts, top 2) of mpi_llama.cpp and
+// mpi_moe.cpp, at their learning rate.
+Layout llama_family(const Layout& axes, int experts) {
+  return axes.with([&](Layout& l) {
+    l.arch = "llama";
+    l.lr = 3e-3;
+    l.experts = experts;
+    l.comm_backend = "mpi";
+  });
+}
+
+TEST_CASE("the Llama family's layouts on one GPU train like one rank", "[mpi][gpu][llama][moe]") {
+  REQUIRE(kHasGpu);
+  const World w = whole_world();
+  std::vector<Layout> layouts;
+  if (w.size == 2)
+    layouts = {llama_family(grid(1, 2, 1), 0), llama_family(grid(1, 2, 1).with_sp(), 4),
+               llama_family(grid(2, 1, 1).with_ep(2), 4)};
+  if (w.size == 4)
+    layouts = {llama_family(grid(4, 1, 1).with_ep(2).with_zero(1), 4), llama_family(grid(2, 1, 2).with_ep(2), 4)};
+  REQUIRE(!layouts.empty());
+  for (const Layout& l : layouts) {
+    const RunResult reference = run_on_gpu(one_rank(l), World{});
+    INFO(l.describe());
+    const RunResult r = run_on_gpu(l, w);
+    check_parity(r, reference);
   }
 }
 

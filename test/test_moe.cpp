@@ -219,6 +219,12 @@ TEST_CASE("moe ops: permute, combine and their backward are each other's transpo
       for (int c = 0; c < C; c++) want += double(dy[size_t(n) * C + c]) * Y[size_t(r.slot_of[size_t(n) * k + j]) * C + c];
       CHECK(dwg[size_t(n) * k + j] == Approx(want).epsilon(1e-5));
     }
+  // Either output alone (the other null, and what only it reads): the same bits.
+  Tensor dY1 = bufs.zeros(Y.size()), dw1 = bufs.zeros(w.size());
+  ops.moe_combine_backward(dY1, Tensor{}, bufs.f32(dy), Tensor{}, bufs.f32(w), slot, N, C, k);
+  ops.moe_combine_backward(Tensor{}, dw1, bufs.f32(dy), bufs.f32(Y), Tensor{}, slot, N, C, k);
+  CHECK(bufs.read(dY1) == bufs.read(dY));
+  CHECK(bufs.read(dw1) == dwg);
 }
 
 namespace {

@@ -148,26 +148,29 @@ void CpuOps::moe_combine_backward(Tensor dexpert_out, Tensor dtopk_weight, Tenso
                                   Tensor topk_weight, Tensor slot_of, int N, int C, int k) {
   cpu::check_dims("moe_combine_backward", {N, C, k});
   const size_t NK = size_t(N) * k;
-  float* deo = cpu::f32_arg(dexpert_out, NK * C, "moe_combine_backward", "dexpert_out");
-  float* dw = cpu::f32_arg(dtopk_weight, NK, "moe_combine_backward", "dtopk_weight");
+  // Either output may be null (not needed); each reads only what it needs.
+  float* deo = cpu::optional_f32_arg(dexpert_out, NK * C, "moe_combine_backward", "dexpert_out");
+  float* dw = cpu::optional_f32_arg(dtopk_weight, NK, "moe_combine_backward", "dtopk_weight");
   const float* g = cpu::f32_arg(dy, size_t(N) * C, "moe_combine_backward", "dy");
-  const float* eo = cpu::f32_arg(expert_out, NK * C, "moe_combine_backward", "expert_out");
-  const float* w = cpu::f32_arg(topk_weight, NK, "moe_combine_backward", "topk_weight");
+  const float* eo = dw ? cpu::f32_arg(expert_out, NK * C, "moe_combine_backward", "expert_out") : nullptr;
+  const float* w = deo ? cpu::f32_arg(topk_weight, NK, "moe_combine_backward", "topk_weight") : nullptr;
   const int32_t* slot = cpu::i32_arg(slot_of, NK, "moe_combine_backward", "slot_of");
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; n++) {
     const float* gn = g + size_t(n) * C;
     for (int j = 0; j < k; j++) {
       const size_t r = size_t(slot[size_t(n) * k + j]);
-      const float wj = w[size_t(n) * k + j];
-      float* d = deo + r * C;
-      const float* e = eo + r * C;
-      float dot = 0.0f;
-      for (int c = 0; c < C; c++) {
-        d[c] = wj * gn[c];
-        dot += gn[c] * e[c];
+      if (deo) {
+        const float wj = w[size_t(n) * k + j];
+        float* d = deo + r * C;
+        for (int c = 0; c < C; c++) d[c] = wj * gn[c];
       }
-      dw[size_t(n) * k + j] = dot;
+      if (dw) {
+        const float* e = eo + r * C;
+        float dot = 0.0f;
+        for (int c = 0; c < C; c++) dot += gn[c] * e[c];
+        dw[size_t(n) * k + j] = dot;
+      }
     }
   }
 }

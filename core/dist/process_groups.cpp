@@ -9,6 +9,7 @@
 #include "core/dist/local_comm.h"
 #include "core/dist/mpi_comm.h"
 #include "core/dist/timed_comm.h"
+#include "core/dist/world.h"
 #include "core/report/system_info.h"
 
 namespace pt {
@@ -69,7 +70,12 @@ ProcessGroups make_process_groups(const Grid& grid, const World& world, Ops& ops
   set_rank_hosts(all_gather_strings(*g.world, host_name()));
   g.backend = choose_comm_backend(gather_facts(*g.world, world, ops, requested));
   GroupCommMaker make = [&](const std::vector<int>& members) { return host_group_comm(members, world, ops, staging); };
-  if (g.backend.backend == CommBackend::nccl) make = nccl_group_maker(*g.world, ops);
+  if (g.backend.backend == CommBackend::nccl) {
+    // A rank that fails from here (NCCL's id, its bootstrap, a split) leaves the others inside
+    // NCCL's own collectives, which no agreement reaches: a failure must end the world.
+    set_ranks_in_lockstep(true);
+    make = nccl_group_maker(*g.world, ops);
+  }
   g.dp_cp = make(grid.dp_cp_group(world.rank));
   g.shard = make(grid.dp_shard_group(world.rank));
   g.replicate = make(grid.dp_replicate_group(world.rank));

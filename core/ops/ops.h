@@ -247,7 +247,8 @@ class Ops {
   // f32, j in order, one rounding to the dtype.
   virtual void moe_combine(Tensor y, Tensor expert_out, Tensor topk_weight, Tensor slot_of, int N, int C, int k) = 0;
   // Its backward, both OVERWRITTEN: dexpert_out[slot_of[n k + j], :] = topk_weight[n, j] dy[n, :],
-  // dtopk_weight[n, j] = dot(dy[n, :], expert_out[slot_of[n k + j], :]) (f32).
+  // dtopk_weight[n, j] = dot(dy[n, :], expert_out[slot_of[n k + j], :]) (f32). Either output may
+  // be null (not needed), and then what only it reads (topk_weight, expert_out) too.
   virtual void moe_combine_backward(Tensor dexpert_out, Tensor dtopk_weight, Tensor dy, Tensor expert_out,
                                     Tensor topk_weight, Tensor slot_of, int N, int C, int k) = 0;
 
