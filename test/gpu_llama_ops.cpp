@@ -2,7 +2,10 @@
 // fresh random inputs: widths that take the 128-bit paths (768, HS = 64) next to ones that take
 // the scalar paths (771, HS = 6), and slices one element into their buffers. Outputs are poisoned
 // (NaN) before each forward and before swiglu_backward (which overwrites), so an element a kernel
-// forgets to write fails; rmsnorm_backward runs from zero and from nonzero gradients ("+=").
+// forgets to write fails; rmsnorm_backward runs from zero and from nonzero gradients ("+="), and
+// with bf16 weight gradients. Every op also runs on slices one element in (the scalar paths),
+// and SwiGLU on 16.8 M elements, more than one capped grid holds (the grid-stride loop's second
+// lap).
 // RoPE runs on grouped-query rows at positions up to 131071 (angles of 10^5 radians, where a
 // low-precision sin/cos would be far off), and v must come back bit for bit.
 // Tolerances (relative L2, gpu_test_support.h): 1e-5 in fp32; in bf16 1e-2 for bf16 outputs and
@@ -124,17 +127,12 @@ TEST_CASE("residual_rmsnorm_forward matches CpuOps and is bitwise add + rmsnorm_
         Tensor cout = c.zeros(NC, DType::f32), crstd = c.zeros(N, DType::f32);
         cpu().rmsnorm_forward(cout, crstd, c.make(residual, DType::f32), c.make(w, DType::f32), N, C, eps);
 
-        auto place = [&](const std::vector<float>& v, DType dt, size_t offset) {
-          Tensor t = g.zeros(v.size() + offset, dt).slice(offset, v.size());
-          ops.upload(t, v.data(), DType::f32, v.size());
-          return t;
-        };
         auto poisoned = [&](size_t n, DType dt, size_t offset) {
           Tensor whole = g.zeros(n + offset, dt);
           g.poison(whole);
           return whole.slice(offset, n);
         };
-        Tensor ga = place(a, mode, lay.ab), gb = place(b, mode, lay.ab), gw = place(w, mode, lay.rest);
+        Tensor ga = g.make_at(a, mode, lay.ab), gb = g.make_at(b, mode, lay.ab), gw = g.make_at(w, mode, lay.rest);
         Tensor gres = poisoned(NC, mode, lay.rest), gout = poisoned(NC, mode, lay.rest);
         Tensor grstd = poisoned(N, DType::f32, 0);
         ops.residual_rmsnorm_forward(gres, gout, grstd, ga, gb, gw, N, C, eps);
@@ -222,7 +220,7 @@ TEST_CASE("rope_forward and rope_backward match CpuOps on grouped-query rows", "
   CHECK_THROWS_AS(ops.rope_forward(x, p, 1, 2, 32, 3, 16, 10000.0f), RuntimeError);  // heads past the row
 }
 
-TEST_CASE("rope_forward on a slice one element into its buffer (the scalar path) matches CpuOps", "[gpu][llama][rope]") {
+TEST_CASE("rope on a slice one element into its buffer (the scalar path) matches CpuOps", "[gpu][llama][rope]") {
   const int B = 1, T = 5, HS = 64, row_width = 3 * HS, rot_heads = 2;
   const std::vector<int32_t> pos = {100, 4, 77, 3000, 9};
   for (DType mode : kModes) {
@@ -239,6 +237,13 @@ TEST_CASE("rope_forward on a slice one element into its buffer (the scalar path)
     ops.rope_forward(gx, g.ints(pos), B, T, row_width, rot_heads, HS, 10000.0f);
     expect_close("rope_forward, misaligned", g.read(gx), c.read(cx), tolerance(mode, mode));
     CHECK(g.read(whole)[0] == 0.0f);  // nothing before the slice is touched
+
+    // rope_backward on the same misaligned layout.
+    const std::vector<float> d = rounded(mode, random_normal(n, 1.0f, 225));
+    Tensor cd = c.make(d, DType::f32), gd = g.make_at(d, mode, 1);
+    cpu().rope_backward(cd, c.ints(pos), B, T, row_width, rot_heads, HS, 10000.0f);
+    ops.rope_backward(gd, g.ints(pos), B, T, row_width, rot_heads, HS, 10000.0f);
+    expect_close("rope_backward, misaligned", g.read(gd), c.read(cd), tolerance(mode, mode));
   }
 }
 
@@ -269,5 +274,74 @@ TEST_CASE("swiglu_forward and swiglu_backward match CpuOps", "[gpu][llama][swigl
       ops.swiglu_backward(gd, ggu, g.make(dout, mode), N, H);
       expect_close("swiglu_backward", g.read(gd), c.read(cd), tolerance(mode, mode));
     }
+  }
+}
+
+TEST_CASE("rmsnorm_backward and swiglu off the vector path, bf16 weight gradients, a grid past its cap",
+          "[gpu][llama][rmsnorm][swiglu]") {
+  // rmsnorm_backward with every tensor one element into its buffer (C = 768 would take the
+  // 128-bit path; the offset forbids it), in both modes, dw in fp32 and, in bf16 mode, in bf16
+  // (the bf16/bf16 column finish).
+  const int N = 37, C = 768;
+  const size_t NC = size_t(N) * C;
+  for (DType mode : kModes) {
+    for (DType dw_dtype : {DType::f32, DType::bf16}) {
+      if (mode == DType::f32 && dw_dtype == DType::bf16) continue;  // fp32 activations take fp32 gradients
+      INFO("mode " << mode_name(mode) << ", dw " << mode_name(dw_dtype));
+      Ops& ops = gpu(mode);
+      Tensors g(ops), c(cpu());
+      const std::vector<float> x = rounded(mode, residual_like(N, C, 241));
+      const std::vector<float> w = rounded(mode, random_normal(C, 1.0f, 242));
+      const std::vector<float> dout = rounded(mode, random_normal(NC, 1.0f, 243));
+      Tensor cx = c.make(x, DType::f32), cw = c.make(w, DType::f32), crstd = c.zeros(N, DType::f32);
+      cpu().rmsnorm_forward(c.zeros(NC, DType::f32), crstd, cx, cw, N, C, 1e-5f);
+      Tensor cdx = c.zeros(NC, DType::f32), cdw = c.zeros(C, DType::f32);
+      cpu().rmsnorm_backward(cdx, cdw, c.make(dout, DType::f32), cx, cw, crstd, N, C);
+      Tensor gdx = g.make_at(std::vector<float>(NC, 0.0f), mode, 1);
+      Tensor gdw = g.make_at(std::vector<float>(C, 0.0f), dw_dtype, 1);
+      ops.rmsnorm_backward(gdx, gdw, g.make_at(dout, mode, 1), g.make_at(x, mode, 1), g.make_at(w, mode, 1),
+                           g.make(c.read(crstd), DType::f32), N, C);
+      expect_close("dinp, misaligned", g.read(gdx), c.read(cdx), tolerance(mode, mode));
+      expect_close("dw, misaligned", g.read(gdw), c.read(cdw), tolerance(mode, dw_dtype));
+    }
+  }
+  // swiglu on slices one element in (H = 768 would take the 128-bit path).
+  const int H = 768;
+  const size_t NH = size_t(N) * H;
+  for (DType mode : kModes) {
+    INFO("swiglu misaligned, mode " << mode_name(mode));
+    Ops& ops = gpu(mode);
+    Tensors g(ops), c(cpu());
+    const std::vector<float> gu = rounded(mode, random_normal(2 * NH, 3.0f, 244));
+    const std::vector<float> dout = rounded(mode, random_normal(NH, 1.0f, 245));
+    Tensor cout = c.zeros(NH, DType::f32), cd = c.zeros(2 * NH, DType::f32);
+    cpu().swiglu_forward(cout, c.make(gu, DType::f32), N, H);
+    cpu().swiglu_backward(cd, c.make(gu, DType::f32), c.make(dout, DType::f32), N, H);
+    Tensor ggu = g.make_at(gu, mode, 1), gout = g.make_at(std::vector<float>(NH, 0.0f), mode, 1);
+    Tensor gd = g.make_at(std::vector<float>(2 * NH, 0.0f), mode, 1);
+    ops.swiglu_forward(gout, ggu, N, H);
+    ops.swiglu_backward(gd, ggu, g.make_at(dout, mode, 1), N, H);
+    expect_close("swiglu_forward, misaligned", g.read(gout), c.read(cout), tolerance(mode, mode));
+    expect_close("swiglu_backward, misaligned", g.read(gd), c.read(cd), tolerance(mode, mode));
+  }
+  // A grid-stride loop's second lap: on the scalar path (odd H) every element is a work item, and
+  // 4100 x 4099 = 16.8 M of them is more than the 65535 blocks x 256 threads of one capped grid.
+  {
+    const int n = 4100, h = 4099;
+    const size_t nh = size_t(n) * h;
+    Ops& ops = gpu(DType::f32);
+    Tensors g(ops), c(cpu());
+    const std::vector<float> gu = random_normal(2 * nh, 2.0f, 246);
+    const std::vector<float> dout = random_normal(nh, 1.0f, 247);
+    Tensor cout = c.zeros(nh, DType::f32), cd = c.zeros(2 * nh, DType::f32);
+    cpu().swiglu_forward(cout, c.make(gu, DType::f32), n, h);
+    cpu().swiglu_backward(cd, c.make(gu, DType::f32), c.make(dout, DType::f32), n, h);
+    Tensor ggu = g.make(gu, DType::f32), gout = g.zeros(nh, DType::f32), gd = g.zeros(2 * nh, DType::f32);
+    g.poison(gout);
+    g.poison(gd);
+    ops.swiglu_forward(gout, ggu, n, h);
+    ops.swiglu_backward(gd, ggu, g.make(dout, DType::f32), n, h);
+    expect_close("swiglu_forward, 16.8 M elements", g.read(gout), c.read(cout), tolerance(DType::f32, DType::f32));
+    expect_close("swiglu_backward, 16.8 M elements", g.read(gd), c.read(cd), tolerance(DType::f32, DType::f32));
   }
 }

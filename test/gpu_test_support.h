@@ -129,6 +129,13 @@ class Tensors {
     ops_.upload(t, host.data(), DType::f32, host.size());
     return t;
   }
+  // `host` placed `offset` elements into a zeroed buffer of its own: with offset 1, a slice no
+  // 16-byte (vector) path may take.
+  Tensor make_at(const std::vector<float>& host, DType dtype, size_t offset) {
+    Tensor t = zeros(host.size() + offset, dtype).slice(offset, host.size());
+    ops_.upload(t, host.data(), DType::f32, host.size());
+    return t;
+  }
   Tensor ints(const std::vector<int32_t>& host) {
     Tensor t = zeros(host.size(), DType::i32);
     ops_.upload(t, host.data(), DType::i32, host.size());
