@@ -46,6 +46,9 @@ typedef enum {
 
 typedef enum { ncclSum = 0 } ncclRedOp_t;
 
+// ncclCommSplit's color for a rank that joins no new communicator (it gets none back).
+constexpr int kSplitNoColor = -1;
+
 // The entry points, resolved with dlsym. ncclCommSplit's last argument is an ncclConfig_t*;
 // we always pass nullptr (inherit the parent's configuration), so it is declared as void*.
 struct Api {

@@ -131,6 +131,13 @@ std::unique_ptr<NcclComm> NcclComm::split(const std::vector<int>& members) {
   return std::unique_ptr<NcclComm>(new NcclComm(std::move(state), members, key));
 }
 
+void NcclComm::split_out() {
+  nccl::ncclComm_t none = nullptr;
+  CUDA_CHECK(cudaStreamSynchronize(state_->stream));
+  nccl_check(nccl::api().CommSplit(state_->comm, nccl::kSplitNoColor, 0, &none, nullptr), "ncclCommSplit (no color)");
+  check(none == nullptr, "ncclCommSplit with no color returned a communicator");
+}
+
 NcclComm::NcclComm(std::unique_ptr<State> state, std::vector<int> members, int rank)
     : state_(std::move(state)), members_(std::move(members)), rank_(rank) {}
 

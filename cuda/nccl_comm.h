@@ -5,7 +5,8 @@
 // Set-up: the world communicator is bootstrapped by broadcasting NCCL's unique id from rank 0
 // over the host-memory world Comm (MPI); every group is cut from it with ncclCommSplit (color:
 // the group's smallest world rank, key: the position in the group), the same partition rule as
-// MpiComm::split_world.
+// MpiComm::split_world. A rank alone in its group takes part with no color (split_out) and uses
+// a LocalComm instead (core/dist/gpu_comm.cpp).
 //
 // Ordering: collectives run on the communicator's own stream. Before each one that stream waits
 // for an event recorded on the CudaOps compute stream (the inputs are written), and after it the
@@ -49,6 +50,9 @@ class NcclComm final : public Comm {
   // A communicator over `members` (world ranks, in group order; this rank among them), split from
   // this one. Collective over every rank of this communicator; the groups must partition it.
   std::unique_ptr<NcclComm> split(const std::vector<int>& members);
+  // This rank's part in a split that gives it no communicator (it is alone in its group and
+  // needs none: LocalComm serves it); the other ranks call split() at the same time.
+  void split_out();
   ~NcclComm() override;
   NcclComm(const NcclComm&) = delete;
   NcclComm& operator=(const NcclComm&) = delete;

@@ -4,6 +4,8 @@
 
 #include <climits>
 
+#include "core/dist/local_comm.h"
+
 #ifdef PICOTRAIN_WITH_CUDA
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_device.h"
@@ -58,7 +60,14 @@ std::string gpu_identity() {
 GroupCommMaker nccl_group_maker(Comm& host_world, Ops& ops) {
 #ifdef PICOTRAIN_WITH_CUDA
   std::shared_ptr<NcclComm> world = NcclComm::make_world(host_world, ops);
-  return [world](const std::vector<int>& members) -> std::unique_ptr<Comm> { return world->split(members); };
+  // A rank alone in its group (tp 1, the embedding group of a middle stage, ...) moves nothing:
+  // it takes part in the split without getting an NCCL communicator, whose channels and memory
+  // would go unused.
+  return [world, &ops](const std::vector<int>& members) -> std::unique_ptr<Comm> {
+    if (members.size() > 1) return world->split(members);
+    world->split_out();
+    return std::make_unique<LocalComm>(members.at(0), ops);
+  };
 #else
   throw RuntimeError("NCCL needs a picotrain built with CUDA");
 #endif

@@ -34,7 +34,7 @@ double CommStats::collective_bytes() const {
   return b;
 }
 
-TimedComm::TimedComm(std::unique_ptr<Comm> inner, std::shared_ptr<CommStats> stats)
+TimedComm::TimedComm(std::shared_ptr<Comm> inner, std::shared_ptr<CommStats> stats)
     : inner_(std::move(inner)), stats_(std::move(stats)) {}
 
 template <class F>

@@ -34,7 +34,8 @@ struct CommStats {
 
 class TimedComm final : public Comm {
  public:
-  TimedComm(std::unique_ptr<Comm> inner, std::shared_ptr<CommStats> stats);
+  // `inner` may serve several TimedComms (two groups of the same ranks share one communicator).
+  TimedComm(std::shared_ptr<Comm> inner, std::shared_ptr<CommStats> stats);
 
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
@@ -57,7 +58,7 @@ class TimedComm final : public Comm {
   // `what`: the call's name in a hang message (nullptr: the kind's); `peer`: a send/recv's peer.
   template <class F>
   void timed(CommKind kind, size_t bytes, F&& call, const char* what = nullptr, int peer = -1);
-  std::unique_ptr<Comm> inner_;
+  std::shared_ptr<Comm> inner_;
   std::shared_ptr<CommStats> stats_;
 };
 
