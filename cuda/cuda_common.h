@@ -23,8 +23,12 @@
 
 namespace pt {
 
-// The cold path of CUDA_CHECK: builds the message and throws.
+// The cold path of CUDA_CHECK: builds the message and throws. A failed call also leaves its
+// error as the thread's "last error", which the next CUDA_CHECK_LAUNCH would report against an
+// innocent kernel (seen on the first GPU run: a failed copy blamed on the next convert launch in
+// another test section): reading it here clears it. Sticky errors (a faulted context) stay.
 [[noreturn]] inline void cuda_fail(cudaError_t err, const char* expr, const char* file, int line) {
+  (void)cudaGetLastError();
   throw RuntimeError(std::string(file) + ":" + std::to_string(line) + ": " + expr + " failed: " +
                      cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
 }

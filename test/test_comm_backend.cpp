@@ -2,14 +2,19 @@
 // (parallel.comm_backend), the GPU each local rank takes, and the NCCL loader's message when the
 // library is not there. All on the CPU.
 #include <catch2/catch.hpp>
+#include <cstdint>
 #include <cstdlib>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "core/config/run_config.h"
 #include "core/dist/comm_backend.h"
+#include "core/dist/coordination.h"
 #include "core/dist/gpu_comm.h"
+#include "core/dist/local_comm.h"
 
 #ifdef PICOTRAIN_WITH_CUDA
 #include "cuda/nccl_api.h"
@@ -126,3 +131,19 @@ TEST_CASE("NCCL version codes read as major.minor.patch", "[comm][nccl]") {
   CHECK(nccl::version_string(0) == "unknown");
 }
 #endif
+
+// The world communicator carries coordination's host vectors (checkpoint agreements, the hosts'
+// names). In a world of one it is a LocalComm that copies host memory itself: the first GPU run
+// found every one-GPU `picotrain train` failing at start-up, because the world's LocalComm
+// copied those vectors with the CUDA backend's device-to-device copy.
+TEST_CASE("a world of one moves host vectors without the backend's device copies", "[comm]") {
+  const std::unique_ptr<LocalComm> world = LocalComm::host(0);
+  CHECK(world->size() == 1);
+  CHECK(all_gather_strings(*world, "node-a") == std::vector<std::string>{"node-a"});
+  CHECK(broadcast_string(*world, "a checkpoint path", 0) == "a checkpoint path");
+  std::vector<int32_t> mine = {7, -3, 11}, all(3, 0);
+  world->all_gather(Tensor{mine.data(), mine.size(), DType::i32}, Tensor{all.data(), all.size(), DType::i32});
+  CHECK(all == mine);
+  CHECK_THROWS_WITH(world->all_gather(Tensor{mine.data(), 3, DType::i32}, Tensor{all.data(), 2, DType::i32}),
+                    Catch::Contains("same size"));
+}

@@ -1,12 +1,16 @@
 #include "core/dist/local_comm.h"
 
+#include <cstring>
+
 namespace pt {
 
 void LocalComm::copy_block(Tensor dst, Tensor src, const char* what) {
   check(dst.numel == src.numel && dst.dtype == src.dtype,
         std::string(what) + ": a group of one needs send and recv of the same size and dtype (send " +
             std::to_string(src.numel) + ", recv " + std::to_string(dst.numel) + " elements)");
-  if (dst.data != src.data) ops_.copy(dst, src, src.numel);
+  if (dst.data == src.data) return;
+  if (ops_) ops_->copy(dst, src, src.numel);
+  else std::memmove(dst.data, src.data, src.bytes());
 }
 
 void LocalComm::reduce_scatter(Tensor send, Tensor recv) { copy_block(recv, send, "reduce_scatter"); }
