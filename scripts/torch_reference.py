@@ -74,7 +74,13 @@ over the batch's B*T tokens: f_i the share of tokens having expert i among their
 count, through which no gradient flows), P_i the mean probability of expert i. The objective is
 loss + moe.aux_loss_coef * (the mean of aux over the sparse blocks), moe.aux_loss_coef taken from
 the manifest's config. picotrain's float32 and this float64 could route a token otherwise only
-when its k-th and (k+1)-th probabilities nearly tie; the smallest such gap is printed.
+when its k-th and (k+1)-th probabilities nearly tie; the smallest such gap is printed. A dump
+records the experts its backend chose (routing.i32): bf16 router logits break such near-ties
+otherwise than float64, and a token sent to another expert changes that expert's gradient
+wholesale, so the reference routes each token as the dump did, and the choices themselves are
+checked: the float64 probability of a dump's least probable chosen expert may fall short of
+float64's own k-th choice by at most the backend's bound ("routing" row: how many tokens chose
+otherwise, and the largest shortfall).
 
 --self-test checks the Llama and the Mixtral against a loop that computes each position, head,
 rotated pair and routed expert one scalar at a time (and the balancing loss from counts), and
@@ -324,6 +330,18 @@ def read_dump(path, manifest, shapes):
         grads[name] = flat[offset:offset + n].reshape(shape)
     if "moe" in manifest["model"] and not isinstance(meta.get("aux_loss"), (int, float)):
         raise BadInput("%s: the model has experts, but dump.json has no aux_loss" % path)
+    meta["routing_choices"] = None
+    if "routing" in meta:
+        try:
+            shape = tuple(meta["routing"]["shape"])
+            choices = np.fromfile(os.path.join(path, meta["routing"]["file"]), dtype="<i4")
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise BadInput("cannot read the routing in %s: %s" % (path, e))
+        moe = manifest["model"]["moe"]
+        if len(shape) != 3 or shape[1:] != (N, moe["top_k"]) or choices.size != int(np.prod(shape)) or \
+                choices.size and (choices.min() < 0 or choices.max() >= moe["n_experts"]):
+            raise BadInput("%s: routing is not [sparse blocks, %d, %d] expert ids" % (path, N, moe["top_k"]))
+        meta["routing_choices"] = choices.reshape(shape)
     meta["tag"] = "%s %s" % (meta["device"], meta["compute_dtype"])
     return meta, tokens.reshape(B, T), targets.reshape(B, T), logits.reshape(N, Vp), grads
 
@@ -477,10 +495,13 @@ def round_bf16(a):
     return torch.from_numpy(a).to(torch.bfloat16).to(torch.float32).numpy()
 
 
-def forward(w, model, tokens, routed=None):
+def forward(w, model, tokens, routed=None, routing=None):
     """Logits [B, T, padded_vocab] of the checkpoint's architecture with weights w (name -> tensor);
-    a Llama's sparse blocks append their balancing losses to `routed` (llama_forward)."""
-    return llama_forward(w, model, tokens, routed) if model["arch"] == "llama" else gpt2_forward(w, model, tokens)
+    a Llama's sparse blocks append their balancing losses to `routed` and route as `routing` says
+    when given (llama_forward)."""
+    if model["arch"] == "llama":
+        return llama_forward(w, model, tokens, routed, routing)
+    return gpt2_forward(w, model, tokens)
 
 
 def gpt2_forward(w, model, tokens):
@@ -530,20 +551,30 @@ def rotate_half(x):
     return torch.cat((-x2, x1), dim=-1)
 
 
-def sparse_moe(x, w, prefix, moe, routed):
+def sparse_moe(x, w, prefix, moe, routed, forced=None):
     """Hugging Face Mixtral's block_sparse_moe on the rows x [N, C]: router logits x @ gate^T, the
     probabilities their softmax over all E experts, each row's top_k most probable experts (a tie
     goes to the lower index: a stable descending sort), their probabilities renormalised to sum to
     1 as their weights, and the output sum_j weight_j * w2(silu(w1 x) * w3 x) over the chosen
-    experts. Appends to `routed` (aux, margin): the balancing loss E * sum_i f_i P_i, with f_i the
+    experts. Appends to `routed` (aux, margin, differing, shortfall, chosen): the balancing loss E * sum_i f_i P_i, with f_i the
     share of rows having expert i among their choices (a count: no gradient flows through it) and
     P_i the mean probability of expert i; and the smallest gap between a row's k-th and (k+1)-th
-    probability (a routing that float32 could decide otherwise shows there)."""
+    probability (a routing that float32 could decide otherwise shows there). `forced` [N, k]: the
+    experts to use instead of the top_k (a dump's choices), whose weights are then their
+    probabilities renormalised; the appended entry also says how many rows it routes otherwise
+    and the largest shortfall of a forced expert's probability below the row's k-th."""
     E, k = moe["n_experts"], moe["top_k"]
     probs = (x @ w[prefix + "gate.weight"].T).softmax(dim=-1)
     ranked, order = torch.sort(probs, dim=-1, descending=True, stable=True)
-    chosen = order[:, :k]
-    weights = ranked[:, :k] / ranked[:, :k].sum(dim=-1, keepdim=True)
+    chosen, weights = order[:, :k], ranked[:, :k]
+    differing, shortfall = 0, 0.0
+    if forced is not None:
+        forced = torch.as_tensor(forced, dtype=torch.long, device=x.device)
+        own = F.one_hot(chosen, E).sum(dim=1)
+        differing = int((F.one_hot(forced, E).sum(dim=1) != own).any(dim=1).sum())
+        chosen, weights = forced, probs.gather(1, forced)
+        shortfall = float((ranked[:, k - 1] - weights.min(dim=1).values).max().clamp(min=0).detach())
+    weights = weights / weights.sum(dim=-1, keepdim=True)
     out = torch.zeros_like(x)
     for e in range(E):
         rows, j = (chosen == e).nonzero(as_tuple=True)
@@ -555,17 +586,18 @@ def sparse_moe(x, w, prefix, moe, routed):
     f = F.one_hot(chosen, E).sum(dim=(0, 1)).to(probs.dtype) / x.shape[0]
     aux = E * (f * probs.mean(dim=0)).sum()
     margin = float((ranked[:, k - 1] - ranked[:, k]).min().detach()) if k < E else math.inf
-    routed.append((aux, margin))
+    routed.append((aux, margin, differing, shortfall, chosen))
     return out
 
 
-def llama_forward(w, model, tokens, routed=None):
+def llama_forward(w, model, tokens, routed=None, routing=None):
     """Logits [B, T, padded_vocab] of Hugging Face's LlamaForCausalLM with weights w on ids [B, T]:
     RMSNorm x * rsqrt(mean(x^2) + eps) * weight; RoPE (rotate-half) on q and k; grouped-query
     attention (query head h reads key/value head h // (n_heads / n_kv_heads)), causal, scaled by
     1/sqrt(head_dim); SwiGLU down(silu(gate(x)) * up(x)); no biases; the head lm_head, or the
     token embedding when tied. A sparse block's MLP is Mixtral's (sparse_moe) plus its shared
-    experts' SwiGLU, if any; each sparse block appends its (aux, margin) to `routed`."""
+    experts' SwiGLU, if any; each sparse block appends its (aux, margin, rows routed otherwise,
+    shortfall, the chosen experts [B*T, top_k]) to `routed`, routing as routing[s] (the s-th sparse block's [B*T, top_k]) when given."""
     B, T = tokens.shape
     C, NH, L = model["d_model"], model["n_heads"], model["n_layers"]
     NKV, eps = model["n_kv_heads"], model["norm_eps"]
@@ -608,7 +640,8 @@ def llama_forward(w, model, tokens, routed=None):
             x = x + swiglu(m, h + "mlp.")
             continue
         moe = model["moe"]
-        y = sparse_moe(m.reshape(B * T, C), w, h + "block_sparse_moe.", moe, routed).view(B, T, C)
+        forced = None if routing is None else routing[len(routed)]
+        y = sparse_moe(m.reshape(B * T, C), w, h + "block_sparse_moe.", moe, routed, forced).view(B, T, C)
         if moe["n_shared_experts"]:
             y = y + swiglu(m, h + "mlp.shared_experts.")
         x = x + y
@@ -616,33 +649,36 @@ def llama_forward(w, model, tokens, routed=None):
     return x @ (w["model.embed_tokens.weight"] if model["tie_embeddings"] else w["lm_head.weight"]).T
 
 
-def objective(w, model, tokens, targets):
+def objective(w, model, tokens, targets, routing=None):
     """What picotrain's training pass computes on ids and targets [B, T] (torch): (logits [B*T, Vp],
     the loss, the balancing loss, the routing margin, the objective). The loss (picotrain's
     logged one) is (sum of per-token cross-entropies over the first vocab_size logits) / (B*T),
     targets of -1 ignored; a model with experts adds moe.aux_loss_coef times the mean of its
     sparse blocks' balancing losses (over every row of the batch) to it to make the objective,
     whose gradient picotrain's backward computes. Without experts the balancing loss and the
-    margin are None and the objective is the loss."""
+    margin are None and the objective is the loss. With experts, the margin is (the smallest gap,
+    rows routed otherwise than float64 would, the largest shortfall: sparse_moe) and `routing`
+    (a dump's choices [sparse blocks, B*T, top_k]) routes the tokens when given."""
     B, T = tokens.shape
     routed = []
-    logits = forward(w, model, tokens, routed).view(B * T, -1)
+    logits = forward(w, model, tokens, routed, routing).view(B * T, -1)
     loss = F.cross_entropy(logits[:, :model["vocab_size"]], targets.view(B * T), ignore_index=-1,
                            reduction="sum") / (B * T)
     if not routed:
         return logits, loss, None, None, loss
-    aux = torch.stack([a for a, _ in routed]).mean()
-    margin = min(m for _, m in routed)
+    aux = torch.stack([r[0] for r in routed]).mean()
+    margin = (min(r[1] for r in routed), sum(r[2] for r in routed), max(r[3] for r in routed))
     return logits, loss, aux, margin, loss + model["moe"]["aux_loss_coef"] * aux
 
 
-def reference(weights, model, tokens, targets, device):
+def reference(weights, model, tokens, targets, device, routing=None):
     """(logits [B*T, padded_vocab], loss, {name: gradient of the objective}, balancing loss,
-    routing margin): arrays float64 numpy, the last two None without experts."""
+    routing margin): arrays float64 numpy, the last two None without experts; routed as
+    `routing` says when given (objective)."""
     w = {name: torch.tensor(a, dtype=torch.float64, device=device).requires_grad_(True) for name, a in weights.items()}
     tok = torch.tensor(tokens, dtype=torch.long, device=device)
     tgt = torch.tensor(targets, dtype=torch.long, device=device)
-    logits, loss, aux, margin, total = objective(w, model, tok, tgt)
+    logits, loss, aux, margin, total = objective(w, model, tok, tgt, routing)
     total.backward()
     # An expert no token chose takes no part in the graph: its gradient is zero.
     grads = {name: (t.grad if t.grad is not None else torch.zeros_like(t)).detach().cpu().numpy()
@@ -691,8 +727,15 @@ def compare(dump, ref, tol, verbose):
         print("%-10s %-40s %10.3e %10.3e %8.0e  %s" % (meta["tag"], name[:40], rel, peak, tol,
                                                        "ok" if rel <= tol else "FAIL"))
     if margin is not None:
+        gap, differing, shortfall = margin
         print("%-10s routing: smallest gap between a token's k-th and (k+1)-th expert probability %.3e%s" % (
-            meta["tag"], margin, " (float32 may route otherwise)" if margin < 1e-6 else ""))
+            meta["tag"], gap, " (float32 may route otherwise)" if gap < 1e-6 else ""))
+        if meta["routing_choices"] is not None:
+            blocks, rows = meta["routing_choices"].shape[:2]
+            name = "routing: %d of %d rows otherwise" % (differing, blocks * rows)
+            print("%-10s %-40s %10.3e %10.3e %8.0e  %s" % (meta["tag"], name[:40], shortfall, shortfall, tol,
+                                                           "ok" if shortfall <= tol else "FAIL"))
+            checked.append(("routing", name, (shortfall, shortfall)))
     checked = [(name, values) for name, _, values in checked] + grad_rows + [everything]
     return [name for name, (rel, _) in checked if not rel <= tol]
 
@@ -834,7 +877,23 @@ def self_test():
         report(kind + " vs the loop", errors(got.numpy(), want.reshape(tokens.size, -1))[0])
         if moe:
             report("  balancing loss vs the loop", abs(float(aux) - np.mean(want_aux)) / abs(np.mean(want_aux)))
-            print("%-10s   routing margin %.3e (central differences need it >> 1e-6)" % ("self-test", margin))
+            print("%-10s   routing margin %.3e (central differences need it >> 1e-6)" % ("self-test", margin[0]))
+            # A dump's routing: its own choices give the same logits, one token sent elsewhere is
+            # counted, its shortfall measured, and its output changes.
+            routed = []
+            with torch.no_grad():
+                forward(as64(), model, torch.tensor(tokens), routed)
+                own = np.stack([r[4].numpy() for r in routed])
+                same, _, _, same_margin, _ = objective(as64(), model, torch.tensor(tokens), torch.tensor(targets), own)
+                other = own.copy()
+                other[0, 3, 0] = next(e for e in range(moe["n_experts"]) if e not in own[0, 3])
+                moved, _, _, moved_margin, _ = objective(as64(), model, torch.tensor(tokens), torch.tensor(targets),
+                                                         other)
+            report("  routed as its own choices: logits unchanged", errors(same.numpy(), got.numpy())[0], 0.0)
+            report("  ... and no token counted as routed otherwise", same_margin[1] + same_margin[2], 0.0)
+            report("  one token routed otherwise: counted once", abs(moved_margin[1] - 1), 0.0)
+            report("  ... its shortfall > 0 and its logits moved",
+                   float(not (moved_margin[2] > 0 and errors(moved.numpy(), got.numpy())[0] > 1e-6)), 0.0)
         # The float64 graph's gradient of some weight elements against central differences.
         _, _, grads, _, _ = reference(weights, model, tokens, targets, "cpu")
         checks = [("model.layers.1.self_attn.k_proj.weight", (3, 5))]
@@ -908,10 +967,11 @@ def main():
     for path, dump in zip(args.dumps, dumps):
         meta, tokens, targets = dump[0], dump[1], dump[2]
         bf16 = meta["compute_dtype"] == "bf16"
-        key = (bf16, tokens.tobytes(), targets.tobytes())
+        routing = meta["routing_choices"]
+        key = (bf16, tokens.tobytes(), targets.tobytes(), None if routing is None else routing.tobytes())
         if key not in refs:
             w = {name: round_bf16(a) if bf16 else a for name, a in weights.items()}
-            refs[key] = reference(w, model, tokens, targets, device)
+            refs[key] = reference(w, model, tokens, targets, device, routing)
         bad = compare(dump, refs[key], args.tol_bf16 if bf16 else args.tol_fp32, args.verbose)
         if bad:
             failed.append(path)

@@ -12,6 +12,9 @@
 //   tokens.i32   [B, T] inputs: random ids in [0, vocab_size), a function of --seed only
 //   targets.i32  [B, T] the next token of each sequence; position 1 is -1 (ignored)
 //   logits.f32   [B*T, padded_vocab] of an eval pass (dloss 0)
+//   routing.i32  for a model with experts: [sparse blocks, B*T, top_k] the experts the training
+//                pass chose for each token (a bf16 backend may break a near-tie otherwise than
+//                float64; the reference then routes as the dump did, and checks the choice)
 //   grads.f32    one training pass from zero gradients, no optimizer step: the gradient of
 //                loss = (sum of per-token cross-entropies) / (B*T), plus moe.aux_loss_coef *
 //                aux_loss for a model with experts (the objective the trainer minimises), for
@@ -117,6 +120,7 @@ void run(const Args& a) {
   ops->download(logits.data(), pt::DType::f32, stage.logits(), logits.size());
 
   ops->zero(store.all_grads());
+  stage.record_moe_routing(true);
   const double loss = stage.forward(tokens.data(), targets.data(), 1.0f / N) / N;
   stage.backward();
   // The training pass's balancing losses (the eval pass above is not counted).
@@ -134,6 +138,7 @@ void run(const Args& a) {
   write_vector(out / "targets.i32", targets);
   write_vector(out / "logits.f32", logits);
   write_vector(out / "grads.f32", grads);
+  if (m.moe.enabled()) write_vector(out / "routing.i32", routed.routing);
   // Which weights these are, for the script to check it reads the same checkpoint: the
   // checksums of the master tensors' chunks, in manifest order.
   nlohmann::ordered_json checksums = nlohmann::ordered_json::array();
@@ -155,7 +160,11 @@ void run(const Args& a) {
       {"logits", {{"file", "logits.f32"}, {"shape", {N, m.padded_vocab}}}},
       {"grads", {{"file", "grads.f32"}, {"tensors", grad_list}}},
   };
-  if (m.moe.enabled()) j["aux_loss"] = routed.aux_sum / routed.layer_batches;
+  if (m.moe.enabled()) {
+    j["aux_loss"] = routed.aux_sum / routed.layer_batches;
+    const size_t k = static_cast<size_t>(m.moe.top_k);
+    j["routing"] = {{"file", "routing.i32"}, {"shape", {routed.routing.size() / (size_t(N) * k), N, k}}};
+  }
   std::ofstream meta(out / "dump.json");
   meta << j.dump(2) << "\n";
   if (!meta.good()) throw pt::RuntimeError("cannot write " + (out / "dump.json").string());

@@ -14,6 +14,8 @@
 #   2. reference_dump on each backend from the latest checkpoint; the script must pass (exit 0);
 #   3. the first backend's dump with one gradient element moved by 10x the bound of its tensor's
 #      norm (1e-4 for fp32; the mixtral's router): the script must fail (exit 1) naming that tensor;
+#      for the mixtral also the dump with one token's expert replaced by one it did not choose:
+#      the routing check must fail (the reference follows each dump's routing, and checks it);
 #   4. a dump of the first checkpoint compared with the second: the script must refuse it (exit 2);
 #   5. `picotrain convert --format hf` to Hugging Face folders (fp32, bf16; the mixtral's a
 #      MixtralForCausalLM): the script reads them
@@ -126,6 +128,42 @@ EOF
     --checkpoint "$ckpt" "$dir/perturbed"
   grep -q "over the bound: grad $grad" "$WORK/out.log" ||
     { echo "torch_reference: FAILED: the perturbed tensor $grad is not named"; exit 1; }
+
+  # 3b. With experts: one token sent to an expert it did not choose (of those, the one that falls
+  # furthest below its choices) must fail the routing check, naming it.
+  if [ -f "${dumps[0]}/routing.i32" ]; then
+    cp -r "${dumps[0]}" "$dir/misrouted"
+    "$PY" - "$dir/misrouted" "$ckpt" "$SRC/scripts" <<'EOF'
+import json, os, sys
+import numpy as np
+import torch
+folder, ckpt = sys.argv[1], sys.argv[2]
+sys.path.insert(0, sys.argv[3])
+import torch_reference as ref
+meta = json.load(open(os.path.join(folder, "dump.json")))
+routing = np.fromfile(os.path.join(folder, "routing.i32"), dtype="<i4").reshape(meta["routing"]["shape"])
+_, manifest, weights = ref.read_checkpoint(ckpt)
+model = manifest["model"]
+tokens = torch.tensor(np.fromfile(os.path.join(folder, "tokens.i32"), dtype="<i4").reshape(meta["batch"], -1),
+                      dtype=torch.long)
+w = {n: torch.tensor(a, dtype=torch.float64) for n, a in weights.items()}
+row, best = 5, None
+for e in (e for e in range(model["moe"]["n_experts"]) if e not in routing[-1, row]):
+    trial = routing.copy()
+    trial[-1, row, 0] = e
+    routed = []
+    with torch.no_grad():
+        ref.forward(w, model, tokens, routed, trial)
+    if best is None or routed[-1][3] > best[0]:
+        best = (routed[-1][3], trial)
+best[1].astype("<i4").tofile(os.path.join(folder, "routing.i32"))
+print("misrouted: token %d of the last sparse block, shortfall %.3e" % (row, best[0]))
+EOF
+    expect 1 "$name: torch_reference.py: a token routed otherwise" "$PY" "$SRC/scripts/torch_reference.py" \
+      --checkpoint "$ckpt" "$dir/misrouted"
+    grep -q "over the bound: .*routing" "$WORK/out.log" ||
+      { echo "torch_reference: FAILED: the misrouted token is not named"; exit 1; }
+  fi
 
   # 4. A dump made from another checkpoint is refused, not compared.
   expect 0 "$name: reference_dump on the CPU from step 1" "$REFERENCE_DUMP" --checkpoint "$ckpt/step_00000001" \

@@ -177,6 +177,10 @@ class DecoderStage {
   // The routing statistics of the training forwards since the last call (mixture of experts;
   // zeros for a dense model or a stage without sparse blocks).
   MoeStats take_moe_stats() { return moe_ ? moe_->take_stats() : MoeStats{}; }
+  // Keep the training forwards' routing choices in those statistics (MoeStats::routing).
+  void record_moe_routing(bool on) {
+    if (moe_) moe_->record_routing(on);
+  }
 
  private:
   struct LayerActs {

@@ -211,6 +211,7 @@ double MoeLayer::forward(int slot, int layer, Tensor out, Tensor x, int n, const
   std::vector<int32_t> choice(size_t(n) * k);
   ops_.download(choice.data(), DType::i32, s.topk_expert, choice.size());
   MoeRouting route = plan_moe_routing(choice.data(), n, k, E);
+  if (training && record_routing_) stats_.routing.insert(stats_.routing.end(), choice.begin(), choice.end());
   // The balancing loss now, while the download above has left the device idle: after the
   // experts, its own download would wait for all their work a second time.
   const double aux = balancing_loss(s, route, n, aux_weight, training);

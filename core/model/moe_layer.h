@@ -38,6 +38,7 @@
 // computes the same gradients. Recompute: what backward needs is always kept (per micro-batch
 // slot), whatever recompute.mode says; it is rows x top_k x (2 C + 3 expert_hidden) values.
 #pragma once
+#include <cstdint>
 #include <functional>
 #include <vector>
 
@@ -71,6 +72,10 @@ struct MoeStats {
   double max_load_sum = 0;   // each one's busiest expert's load over an even share: f_max E / top_k
                              // (1: perfectly even; E / top_k: every token on the same experts)
   double layer_batches = 0;  // how many (sparse layer, micro-batch) values were summed
+  // With MoeLayer::record_routing on: each training forward's choices, [rows, top_k] expert ids
+  // in forward order (a tool's view, e.g. reference_dump: a low-precision backend may route a
+  // near-tie otherwise than float64, and a reference must then follow its choices).
+  std::vector<int32_t> routing;
 };
 
 class MoeLayer {
@@ -92,6 +97,9 @@ class MoeLayer {
   void backward(int slot, int layer, Tensor dx, Tensor dout, Tensor x, int n, const MoeParams& p, const MoeParams& g);
 
   MoeStats take_stats();
+  // Keep every training forward's choices in the stats (off: a training step's choices would be
+  // rows x top_k x sparse layers of host memory for no one).
+  void record_routing(bool on) { record_routing_ = on; }
   // Bytes one (slot, layer) keeps, and the shared scratch (with `grad_group`: the partial
   // gradients' buffer), for E experts of hidden width H, top_k k, d_model C: the memory plan
   // counts them (core/train/memory_plan.cpp).
@@ -149,6 +157,7 @@ class MoeLayer {
   // the experts' side of the gradients
   Tensor send_, recv_, counts_, all_counts_, edy_, edx_;
   MoeStats stats_;
+  bool record_routing_ = false;
 };
 
 }  // namespace pt
