@@ -2,7 +2,8 @@
 # Issue #9's GPU speed benchmarks, unattended on one GPU within one device call (BUDGET_S, default
 # 540 s), ending in one summary ($OUT/bench_summary.md: ours, PyTorch, ratio, target, met?):
 #   1. build Release for this GPU: picotrain and bench/kernel_bench, configured exactly as
-#      scripts/gpu_check.sh does (same build folder by default, so after gpu_check little rebuilds)
+#      scripts/gpu_check.sh does (same build folder by default, so after gpu_check little rebuilds),
+#      or none: scripts/gpu_pack.sh's prebuilt .gpubin when it starts here (GPU_BIN, as gpu_check)
 #   2. bench/kernel_bench: every op of a GPT-2 124M and 1.5B training step and attention (hd 64/128,
 #      T 1024/4096/8192), CUDA events, against the copy bandwidth and matmul rate measured in the run
 #   3. bench/attention_sdpa.py: PyTorch's flash SDPA at the same attention shapes
@@ -102,19 +103,25 @@ step() {
   echo "cpu: $(nproc) cores"
 } >"$OUT/machine.txt"
 cat "$OUT/machine.txt"
-# ---- 1. build (the same configuration as scripts/gpu_check.sh) --------------------------------------
+# ---- 1. build (the same configuration as scripts/gpu_check.sh), or its prebuilt binaries -----------
 source scripts/gpu_cmake_args.sh  # ARCHS, CMAKE_ARGS
-# One command for `timeout`: configure, then only the two targets.
-printf -v BUILD_CMD '%q ' cmake "${CMAKE_ARGS[@]}"
-BUILD_CMD+="&& cmake --build $(printf '%q' "$BUILD") -j $JOBS --target picotrain kernel_bench"
-step build 300 "$OUT/build.log" bash -c "$BUILD_CMD"
-BUILT=$?
+source scripts/gpu_prebuilt.sh    # GPU_BIN: scripts/gpu_pack.sh's folder when it starts here
+if [ -n "$GPU_BIN" ]; then
+  PICOTRAIN=$GPU_BIN/picotrain KERNEL_BENCH=$GPU_BIN/kernel_bench BUILT=0
+  record build ok 0 "prebuilt: $(tr '\n' ' ' <"$GPU_BIN/BUILD_INFO")"
+else
+  # One command for `timeout`: configure, then only the two targets.
+  printf -v BUILD_CMD '%q ' cmake "${CMAKE_ARGS[@]}"
+  BUILD_CMD+="&& cmake --build $(printf '%q' "$BUILD") -j $JOBS --target picotrain kernel_bench"
+  step build 300 "$OUT/build.log" bash -c "$BUILD_CMD"
+  BUILT=$?
+  PICOTRAIN="$BUILD/picotrain" KERNEL_BENCH="$BUILD/bench/kernel_bench"
+fi
 [ "$DRY_RUN" = 1 ] && BUILT=0
-PICOTRAIN="$BUILD/picotrain"
 
 # ---- 2. kernel benchmark -------------------------------------------------------------------------------
 if [ $BUILT -eq 0 ]; then
-  step kernel_bench 150 "$OUT/kernel_bench.log" "$BUILD/bench/kernel_bench" --model 124m --model 1.5b \
+  step kernel_bench 150 "$OUT/kernel_bench.log" "$KERNEL_BENCH" --model 124m --model 1.5b \
     --b124 "$B_124M" --accum124 "$ACCUM_124M" --b15 "$B_15B" --accum15 "$ACCUM_15B" -T "$T" \
     --json "$OUT/kernel_bench.json" --md "$OUT/kernel_bench.md"
 else

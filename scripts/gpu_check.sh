@@ -1,19 +1,26 @@
 #!/usr/bin/env bash
 # Every check of the CUDA backend that needs a GPU, unattended, ending in one summary table:
-#   1. build (Release, CUDA for this GPU's architecture; with MPI when the machine has it, for the multi-rank tests)
-#   2. ctest -L gpu: every kernel against CpuOps, whole-model parity, the 50-step loss curve
-#   3. scripts/torch_reference.py: an independent PyTorch GPT-2 and Llama against the CPU, CUDA fp32
-#      and CUDA bf16 backends (logits, loss, every gradient) from checkpoints of a tiny GPT-2 and Llama
+#   1. build (Release, CUDA for this GPU's architecture; with MPI when the machine has it, for the
+#      multi-rank tests), or the prebuilt binaries of scripts/gpu_pack.sh when they start here
+#   2. every gpu_* test (each kernel against CpuOps, whole-model parity, the 50-step loss curve,
+#      bit-exact resume, NCCL on one rank), all at once, a row each; mpi_gpu_parity under mpirun
+#      when this machine has MPI and built it
+#   3. scripts/torch_reference.py: an independent PyTorch GPT-2, Llama and Mixtral against the CPU,
+#      CUDA fp32 and CUDA bf16 backends (logits, loss, every gradient), beside the tests
 #      (test/torch_reference.sh with the CUDA backends added)
 #   4. a short GPT-2 124M bf16 training run on synthetic data (20 steps)
 # Made for a GPU machine with nvcc, CMake, Ninja and PyTorch but no package manager: libraries it
 # lacks come from .deps/ (run scripts/fetch_deps.sh where apt works, then carry .deps along).
-# Meant to finish within 10 minutes on one H100/H200.
+# Meant to finish within 10 minutes on one H100/H200 when it builds, about 4 with .gpubin.
 #
-#   scripts/fetch_deps.sh            # once, on a machine with apt
+#   scripts/fetch_deps.sh; scripts/gpu_pack.sh   # here, where apt works: .deps/ and .gpubin/
 #   scripts/gpu_check.sh             # on the GPU machine; logs in $OUT (default build-gpucheck/gpu_check/)
 #
-# Writes to $OUT: summary.txt, build.log, ctest.log, torch.log, train.log, metrics.jsonl.
+# Environment: BUILD_DIR, OUT, JOBS, GPU_BIN (prebuilt folder; default .gpubin when present;
+# GPU_BIN= builds here; with MPI here mpi_gpu_parity is built here all the same), TEST_LIMIT (240 s
+# per test), TORCH_LIMIT (400 s), TRAIN_LIMIT (180 s), MPI_LIMIT (300 s: mpi_gpu_parity, np 2 and 4),
+# PICOTRAIN_NCCL_LIB (else the libnccl.so.2 of PyTorch's pip wheels).
+# Writes to $OUT: summary.txt, build.log, tests/<test>.log, torch.log, train.log, metrics.jsonl.
 # Exit status: 0 when every step passed, 1 otherwise.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -47,54 +54,77 @@ elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.0f", b - a }'; }
 } >"$OUT/machine.txt"
 cat "$OUT/machine.txt"
 # ---- 1. build --------------------------------------------------------------------------------------
+# Prebuilt binaries (scripts/gpu_pack.sh made here, carried as .gpubin) save the GPU machine's
+# minutes when they start there; otherwise everything is built here.
 t0=$(now)
-source scripts/gpu_cmake_args.sh  # ARCHS, CMAKE_ARGS
+source scripts/gpu_cmake_args.sh  # ARCHS, CMAKE_ARGS, MPI_FLAG
+source scripts/gpu_prebuilt.sh    # GPU_BIN: the prebuilt folder when its binaries start here, else empty
 GPU_TESTS=()
 for f in test/gpu_*.cpp; do GPU_TESTS+=("$(basename "$f" .cpp)"); done
-# dp2, tp2, pp2, cp2 (and 4-rank layouts) on this one GPU through the staged MpiComm.
-[ "$MPI_FLAG" = ON ] && GPU_TESTS+=(mpi_gpu_parity)
-{
-  echo "cmake ${CMAKE_ARGS[*]}"
-  timeout 420 cmake "${CMAKE_ARGS[@]}" &&
-    timeout 420 cmake --build "$BUILD" -j "$JOBS" --target picotrain "${GPU_TESTS[@]}"
-} >"$OUT/build.log" 2>&1
-rc=$?
-if [ $rc -eq 0 ]; then
-  record build ok "$(elapsed "$t0")" "archs $ARCHS, MPI $MPI_FLAG, targets picotrain ${GPU_TESTS[*]}"
-  # Without MPI the multi-rank GPU layouts cannot run here: say so in the table, as a failure.
-  [ "$MPI_FLAG" = ON ] || record "multi-rank gpu tests" FAIL 0 "no MPI (mpicxx, mpirun) on this machine"
+if [ -n "$GPU_BIN" ]; then
+  PICOTRAIN=$GPU_BIN/picotrain REFERENCE_DUMP=$GPU_BIN/reference_dump TEST_BIN=$GPU_BIN
+  rc=0
+  record build ok "$(elapsed "$t0")" "prebuilt: $(tr '\n' ' ' <"$GPU_BIN/BUILD_INFO")"
 else
-  record build FAIL "$(elapsed "$t0")" "rc $rc, see build.log: $(grep -m1 -E 'error|Error' "$OUT/build.log" | cut -c1-120)"
+  PICOTRAIN=$BUILD/picotrain REFERENCE_DUMP=$BUILD/test/reference_dump TEST_BIN=$BUILD/test
+  # dp2, tp2, pp2, cp2 (and 4-rank layouts) on this one GPU through the staged MpiComm.
+  TARGETS=(picotrain reference_dump "${GPU_TESTS[@]}")
+  [ "$MPI_FLAG" = ON ] && TARGETS+=(mpi_gpu_parity)
+  {
+    echo "cmake ${CMAKE_ARGS[*]}"
+    timeout 420 cmake "${CMAKE_ARGS[@]}" &&
+      timeout 420 cmake --build "$BUILD" -j "$JOBS" --target "${TARGETS[@]}"
+  } >"$OUT/build.log" 2>&1
+  rc=$?
+  if [ $rc -eq 0 ]; then
+    record build ok "$(elapsed "$t0")" "archs $ARCHS, MPI $MPI_FLAG, targets ${TARGETS[*]}"
+  else
+    record build FAIL "$(elapsed "$t0")" "rc $rc, see build.log: $(grep -m1 -E 'error|Error' "$OUT/build.log" | cut -c1-120)"
+  fi
+fi
+# Without MPI the multi-rank GPU layouts cannot run here: say so in the table, as a failure.
+[ "$MPI_FLAG" = ON ] || record "multi-rank gpu tests" FAIL 0 "no MPI (mpicxx, mpirun) on this machine"
+# The prebuilt binaries are single-rank (an MPI built elsewhere would not match this machine's):
+# with MPI here, mpi_gpu_parity is built here, beside the tests below.
+MPI_BUILD_PID=""
+if [ "$MPI_FLAG" = ON ] && [ -n "$GPU_BIN" ]; then
+  ( echo "cmake ${CMAKE_ARGS[*]}"
+    timeout 420 cmake "${CMAKE_ARGS[@]}" && timeout 420 cmake --build "$BUILD" -j "$JOBS" --target mpi_gpu_parity
+  ) >"$OUT/build_mpi.log" 2>&1 &
+  MPI_BUILD_PID=$!
+fi
+# NCCL on one rank (gpu_nccl_comm): PyTorch's pip wheel carries a libnccl.so.2 when the system has none.
+if [ -z "${PICOTRAIN_NCCL_LIB:-}" ] && ! ldconfig -p 2>/dev/null | grep -q 'libnccl.so.2 '; then
+  nccl=$(python3 -c 'import glob, site; print(next(iter(sorted(p for d in site.getsitepackages() for p in glob.glob(d + "/nvidia/**/libnccl.so.2", recursive=True))), ""))' 2>/dev/null)
+  [ -n "$nccl" ] && export PICOTRAIN_NCCL_LIB=$nccl && echo "gpu_check: NCCL from $nccl"
 fi
 
-# ---- 2. GPU tests ----------------------------------------------------------------------------------
+# ---- 2. GPU tests (and 3. the PyTorch reference beside them) -----------------------------------------
+# Every gpu_* test binary at once (they check, not time: sharing the GPU and the cores changes
+# no result), each under its own limit; its Catch2 summary line goes into the table. The PyTorch
+# reference (section 3) runs at the same time. OMP threads are split between them (CpuOps is
+# their reference).
+TEST_LIMIT=${TEST_LIMIT:-240} TORCH_LIMIT=${TORCH_LIMIT:-400} TRAIN_LIMIT=${TRAIN_LIMIT:-180} MPI_LIMIT=${MPI_LIMIT:-300}
 t0=$(now)
 if [ $rc -eq 0 ]; then
-  timeout 400 ctest --test-dir "$BUILD" -L gpu --output-on-failure --timeout 300 >"$OUT/ctest.log" 2>&1
-  trc=$?
-  line=$(grep -E "tests passed|tests failed" "$OUT/ctest.log" | tail -1)
-  # A skipped test (exit 77) means no GPU was seen: that is a failure of this check.
-  if [ $trc -eq 0 ] && ! grep -q "Skipped" "$OUT/ctest.log"; then
-    record "ctest -L gpu" ok "$(elapsed "$t0")" "$line"
-  else
-    failed_tests=$(grep -E "\*\*\*(Failed|Skipped|Timeout)|Exception" "$OUT/ctest.log" | sed -E 's/.*Test +#[0-9]+: ([^ ]+).*/\1/' | tr '\n' ' ')
-    record "ctest -L gpu" FAIL "$(elapsed "$t0")" "rc $trc: $line; $failed_tests"
-  fi
-else
-  record "ctest -L gpu" skip 0 "no build"
+  mkdir -p "$OUT/tests"
+  threads=$(( 2 * $(nproc) / (${#GPU_TESTS[@]} + 1) ))  # a little over the cores: the tests wait on the GPU too
+  [ "$threads" -ge 1 ] || threads=1
+  pids=()
+  for t in "${GPU_TESTS[@]}"; do
+    ( s=$(now); OMP_NUM_THREADS=$threads timeout -k 5 "$TEST_LIMIT" "$TEST_BIN/$t" >"$OUT/tests/$t.log" 2>&1
+      echo "$? $(elapsed "$s")" >"$OUT/tests/$t.rc" ) &
+    pids+=($!)
+  done
 fi
-
 # ---- 3. PyTorch reference --------------------------------------------------------------------------
 # The ctest torch_reference's script with every backend: trains a tiny GPT-2 and Llama for 2 steps,
 # dumps one batch from the checkpoint on cpu, cuda fp32 and cuda bf16 (reference_dump), compares
 # them with torch_reference.py, and checks that a perturbed gradient fails.
 t0=$(now)
 if [ $rc -eq 0 ]; then
-  {
-    timeout 300 cmake --build "$BUILD" -j "$JOBS" --target reference_dump &&
-      TORCH_REFERENCE_BACKENDS="cpu:fp32 cuda:fp32 cuda:bf16" timeout 600 test/torch_reference.sh \
-        "$BUILD/picotrain" "$BUILD/test/reference_dump" "$ROOT"
-  } >"$OUT/torch.log" 2>&1
+  OMP_NUM_THREADS=$threads TORCH_REFERENCE_BACKENDS="cpu:fp32 cuda:fp32 cuda:bf16" timeout "$TORCH_LIMIT" test/torch_reference.sh \
+    "$PICOTRAIN" "$REFERENCE_DUMP" "$ROOT" >"$OUT/torch.log" 2>&1
   prc=$?
   # The bf16 row of the worst gradient: "cuda bf16  grad NAME (worst)  REL_L2 ..."
   worst=$(awk '$1 == "cuda" && $2 == "bf16" && $5 == "(worst)" { print $4 " " $6; exit }' "$OUT/torch.log")
@@ -107,6 +137,47 @@ if [ $rc -eq 0 ]; then
   fi
 else
   record "torch reference" skip 0 "no build"
+fi
+
+# ---- 2 (results). Each GPU test's row: exit status, time, Catch2's summary -----------------------------
+if [ $rc -eq 0 ]; then
+  wait "${pids[@]}"
+  for t in "${GPU_TESTS[@]}"; do
+    read -r trc secs <"$OUT/tests/$t.rc" 2>/dev/null || { trc=255; secs=0; }
+    line=$(grep -E "^(All tests passed|test cases:)" "$OUT/tests/$t.log" | tail -1)
+    case $trc in
+      0) record "$t" ok "$secs" "$line" ;;
+      77) record "$t" FAIL "$secs" "skipped: no GPU seen" ;;
+      124 | 137) record "$t" FAIL "$secs" "killed after ${TEST_LIMIT} s; $line" ;;
+      *) record "$t" FAIL "$secs" "rc $trc: $line $(grep -m1 -E 'FAILED|error' "$OUT/tests/$t.log" | cut -c1-100)" ;;
+    esac
+  done
+  # The multi-rank GPU test runs under mpirun, as ctest starts it.
+  mpi_built=0
+  if [ -n "$MPI_BUILD_PID" ]; then
+    t0=$(now)
+    wait "$MPI_BUILD_PID"
+    brc=$?
+    if [ $brc -eq 0 ]; then
+      mpi_built=1
+      record "build mpi_gpu_parity" ok "$(elapsed "$t0")" "waited for it after the tests; MPI: $(mpirun --version 2>&1 | head -1)"
+    else
+      record "build mpi_gpu_parity" FAIL "$(elapsed "$t0")" "rc $brc, see build_mpi.log: $(grep -m1 -E 'error|Error' "$OUT/build_mpi.log" | cut -c1-120)"
+    fi
+  elif [ "$MPI_FLAG" = ON ]; then
+    mpi_built=1
+  fi
+  if [ $mpi_built = 1 ]; then
+    t0=$(now)
+    timeout "$MPI_LIMIT" ctest --test-dir "$BUILD" -R mpi_gpu_parity --output-on-failure --timeout $((MPI_LIMIT - 10)) >"$OUT/tests/mpi_gpu_parity.log" 2>&1
+    mrc=$?
+    line=$(grep -E "tests passed|tests failed" "$OUT/tests/mpi_gpu_parity.log" | tail -1)
+    if [ $mrc -eq 0 ] && ! grep -q "Skipped" "$OUT/tests/mpi_gpu_parity.log"; then
+      record mpi_gpu_parity ok "$(elapsed "$t0")" "$line"
+    else
+      record mpi_gpu_parity FAIL "$(elapsed "$t0")" "rc $mrc: $line"
+    fi
+  fi
 fi
 
 # ---- 4. GPT-2 124M, 20 steps ------------------------------------------------------------------------
@@ -132,7 +203,7 @@ for split, n in (("train", 3_000_000), ("val", 300_000)):
         f.write(tok.tobytes())
 print("wrote synthetic shards to", out)
 EOF
-  timeout 300 "$BUILD/picotrain" train --device cuda --config configs/gpt2-124m.json \
+  timeout "$TRAIN_LIMIT" "$PICOTRAIN" train --device cuda --config configs/gpt2-124m.json \
     --set run.out_dir="$RUN" --set "data.train=$DATA/synthetic_train_*.bin" --set "data.val=$DATA/synthetic_val_*.bin" \
     --set batch.micro_batch_size=8 --set batch.global_batch_tokens=65536 --set schedule.total_steps=20 \
     --set schedule.warmup_steps=2 --set data.val_every_steps=10 --set data.val_tokens=65536 \

@@ -1,0 +1,31 @@
+# Sourced by scripts/gpu_check.sh and bench/gpu_bench.sh: whether the binaries that
+# scripts/gpu_pack.sh built elsewhere (carried as .gpubin.tar.xz, or .gpubin) run on this machine.
+#   in:  ROOT; GPU_BIN (unset: $ROOT/.gpubin, unpacked from .gpubin.tar.xz when only that is
+#        here; empty: build here instead)
+#   out: GPU_BIN, the folder when its picotrain starts here, else empty; LD_LIBRARY_PATH gains
+#        the folders of the libraries the binaries cannot find: the CUDA libraries where this
+#        machine keeps them (its toolkit, or PyTorch's pip wheels), the rest from the folder's lib/
+if [ -z "${GPU_BIN+set}" ]; then
+  if [ ! -x "$ROOT/.gpubin/picotrain" ] && [ -f "$ROOT/.gpubin.tar.xz" ]; then
+    tar xJf "$ROOT/.gpubin.tar.xz" -C "$ROOT"
+  fi
+  [ -x "$ROOT/.gpubin/picotrain" ] && GPU_BIN=$ROOT/.gpubin
+fi
+GPU_BIN=${GPU_BIN:-}
+if [ -n "$GPU_BIN" ]; then
+  GPU_BIN=$(cd "$GPU_BIN" && pwd)
+  for missing in $(ldd "$GPU_BIN/picotrain" 2>/dev/null | awk '/not found/ { print $1 }'); do
+    found=$(find "$GPU_BIN/lib" /usr/local/cuda/lib64/ /usr/local/cuda/targets/x86_64-linux/lib/ /usr/local/cuda*/lib*/ \
+      $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null) \
+      -name "$missing" 2>/dev/null | head -1)
+    if [ -n "$found" ]; then
+      export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$(dirname "$found")"
+      echo "prebuilt: $missing from $(dirname "$found")" >&2
+    fi
+  done
+  if ! "$GPU_BIN/picotrain" --help >/dev/null 2>&1; then
+    echo "prebuilt $GPU_BIN/picotrain does not start here; building instead:" >&2
+    ldd "$GPU_BIN/picotrain" 2>&1 | grep -i 'not found' >&2
+    GPU_BIN=""
+  fi
+fi
