@@ -25,7 +25,9 @@
 # Environment: BUILD_DIR (build-gpucheck), OUT, JOBS (nproc), BUDGET_S (540), PYTHON (python3),
 # STEPS_124M (20), SKIP_124M (5), B_124M (64), ACCUM_124M (8), STEPS_15B (10), SKIP_15B (3),
 # B_15B (8), ACCUM_15B (16), TORCH_15B (0; 1 also runs torch_gpt2.py at 1.5B, if time is left),
-# NSYS (0; 1 also profiles 6 steps of 124M at 2 micro-batches under `nsys profile --stats=true`).
+# NSYS (0; 1 also profiles 6 steps of 124M at 2 micro-batches under `nsys profile --stats=true`;
+# on the lent H100s of 2026-11 nsys was not on the PATH), GPU_BIN (as scripts/gpu_check.sh: the
+# prebuilt .gpubin by default when present; empty builds here).
 # Exit status: 0 when every step ran (whether or not the targets are met), 1 otherwise.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
