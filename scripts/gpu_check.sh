@@ -95,7 +95,7 @@ if [ "$MPI_FLAG" = ON ] && [ -n "$GPU_BIN" ]; then
 fi
 # NCCL on one rank (gpu_nccl_comm): PyTorch's pip wheel carries a libnccl.so.2 when the system has none.
 if [ -z "${PICOTRAIN_NCCL_LIB:-}" ] && ! ldconfig -p 2>/dev/null | grep -q 'libnccl.so.2 '; then
-  nccl=$(python3 -c 'import glob, site; print(next(iter(sorted(p for d in site.getsitepackages() for p in glob.glob(d + "/nvidia/**/libnccl.so.2", recursive=True))), ""))' 2>/dev/null)
+  nccl=$(find_gpu_library libnccl.so.2)
   [ -n "$nccl" ] && export PICOTRAIN_NCCL_LIB=$nccl && echo "gpu_check: NCCL from $nccl"
 fi
 
@@ -118,9 +118,10 @@ if [ $rc -eq 0 ]; then
   done
 fi
 # ---- 3. PyTorch reference --------------------------------------------------------------------------
-# The ctest torch_reference's script with every backend: trains a tiny GPT-2 and Llama for 2 steps,
-# dumps one batch from the checkpoint on cpu, cuda fp32 and cuda bf16 (reference_dump), compares
-# them with torch_reference.py, and checks that a perturbed gradient fails.
+# The ctest torch_reference's script with every backend: trains a tiny GPT-2, Llama and Mixtral for
+# 2 steps, dumps one batch from the checkpoint on cpu, cuda fp32 and cuda bf16 (reference_dump),
+# compares them with torch_reference.py, and checks that a perturbed gradient (and for the
+# Mixtral a misrouted token) fails.
 t0=$(now)
 if [ $rc -eq 0 ]; then
   OMP_NUM_THREADS=$threads TORCH_REFERENCE_BACKENDS="cpu:fp32 cuda:fp32 cuda:bf16" timeout "$TORCH_LIMIT" test/torch_reference.sh \

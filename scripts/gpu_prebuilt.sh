@@ -5,6 +5,14 @@
 #   out: GPU_BIN, the folder when its picotrain starts here, else empty; LD_LIBRARY_PATH gains
 #        the folders of the libraries the binaries cannot find: the CUDA libraries where this
 #        machine keeps them (its toolkit, or PyTorch's pip wheels), the rest from the folder's lib/
+#   also: find_gpu_library NAME, the first file NAME in this machine's CUDA folders or PyTorch's
+#         pip wheels (gpu_check.sh finds libnccl.so.2 with it)
+
+find_gpu_library() {
+  find /usr/local/cuda/lib64/ /usr/local/cuda/targets/x86_64-linux/lib/ /usr/local/cuda*/lib*/ \
+    $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null) -name "$1" 2>/dev/null | head -1
+}
+
 if [ -z "${GPU_BIN+set}" ]; then
   if [ ! -x "$ROOT/.gpubin/picotrain" ] && [ -f "$ROOT/.gpubin.tar.xz" ]; then
     tar xJf "$ROOT/.gpubin.tar.xz" -C "$ROOT"
@@ -15,9 +23,8 @@ GPU_BIN=${GPU_BIN:-}
 if [ -n "$GPU_BIN" ]; then
   GPU_BIN=$(cd "$GPU_BIN" && pwd)
   for missing in $(ldd "$GPU_BIN/picotrain" 2>/dev/null | awk '/not found/ { print $1 }'); do
-    found=$(find "$GPU_BIN/lib" /usr/local/cuda/lib64/ /usr/local/cuda/targets/x86_64-linux/lib/ /usr/local/cuda*/lib*/ \
-      $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null) \
-      -name "$missing" 2>/dev/null | head -1)
+    found=$(find "$GPU_BIN/lib" -name "$missing" | head -1)
+    [ -n "$found" ] || found=$(find_gpu_library "$missing")
     if [ -n "$found" ]; then
       export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$(dirname "$found")"
       echo "prebuilt: $missing from $(dirname "$found")" >&2
