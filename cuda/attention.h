@@ -1,7 +1,8 @@
 // Host launchers for causal self-attention on the GPU. Two implementations of the same math
 // (see Ops::attention_forward/backward):
 //  - flash_attention_*_bf16 (flash_attention_forward.cu, flash_attention_backward.cu): bf16
-//    tensor-core (mma.sync m16n8k16) flash attention for head sizes 64 and 128;
+//    tensor-core (mma.sync m16n8k16, ldmatrix, cp.async; sm_80+) flash attention for head sizes
+//    64 and 128;
 //  - attention_*_tiled (attention_tiled.cu): CUDA-core tiled kernels for f32 or bf16 and any
 //    head size, fp32 math throughout: the fp32 backend's kernel (it matches CpuOps to ~1e-6)
 //    and the bf16 fallback for other head sizes.
@@ -23,8 +24,12 @@ bool flash_attention_supported(DType dtype, int HS, const void* qkv, const void*
 
 void flash_attention_forward_bf16(void* out, float* lse, const void* qkv, int B, int T, int NH, int NKV, int HS,
                                   void* stream = nullptr);
+// The backward's workspace (16-byte aligned, its contents don't matter): dQ (and, under GQA, dK
+// and dV) partial sums and the counters that fix the order in which blocks add them
+// (flash_attention_backward.cu).
+size_t flash_attention_backward_workspace_bytes(int B, int T, int NH, int NKV, int HS);
 void flash_attention_backward_bf16(void* dqkv, const void* dout, const void* qkv, const float* lse, const float* D,
-                                   int B, int T, int NH, int NKV, int HS, void* stream = nullptr);
+                                   int B, int T, int NH, int NKV, int HS, void* workspace, void* stream = nullptr);
 
 void attention_forward_tiled(DType dtype, void* out, float* lse, const void* qkv, int B, int T, int NH, int NKV, int HS,
                              void* stream = nullptr);

@@ -486,11 +486,17 @@ void CudaOps::attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor ou
   need(dout, BT * C, dt, "attention_backward", "dout");
   need(out, BT * C, dt, "attention_backward", "out");
   need(lse, size_t(B) * NH * T, DType::f32, "attention_backward", "lse");
-  float* D = static_cast<float*>(scratch(size_t(B) * NH * T * sizeof(float)));
+  const bool flash = gpu::flash_attention_supported(dt, HS, qkv.data, dout.data, dqkv.data);
+  // One scratch request for D and the flash kernel's workspace (a second request could move the first).
+  const size_t d_bytes = (size_t(B) * NH * T * sizeof(float) + 255) / 256 * 256;
+  const size_t ws_bytes = flash ? gpu::flash_attention_backward_workspace_bytes(B, T, NH, NKV, HS) : 0;
+  char* space = static_cast<char*>(scratch(d_bytes + ws_bytes));
+  float* D = reinterpret_cast<float*>(space);
   gpu::attention_row_dot(dt, D, dout.data, out.data, B, T, NH, HS, stream_);
   const float* L = static_cast<const float*>(lse.data);
-  if (gpu::flash_attention_supported(dt, HS, qkv.data, dout.data, dqkv.data))
-    gpu::flash_attention_backward_bf16(dqkv.data, dout.data, qkv.data, L, D, B, T, NH, NKV, HS, stream_);
+  if (flash)
+    gpu::flash_attention_backward_bf16(dqkv.data, dout.data, qkv.data, L, D, B, T, NH, NKV, HS, space + d_bytes,
+                                       stream_);
   else
     gpu::attention_backward_tiled(dt, dqkv.data, dout.data, qkv.data, L, D, B, T, NH, NKV, HS, stream_);
 }

@@ -1,39 +1,61 @@
 // Flash attention backward, bf16 on tensor cores (mma.sync m16n8k16, fp32 accumulators), causal,
-// head size 64 or 128, deterministic. Our own kernels, recomputing the probabilities from lse.
+// head size 64 or 128, sm_80 and later, bitwise deterministic. Our own kernel, one pass per key
+// block in the FlashAttention-2 arrangement, recomputing the probabilities from lse.
 //
 // Computes, per (b, h), with S = scale Q K^T (keys j <= query i), P = exp(S - lse),
-// D_i = dO_i . O_i (attention_row_dot, computed before these kernels):
+// D_i = dO_i . O_i (attention_row_dot, computed before this kernel):
 //   dP = dO V^T,  dS = P o (dP - D),  dQ = scale dS K,  dK = scale dS^T Q,  dV = P^T dO
 // written (overwritten, one bf16 rounding) into the q | k | v parts of dqkv [B, T, (NH + 2 NKV) HS].
 // Grouped-query attention: K, V are those of key/value head h / G (G = NH / NKV query heads per
 // key/value head), and a key/value head's dK, dV are the sums of its G query heads'.
 //
-// Algorithm: two kernels, so that every output element has exactly one owner and is written
-// once: no atomics, bitwise deterministic.
-//  - dkdv: one block of 4 warps per (64-key tile, b*key/value head), key tile 0 (the most work)
-//    first. Each warp owns 16 keys and keeps their dK and dV (16 x HS each) in fp32 registers.
-//    The block loops over the G query heads of its group in order and, for each, walks the
-//    query tiles from the diagonal to the end; per tile Q, dO (64 x HS), lse and D go to shared
-//    memory, and per 16-query chunk the warp computes S^T = K Q^T and dP^T = V dO^T (2 n-tiles
-//    each), P^T and dS^T in registers, then dV += P^T dO and dK += dS^T Q with the P^T / dS^T
-//    accumulators reused as A fragments. Chunks wholly above the diagonal are skipped. The
-//    group sum thus happens in the registers, in a fixed order (no float atomics across heads);
-//    G = 1 is exactly the multi-head kernel.
-//  - dq: one block per (64-query tile, b*h), longest rows first. Each warp owns 16 queries and
-//    their dQ (fp32 registers); the block walks the key tiles (of its key/value head) up to the
-//    diagonal, and per 16-key chunk computes S = Q K^T, dP = dO V^T, dS, then dQ += dS K.
-// The split costs recomputing S and dP in both kernels: 7 T^2-sized products per head instead of
-// the 5 of FlashAttention-2's single pass, which accumulates dQ with float atomics (the order of
-// those adds, and so the result's last bits, would change from run to run).
-// Registers: the dkdv kernel holds 2 * HS/2 fp32 accumulators per thread (128 at HS = 128);
-// processing queries in 16-row chunks keeps the S^T / dP^T tiles at 8 registers each.
+// Tiles: one block of 8 warps (256 threads) per (128-key tile, b, query head), one block per SM;
+// each warp owns 16 keys and keeps their dK and dV (16 x HS each) in fp32 registers, K and V stay
+// in shared memory. The block walks the 128-query tiles from the diagonal to the end, Q, dO, lse
+// and D of the next tile copied by cp.async while it computes on this one (two buffers at HS 64;
+// one at HS 128, refilled as soon as step 2 is done). Per query tile:
+//   1. per warp, S^T = K Q^T and dP^T = V dO^T (16 keys x 64 or 32 queries at a time; Q and dO
+//      fragments by ldmatrix), P^T = 2^(S^T scale log2(e) - lse log2(e)) and
+//      dS^T = P^T o (dP^T - D), the causal mask only where a query precedes a key of the warp;
+//      query chunks wholly before the warp's keys are skipped;
+//   2. dV += P^T dO and dK += dS^T Q, the accumulators reused as A fragments (no round trip),
+//      dO and Q by ldmatrix.trans; dS^T also goes to shared memory as bf16;
+//   3. dQ_tile = dS K (128 queries x HS; warp w takes 16 queries, 64 channels at a time; dS by
+//      ldmatrix.trans of dS^T, K by ldmatrix.trans), key steps wholly after the queries skipped;
+//   4. the tile's dQ is summed over the key blocks in a FIXED order, through fp32 scratch: the
+//      key blocks that reach query tile qt are kt = qt, qt - 1, ..., 0, and each adds its part in
+//      that order, waiting for a per-(b, h, query tile) turn counter: kt = qt stores, the others
+//      read, add and store, and kt = 0, the last, writes scale * dQ as bf16 into dqkv.
+// At the end, under GQA, the G query heads' dK and dV of a key tile are summed the same way, in
+// head order (per-(b, key/value head, key tile) counters); with G = 1 they are written at once.
+// Every order, and so every bit of the result, is the same on every run (no float atomics).
 //
-// Cost (causal): 7 * 2 * B*NH * (T^2/2) * HS FLOPs on tensor cores (independent of NKV); GPT-2
-// 124M at B = 8, T = 1024: ~45 GFLOP per layer, ~46 us at 989 TFLOP/s. Bytes: qkv, dout once per
-// tile pass (L2), dqkv written once ((NH + 2 NKV) * B*T*HS*2: the dK/dV part is NKV/NH of
-// multi-head attention's, as are the K/V reads from DRAM), lse and D 8 B per row and tile pass.
-// With G > 1 the dkdv grid has G times fewer blocks, each G times longer: at small B*NKV and T
-// the GPU may be underfilled (a split over query heads would need a deterministic reduction).
+// Why the order costs little: the turns form a chain per query tile (one link per key block), so
+// what counts is how long a link holds the block. Thread 0 looks at the turn before the barrier
+// that ends step 2, while the other warps finish, and the block ahead (kt + 1 meets query tile qt
+// one tile earlier) has almost always passed it by then; the barrier carries that acquire to
+// every thread. The turn is passed on at the next iteration's first barrier, which already orders
+// every thread's stores before thread 0's release (cumulative: no fence per thread). Measured on
+// an H200 (2026-11-27, MHA): a first version (64-query tiles, the wait after the dQ product, a
+// fence in every thread and a barrier of its own to pass the turn) ran at 87-131 TFLOP/s; with
+// 64-key blocks, two per SM (twice the links), at 72-88; this one at 127-196 (bench/RESULTS.md).
+// Why it cannot deadlock: blocks take their (b, key/value head, key tile, query head) from an
+// atomic ticket, key tiles highest first and query heads in order, so a block only ever waits for
+// a block that took its ticket earlier, which is already running (resident blocks progress; a
+// ticket, unlike blockIdx, cannot name a block that has not started).
+// Compared with the first design (dK/dV and dQ in two kernels, 7 T^2-sized products per head),
+// this does 5; the price is the scratch (flash_attention_backward_workspace_bytes:
+// B*NH*ceil(T/128)*128*HS*4 bytes, plus 2*B*NKV*ceil(T/128)*128*HS*4 under GQA) and its L2 traffic.
+//
+// Resources (ptxas; test/attention_ptx_check.sh prints them): 256 threads, 255 registers (launch
+// bounds (256, 1): dK and dV alone hold HS of them), up to 16 bytes spilled (ptxas' choice, the
+// check's documented allowance); shared memory 147,456 bytes (HS 64: K, V, two Q/dO buffers,
+// dS^T, lse/D) / 175,104 (HS 128, one Q/dO buffer).
+// Cost (causal): 5 * 2 * B*NH * (T^2/2) * HS FLOPs on tensor cores (independent of NKV); GPT-2
+// 124M at B = 8, T = 1024: ~32 GFLOP per layer, ~33 us at 989 TFLOP/s. Bytes: Q and dO once per
+// key block (from L2), K and V once per query head, dqkv written once, the dQ scratch read and
+// written once per (key block, query tile) pair (L2). Measured on an H200, MHA: 127-196 TFLOP/s
+// (hd 64 and 128, T 1k-16k); GQA 8:1 84-169 (the dK/dV order waits at the end of every block).
 #include <cmath>
 
 #include "cuda/attention.h"
@@ -45,258 +67,359 @@ namespace {
 
 using namespace flash;
 
+constexpr int kBwdWarps = 8;
+constexpr int kBwdThreads = kBwdWarps * kWarpSize;
+constexpr int kBwdBlockN = kBwdWarps * 16;  // 128 keys per block, 16 per warp
+constexpr int kBwdBlockM = 128;             // queries per tile (= kBwdBlockN: key tile kt first meets query tile kt)
+constexpr int kDsLD = kBwdBlockM + 8;       // dS^T's row stride: conflict-free ldmatrix, as row_stride
+static_assert(kBwdBlockM == kBwdBlockN, "the dQ turn order assumes square tiles");
+
+// Q and dO buffers: two at HS 64 (the next tile's copy overlaps this one's products); one at HS
+// 128, refilled as soon as the products that read it are done (two would exceed shared memory).
 template <int HS>
-__global__ void __launch_bounds__(kThreads)
-    flash_backward_dkdv_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* Dvec,
-                               int T, int NH, int NKV, float scale, float scale_log2) {
-  constexpr int LD = row_stride<HS>();
+__host__ __device__ constexpr int bwd_stages() {
+  return HS <= 64 ? 2 : 1;
+}
+
+template <int HS>
+constexpr size_t backward_smem_bytes() {
+  return size_t(2 * kBwdBlockN + 2 * bwd_stages<HS>() * kBwdBlockM) * row_stride<HS>() * sizeof(bf16)  // K, V; Q, dO
+         + size_t(kBwdBlockN) * kDsLD * sizeof(bf16)                                                   // dS^T
+         + 2 * bwd_stages<HS>() * kBwdBlockM * sizeof(float);                                           // lse, D
+}
+
+__device__ __forceinline__ int load_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void store_release(int* p, int v) {
+  asm volatile("st.release.gpu.global.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+
+// A fixed-order sum across blocks: block number `pos` of the contributors to one tile waits for its
+// turn (the counter equals pos), then adds its part. Every thread of the block calls it.
+__device__ __forceinline__ void wait_turn(const int* turn, int pos) {
+  if (pos > 0) {
+    if (threadIdx.x == 0)
+      while (load_acquire(turn) < pos) {
+      }
+    __syncthreads();
+  }
+}
+// ... and passes the turn on once every thread's part is written: the barrier orders the block's
+// stores before thread 0's release, which is cumulative (no fence per thread needed).
+__device__ __forceinline__ void pass_turn(int* turn, int pos) {
+  __syncthreads();
+  if (threadIdx.x == 0) store_release(turn, pos + 1);
+}
+
+// acc[i] (+)= v for one thread's pair of fp32 scratch values (first: store, no read), or, for the
+// last contributor, out[i] = scale * (acc + v) in bf16. __ldcg/__stcg go through L2 only: another
+// block's writes are never hidden behind a stale L1 line.
+__device__ __forceinline__ void ordered_add(float* acc, bf16* out, float x, float y, bool first, bool last,
+                                            float scale) {
+  float2 v = make_float2(x, y);
+  if (!first) {
+    const float2 prev = __ldcg(reinterpret_cast<const float2*>(acc));
+    v.x = prev.x + v.x;
+    v.y = prev.y + v.y;
+  }
+  if (last) {
+    if (out) store_pair(out, v.x * scale, v.y * scale);
+  } else {
+    __stcg(reinterpret_cast<float2*>(acc), v);
+  }
+}
+
+template <int HS>
+__global__ void __launch_bounds__(kBwdThreads, 1)
+    flash_backward_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* Dvec,
+                          float* dq_acc, float* dkv_acc, int* dq_turns, int* dkv_turns, int* ticket, int T, int NH,
+                          int NKV, float scale, float scale_log2) {
+  constexpr int LD = row_stride<HS>(), BN = kBwdBlockN, BM = kBwdBlockM, KS = HS / 16, STAGES = bwd_stages<HS>();
+  constexpr int QC = HS <= 64 ? 64 : 32;  // queries per chunk of the S^T / dP^T products
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  bf16* sK = reinterpret_cast<bf16*>(smem_raw);
-  bf16* sV = sK + kRows * LD;
-  bf16* sQ = sV + kRows * LD;
-  bf16* sdO = sQ + kRows * LD;
-  float* sL = reinterpret_cast<float*>(sdO + kRows * LD);  // lse in log2 units, per query of the tile
-  float* sD = sL + kRows;
+  bf16* sK = reinterpret_cast<bf16*>(smem_raw);  // [BN][LD]
+  bf16* sV = sK + BN * LD;                        // [BN][LD]
+  bf16* sQ = sV + BN * LD;                        // [STAGES][BM][LD]
+  bf16* sdO = sQ + STAGES * BM * LD;              // [STAGES][BM][LD]
+  bf16* sdS = sdO + STAGES * BM * LD;             // [BN][kDsLD]: dS^T, keys x queries
+  float* sL = reinterpret_cast<float*>(sdS + BN * kDsLD);  // [STAGES][BM] lse in log2 units
+  float* sD = sL + STAGES * BM;                             // [STAGES][BM]
+  __shared__ int s_ticket;
+  __shared__ int s_turn_ready;  // thread 0's early look at this tile's dQ turn
 
-  const int C = NH * HS, G = NH / NKV;
+  // Which (b, h, key tile) this block takes: by ticket, the group's key tiles highest first and,
+  // within a key tile, the group's query heads in order (the two sums below rely on both).
+  if (threadIdx.x == 0) s_ticket = atomicAdd(ticket, 1);
+  __syncthreads();
+  const int G = NH / NKV, nk = gridDim.x;
+  const int j = s_ticket % G, rest = s_ticket / G;
+  const int kt = nk - 1 - rest % nk, bkv = rest / nk;
+  const int b = bkv / NKV, kvh = bkv % NKV, h = kvh * G + j;
+  const int C = NH * HS, nq = ceil_div(T, BM);
   const size_t rs = static_cast<size_t>(NH + 2 * NKV) * HS;
-  const int kt = blockIdx.x, nq = gridDim.x;
-  const int b = blockIdx.y / NKV, kvh = blockIdx.y % NKV;
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize, g = lane >> 2, t = lane & 3;
+  const int key0 = kt * BN + warp * 16;  // the warp's first key
   const bf16* row_b = qkv + static_cast<size_t>(b) * T * rs;
+  const bf16* qhead = row_b + static_cast<size_t>(h) * HS;
+  const bf16* dohead = dout + static_cast<size_t>(b) * T * C + static_cast<size_t>(h) * HS;
+  const size_t lbase = (static_cast<size_t>(b) * NH + h) * T;
   const size_t k_off = static_cast<size_t>(NH + kvh) * HS, v_off = static_cast<size_t>(NH + NKV + kvh) * HS;
-  const int key0 = kt * kRows + warp * 16 + g;  // this thread's keys: key0 and key0 + 8
 
-  load_tile<HS>(sK, row_b + k_off, rs, kt * kRows, T);
-  load_tile<HS>(sV, row_b + v_off, rs, kt * kRows, T);
+  // Starts the copies of query tile qt's Q, dO, lse and D into buffer `stage`.
+  auto issue_tile = [&](int qt, int stage) {
+    load_tile_async<HS, BM, kBwdThreads>(sQ + stage * BM * LD, qhead, rs, qt * BM, T);
+    load_tile_async<HS, BM, kBwdThreads>(sdO + stage * BM * LD, dohead, C, qt * BM, T);
+    if (threadIdx.x < BM) {
+      const int q = qt * BM + threadIdx.x;
+      // Past T: lse = +inf makes P = 0 with no mask, and dS = 0 with it.
+      sL[stage * BM + threadIdx.x] = q < T ? lse[lbase + q] * kLog2e : INFINITY;
+      sD[stage * BM + threadIdx.x] = q < T ? Dvec[lbase + q] : 0.0f;
+    }
+  };
+
+  load_tile_async<HS, BN, kBwdThreads>(sK, row_b + k_off, rs, kt * BN, T);
+  load_tile_async<HS, BN, kBwdThreads>(sV, row_b + v_off, rs, kt * BN, T);
+  issue_tile(kt, 0);
+  cp_async_commit();
+
   float dk[HS / 8][4], dv[HS / 8][4];
 #pragma unroll
   for (int nt = 0; nt < HS / 8; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) dk[nt][e] = dv[nt][e] = 0.0f;
 
+  const size_t turn_base = (static_cast<size_t>(b) * NH + h) * nq;  // this head's dQ turn counters
 #pragma unroll 1
-  for (int h = kvh * G; h < (kvh + 1) * G; ++h) {  // the group's query heads, in order
-    const bf16* head = row_b + static_cast<size_t>(h) * HS;
-    const bf16* dhead = dout + static_cast<size_t>(b) * T * C + static_cast<size_t>(h) * HS;
-    const size_t lbase = (static_cast<size_t>(b) * NH + h) * T;
-    for (int qt = kt; qt < nq; ++qt) {
-      __syncthreads();  // the previous query tile is no longer read
-      load_tile<HS>(sQ, head, rs, qt * kRows, T);
-      load_tile<HS>(sdO, dhead, C, qt * kRows, T);
-      for (int i = threadIdx.x; i < kRows; i += kThreads) {
-        const int q = qt * kRows + i;
-        sL[i] = q < T ? lse[lbase + q] * kLog2e : 0.0f;
-        sD[i] = q < T ? Dvec[lbase + q] : 0.0f;
-      }
-      __syncthreads();
-
-#pragma unroll 1
-      for (int qc = 0; qc < 4; ++qc) {
-        if (qt == kt && qc < warp) continue;  // these 16 queries all precede the warp's 16 keys
-        float st[2][4], dpt[2][4];
-#pragma unroll
-        for (int n = 0; n < 2; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) st[n][e] = dpt[n][e] = 0.0f;
-#pragma unroll
-        for (int kk = 0; kk < HS / 16; ++kk) {
-          uint32_t ak[4], av[4];
-          load_a(ak, sK + warp * 16 * LD + kk * 16, LD, g, t);
-          load_a(av, sV + warp * 16 * LD + kk * 16, LD, g, t);
-#pragma unroll
-          for (int n = 0; n < 2; ++n) {
-            uint32_t bq[2], bo[2];
-            load_b_nk(bq, sQ + (qc * 16 + n * 8) * LD + kk * 16, LD, g, t);
-            mma(st[n], ak, bq);
-            load_b_nk(bo, sdO + (qc * 16 + n * 8) * LD + kk * 16, LD, g, t);
-            mma(dpt[n], av, bo);
-          }
-        }
-        // Element e of n-tile n: key key0 + 8*(e/2), query column qc*16 + n*8 + 2t + e%2 of the tile.
-#pragma unroll
-        for (int n = 0; n < 2; ++n) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int kj = key0 + 8 * (e >> 1);
-            const int col = qc * 16 + n * 8 + 2 * t + (e & 1);
-            const int qi = qt * kRows + col;
-            const bool valid = qi >= kj && qi < T && kj < T;
-            const float p = valid ? exp2f(st[n][e] * scale_log2 - sL[col]) : 0.0f;
-            st[n][e] = p;
-            dpt[n][e] = p * (dpt[n][e] - sD[col]);  // dS^T
-          }
-        }
-        uint32_t ap[4], ads[4];
-        acc_to_a(ap, st[0], st[1]);
-        acc_to_a(ads, dpt[0], dpt[1]);
-#pragma unroll
-        for (int nt = 0; nt < HS / 8; ++nt) {
-          uint32_t bo[2], bq[2];
-          load_b_kn(bo, sdO + qc * 16 * LD + nt * 8, LD, g, t);
-          mma(dv[nt], ap, bo);
-          load_b_kn(bq, sQ + qc * 16 * LD + nt * 8, LD, g, t);
-          mma(dk[nt], ads, bq);
-        }
-      }
+  for (int qt = kt; qt < nq; ++qt) {
+    const int stage = STAGES == 2 ? (qt - kt) & 1 : 0;
+    if constexpr (STAGES == 2) {
+      if (qt + 1 < nq) issue_tile(qt + 1, stage ^ 1);  // that buffer was last read before the mid-loop barrier
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
     }
-  }
+    __syncthreads();  // tile qt is in; the previous tile's dS^T is no longer read; its dQ part is stored
+    // Pass the previous tile's dQ turn on (the barrier ordered every thread's part before it);
+    // key block 0 is the last of every tile and passes nothing.
+    if (threadIdx.x == 0 && qt > kt && kt > 0) store_release(dq_turns + turn_base + qt - 1, qt - kt);
 
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int kj = key0 + 8 * r;
-    if (kj >= T) continue;
-    bf16* row = dqkv + (static_cast<size_t>(b) * T + kj) * rs + 2 * t;
-#pragma unroll
-    for (int nt = 0; nt < HS / 8; ++nt) {
-      store_pair(row + k_off + nt * 8, dk[nt][2 * r] * scale, dk[nt][2 * r + 1] * scale);
-      store_pair(row + v_off + nt * 8, dv[nt][2 * r], dv[nt][2 * r + 1]);
-    }
-  }
-}
+    const int q_first = qt * BM;
+    const bf16* q_s = sQ + stage * BM * LD;
+    const bf16* do_s = sdO + stage * BM * LD;
+    const float* L_s = sL + stage * BM;
+    const float* D_s = sD + stage * BM;
+    bf16* ds_w = sdS + warp * 16 * kDsLD;  // the warp's 16 rows of dS^T
 
-// (kThreads, 1): without the explicit minimum ptxas capped HS = 128 at 128 registers on sm_90a
-// and spilled; at ~160 registers three blocks still fit on an SM.
-template <int HS>
-__global__ void __launch_bounds__(kThreads, 1)
-    flash_backward_dq_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* Dvec, int T,
-                             int NH, int NKV, float scale, float scale_log2) {
-  constexpr int LD = row_stride<HS>();
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  bf16* sQ = reinterpret_cast<bf16*>(smem_raw);
-  bf16* sdO = sQ + kRows * LD;
-  bf16* sK = sdO + kRows * LD;
-  bf16* sV = sK + kRows * LD;
-
-  const int C = NH * HS;
-  const size_t rs = static_cast<size_t>(NH + 2 * NKV) * HS;
-  const int qt = gridDim.x - 1 - blockIdx.x;  // longest rows first
-  const int b = blockIdx.y / NH, h = blockIdx.y % NH, kvh = h / (NH / NKV);
-  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize, g = lane >> 2, t = lane & 3;
-  const bf16* row_b = qkv + static_cast<size_t>(b) * T * rs;
-  const bf16* head = row_b + static_cast<size_t>(h) * HS;
-  const bf16* khead = row_b + static_cast<size_t>(NH + kvh) * HS;
-  const bf16* vhead = row_b + static_cast<size_t>(NH + NKV + kvh) * HS;
-  const size_t lbase = (static_cast<size_t>(b) * NH + h) * T;
-  const int row0 = qt * kRows + warp * 16 + g;  // this thread's queries: row0 and row0 + 8
-
-  load_tile<HS>(sQ, head, rs, qt * kRows, T);
-  load_tile<HS>(sdO, dout + static_cast<size_t>(b) * T * C + static_cast<size_t>(h) * HS, C, qt * kRows, T);
-  float lse2[2], Drow[2];
+    // Queries in chunks of QC: S^T and dP^T take QC / 2 registers each (at HS 128 the whole tile's
+    // 64 beside dK and dV's 128 would spill).
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int q = row0 + 8 * r;
-    lse2[r] = q < T ? lse[lbase + q] * kLog2e : 0.0f;
-    Drow[r] = q < T ? Dvec[lbase + q] : 0.0f;
-  }
-  float dq[HS / 8][4];
+    for (int qc = 0; qc < BM; qc += QC) {
+      if (q_first + qc + QC - 1 < key0) {  // every key of the warp follows these queries: dS^T = 0
 #pragma unroll
-  for (int nt = 0; nt < HS / 8; ++nt) dq[nt][0] = dq[nt][1] = dq[nt][2] = dq[nt][3] = 0.0f;
-
-  for (int kt = 0; kt <= qt; ++kt) {
-    __syncthreads();
-    load_tile<HS>(sK, khead, rs, kt * kRows, T);
-    load_tile<HS>(sV, vhead, rs, kt * kRows, T);
-    __syncthreads();
-
-#pragma unroll 1
-    for (int kc = 0; kc < 4; ++kc) {
-      if (kt == qt && kc > warp) continue;  // these 16 keys all follow the warp's 16 queries
-      float s[2][4], dp[2][4];
+        for (int i = 0; i < 16 * (QC / 8) / kWarpSize; ++i) {
+          const int e = lane + i * kWarpSize, r = e / (QC / 8), c = qc + (e % (QC / 8)) * 8;
+          *reinterpret_cast<int4*>(ds_w + r * kDsLD + c) = make_int4(0, 0, 0, 0);
+        }
+        continue;
+      }
+      float st[QC / 8][4], dpt[QC / 8][4];
 #pragma unroll
-      for (int n = 0; n < 2; ++n)
+      for (int nt = 0; nt < QC / 8; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) s[n][e] = dp[n][e] = 0.0f;
+        for (int e = 0; e < 4; ++e) st[nt][e] = dpt[nt][e] = 0.0f;
 #pragma unroll
-      for (int kk = 0; kk < HS / 16; ++kk) {
-        uint32_t aq[4], ao[4];
-        load_a(aq, sQ + warp * 16 * LD + kk * 16, LD, g, t);
-        load_a(ao, sdO + warp * 16 * LD + kk * 16, LD, g, t);
+      for (int kk = 0; kk < KS; ++kk) {
+        uint32_t ak[4], av[4];
+        ldmatrix_x4(ak, sK + warp * 16 * LD + kk * 16 + lane_offset_x(lane, LD));
+        ldmatrix_x4(av, sV + warp * 16 * LD + kk * 16 + lane_offset_x(lane, LD));
 #pragma unroll
-        for (int n = 0; n < 2; ++n) {
-          uint32_t bk[2], bv[2];
-          load_b_nk(bk, sK + (kc * 16 + n * 8) * LD + kk * 16, LD, g, t);
-          mma(s[n], aq, bk);
-          load_b_nk(bv, sV + (kc * 16 + n * 8) * LD + kk * 16, LD, g, t);
-          mma(dp[n], ao, bv);
+        for (int np = 0; np < QC / 16; ++np) {
+          uint32_t bq[4], bo[4];
+          ldmatrix_x4(bq, q_s + (qc + np * 16) * LD + kk * 16 + lane_offset_y(lane, LD));
+          mma_x2(st[2 * np], st[2 * np + 1], ak, bq);
+          ldmatrix_x4(bo, do_s + (qc + np * 16) * LD + kk * 16 + lane_offset_y(lane, LD));
+          mma_x2(dpt[2 * np], dpt[2 * np + 1], av, bo);
         }
       }
-      // Element e of n-tile n: query row0 + 8*(e/2), key kt*64 + kc*16 + n*8 + 2t + e%2.
+      // Element e of n-tile nt: key key0 + g + 8 (e / 2), query column qc + 8nt + 2t + e % 2 of the tile.
+      const bool need_mask = q_first + qc < key0 + 15;  // some query of the chunk precedes some key of the warp
 #pragma unroll
-      for (int n = 0; n < 2; ++n) {
+      for (int nt = 0; nt < QC / 8; ++nt) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int r = e >> 1;
-          const int qi = row0 + 8 * r;
-          const int kj = kt * kRows + kc * 16 + n * 8 + 2 * t + (e & 1);
-          const bool valid = kj <= qi && qi < T;  // kj <= qi < T also keeps kj inside the sequence
-          const float p = valid ? exp2f(s[n][e] * scale_log2 - lse2[r]) : 0.0f;
-          s[n][e] = p * (dp[n][e] - Drow[r]);  // dS
+          const int col = qc + nt * 8 + 2 * t + (e & 1);
+          float p = exp2f(fmaf(st[nt][e], scale_log2, -L_s[col]));
+          if (need_mask && q_first + col < key0 + g + 8 * (e >> 1)) p = 0.0f;
+          st[nt][e] = p;
+          dpt[nt][e] = p * (dpt[nt][e] - D_s[col]);  // dS^T
+        }
+        store_pair(ds_w + g * kDsLD + qc + nt * 8 + 2 * t, dpt[nt][0], dpt[nt][1]);
+        store_pair(ds_w + (g + 8) * kDsLD + qc + nt * 8 + 2 * t, dpt[nt][2], dpt[nt][3]);
+      }
+      // dV += P^T dO, dK += dS^T Q: 16 queries per k-step.
+#pragma unroll
+      for (int kk = 0; kk < QC / 16; ++kk) {
+        uint32_t ap[4], ads[4];
+        acc_to_a(ap, st[2 * kk], st[2 * kk + 1]);
+        acc_to_a(ads, dpt[2 * kk], dpt[2 * kk + 1]);
+#pragma unroll
+        for (int np = 0; np < HS / 16; ++np) {
+          uint32_t bo[4], bq[4];
+          ldmatrix_x4_trans(bo, do_s + (qc + kk * 16) * LD + np * 16 + lane_offset_x(lane, LD));
+          mma_x2(dv[2 * np], dv[2 * np + 1], ap, bo);
+          ldmatrix_x4_trans(bq, q_s + (qc + kk * 16) * LD + np * 16 + lane_offset_x(lane, LD));
+          mma_x2(dk[2 * np], dk[2 * np + 1], ads, bq);
         }
       }
-      uint32_t ads[4];
-      acc_to_a(ads, s[0], s[1]);
+    }
+    // The tile's dQ is summed over key blocks kt = qt, qt - 1, ..., 0 in that order (header,
+    // step 4). Thread 0 looks at the turn now, while other warps finish: the block ahead is
+    // usually done by then, and the barrier below then carries its acquire to every thread.
+    const int pos = qt - kt;
+    const bool first = pos == 0, last = kt == 0;
+    int* turn = dq_turns + turn_base + qt;
+    float* acc = dq_acc + ((static_cast<size_t>(b) * NH + h) * nq + qt) * BM * HS;
+    if (threadIdx.x == 0) s_turn_ready = first || load_acquire(turn) >= pos;
+    __syncthreads();  // dS^T of the block's keys is in shared memory; Q and dO are no longer read
+    if constexpr (STAGES == 1) {
+      if (qt + 1 < nq) issue_tile(qt + 1, 0);  // overlaps the dQ product and the ordered add below
+      cp_async_commit();
+    }
+
+    // dQ part of this key block: warp w takes queries 16w .. 16w + 15, 64 channels at a time (32
+    // accumulators: at HS 128 all of them at once would spill beside dK and dV).
+    if (!s_turn_ready) wait_turn(turn, pos);
+    const int qw = warp * 16;
 #pragma unroll
-      for (int nt = 0; nt < HS / 8; ++nt) {
-        uint32_t bk[2];
-        load_b_kn(bk, sK + kc * 16 * LD + nt * 8, LD, g, t);
-        mma(dq[nt], ads, bk);
+    for (int c0 = 0; c0 < HS; c0 += 64) {
+      float dq[8][4];
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) dq[nt][0] = dq[nt][1] = dq[nt][2] = dq[nt][3] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) {
+        if (kt * BN + kk * 16 > q_first + qw + 15) break;  // these keys follow all of the warp's queries
+        uint32_t a[4];
+        ldmatrix_x4_trans(a, sdS + kk * 16 * kDsLD + qw + lane_offset_y(lane, kDsLD));
+#pragma unroll
+        for (int np = 0; np < 4; ++np) {
+          uint32_t bk[4];
+          ldmatrix_x4_trans(bk, sK + kk * 16 * LD + c0 + np * 16 + lane_offset_x(lane, LD));
+          mma_x2(dq[2 * np], dq[2 * np + 1], a, bk);
+        }
+      }
+      float2 prev[8][2];  // all loads in flight at once: one L2 round trip
+      if (!first) {
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+          for (int r = 0; r < 2; ++r)
+            prev[nt][r] = __ldcg(reinterpret_cast<const float2*>(acc + (qw + g + 8 * r) * HS + c0 + nt * 8 + 2 * t));
+      }
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int row = qw + g + 8 * r, col = c0 + nt * 8 + 2 * t, qi = q_first + row;
+          float2 v = make_float2(dq[nt][2 * r], dq[nt][2 * r + 1]);
+          if (!first) v = make_float2(prev[nt][r].x + v.x, prev[nt][r].y + v.y);
+          if (!last)
+            __stcg(reinterpret_cast<float2*>(acc + row * HS + col), v);
+          else if (qi < T)
+            store_pair(dqkv + (static_cast<size_t>(b) * T + qi) * rs + static_cast<size_t>(h) * HS + col, v.x * scale,
+                       v.y * scale);
+        }
       }
     }
   }
+  cp_async_wait<0>();
+  __syncthreads();
+  if (threadIdx.x == 0 && kt > 0) store_release(dq_turns + turn_base + nq - 1, nq - kt);
 
+  // dK and dV: a key/value head's are the sum of its group's query heads, added in head order
+  // through fp32 scratch (G = 1: written at once).
+  float* kacc = dkv_acc + ((static_cast<size_t>(b) * NKV + kvh) * nk + kt) * 2 * BN * HS;
+  float* vacc = kacc + BN * HS;
+  int* turn = dkv_turns + (static_cast<size_t>(b) * NKV + kvh) * nk + kt;
+  const bool first = j == 0, last = j == G - 1;
+  wait_turn(turn, j);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int qi = row0 + 8 * r;
-    if (qi >= T) continue;
-    bf16* dst = dqkv + (static_cast<size_t>(b) * T + qi) * rs + static_cast<size_t>(h) * HS + 2 * t;
+    const int row = warp * 16 + g + 8 * r, kj = kt * BN + row;
+    bf16* drow = kj < T ? dqkv + (static_cast<size_t>(b) * T + kj) * rs + 2 * t : nullptr;
 #pragma unroll
-    for (int nt = 0; nt < HS / 8; ++nt) store_pair(dst + nt * 8, dq[nt][2 * r] * scale, dq[nt][2 * r + 1] * scale);
+    for (int nt = 0; nt < HS / 8; ++nt) {
+      const int col = nt * 8 + 2 * t;
+      ordered_add(kacc + row * HS + col, drow ? drow + k_off + nt * 8 : nullptr, dk[nt][2 * r], dk[nt][2 * r + 1],
+                  first, last, scale);
+      ordered_add(vacc + row * HS + col, drow ? drow + v_off + nt * 8 : nullptr, dv[nt][2 * r], dv[nt][2 * r + 1],
+                  first, last, 1.0f);
+    }
   }
+  if (!last) pass_turn(turn, j);
 }
 
-template <typename K>
-void set_shared(K kernel, size_t bytes) {
-  check(bytes <= static_cast<size_t>(max_dynamic_shared_bytes()),
-        "flash attention backward: " + std::to_string(bytes) +
-            " bytes of shared memory exceed this GPU's per-block limit");
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+// The workspace's parts (fp32 scratch, then int counters zeroed before every launch):
+//  - dQ partial sums [B*NH][ceil(T/64)][64][HS] and their turn counters [B*NH][ceil(T/64)];
+//  - under grouped-query attention, dK and dV partial sums [B*NKV][ceil(T/64)][2][64][HS] and their
+//    counters [B*NKV][ceil(T/64)];
+//  - the ticket.
+struct Workspace {
+  size_t dq_floats, dkv_floats, dq_turns, dkv_turns;
+  size_t counters() const { return dq_turns + dkv_turns + 1; }
+};
+Workspace workspace_layout(int B, int T, int NH, int NKV, int HS) {
+  const size_t tiles = ceil_div(T, kBwdBlockM);
+  const size_t dq_tiles = size_t(B) * NH * tiles, kv_tiles = NKV < NH ? size_t(B) * NKV * tiles : 0;
+  return {dq_tiles * kBwdBlockM * HS, kv_tiles * 2 * kBwdBlockN * HS, dq_tiles, kv_tiles};
 }
 
 template <int HS>
 void launch_backward(void* dqkv, const void* dout, const void* qkv, const float* lse, const float* D, int B, int T,
-                     int NH, int NKV, cudaStream_t stream) {
-  const size_t tile = size_t(kRows) * row_stride<HS>() * sizeof(bf16);
-  const size_t smem_kv = 4 * tile + 2 * kRows * sizeof(float);
-  const size_t smem_q = 4 * tile;
-  set_shared(flash_backward_dkdv_kernel<HS>, smem_kv);
-  set_shared(flash_backward_dq_kernel<HS>, smem_q);
-  const unsigned tiles = static_cast<unsigned>(ceil_div(T, kRows));
-  const dim3 grid_kv(tiles, static_cast<unsigned>(B * NKV)), grid_q(tiles, static_cast<unsigned>(B * NH));
+                     int NH, int NKV, void* workspace, cudaStream_t stream) {
+  const size_t smem = backward_smem_bytes<HS>();
+  check(smem <= static_cast<size_t>(max_dynamic_shared_bytes()),
+        "flash attention backward: " + std::to_string(smem) +
+            " bytes of shared memory exceed this GPU's per-block limit");
+  CUDA_CHECK(cudaFuncSetAttribute(flash_backward_kernel<HS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(smem)));
+  const Workspace ws = workspace_layout(B, T, NH, NKV, HS);
+  float* dq_acc = static_cast<float*>(workspace);
+  float* dkv_acc = dq_acc + ws.dq_floats;
+  int* dq_turns = reinterpret_cast<int*>(dkv_acc + ws.dkv_floats);
+  int* dkv_turns = dq_turns + ws.dq_turns;
+  int* ticket = dkv_turns + ws.dkv_turns;
+  CUDA_CHECK(cudaMemsetAsync(dq_turns, 0, ws.counters() * sizeof(int), stream));
+  const dim3 grid(static_cast<unsigned>(ceil_div(T, kBwdBlockN)), static_cast<unsigned>(B * NH));
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
-  const float scale_log2 = scale * kLog2e;
-  bf16* dx = static_cast<bf16*>(dqkv);
-  const bf16* dy = static_cast<const bf16*>(dout);
-  const bf16* x = static_cast<const bf16*>(qkv);
-  flash_backward_dkdv_kernel<HS>
-      <<<grid_kv, kThreads, smem_kv, stream>>>(dx, dy, x, lse, D, T, NH, NKV, scale, scale_log2);
-  CUDA_CHECK_LAUNCH();
-  flash_backward_dq_kernel<HS><<<grid_q, kThreads, smem_q, stream>>>(dx, dy, x, lse, D, T, NH, NKV, scale, scale_log2);
+  flash_backward_kernel<HS><<<grid, kBwdThreads, smem, stream>>>(
+      static_cast<bf16*>(dqkv), static_cast<const bf16*>(dout), static_cast<const bf16*>(qkv), lse, D, dq_acc,
+      dkv_acc, dq_turns, dkv_turns, ticket, T, NH, NKV, scale, scale * kLog2e);
   CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
 
+size_t flash_attention_backward_workspace_bytes(int B, int T, int NH, int NKV, int HS) {
+  if (B <= 0 || T <= 0) return 0;
+  const Workspace ws = workspace_layout(B, T, NH, NKV, HS);
+  return (ws.dq_floats + ws.dkv_floats) * sizeof(float) + ws.counters() * sizeof(int);
+}
+
 void flash_attention_backward_bf16(void* dqkv, const void* dout, const void* qkv, const float* lse, const float* D,
-                                   int B, int T, int NH, int NKV, int HS, void* stream) {
+                                   int B, int T, int NH, int NKV, int HS, void* workspace, void* stream) {
   if (B <= 0 || T <= 0) return;
   check(static_cast<long long>(B) * NH <= 65535, "flash attention: B * n_heads exceeds the grid's y limit 65535");
   check(NKV > 0 && NH % NKV == 0, "flash attention: n_kv_heads must divide n_heads");
+  check(workspace != nullptr && is_aligned(workspace, 16), "flash attention backward: needs a 16-byte aligned workspace");
   switch (HS) {
     case 64:
-      return launch_backward<64>(dqkv, dout, qkv, lse, D, B, T, NH, NKV, as_stream(stream));
+      return launch_backward<64>(dqkv, dout, qkv, lse, D, B, T, NH, NKV, workspace, as_stream(stream));
     case 128:
-      return launch_backward<128>(dqkv, dout, qkv, lse, D, B, T, NH, NKV, as_stream(stream));
+      return launch_backward<128>(dqkv, dout, qkv, lse, D, B, T, NH, NKV, workspace, as_stream(stream));
     default:
       throw RuntimeError("flash attention: head size " + std::to_string(HS) +
                          " has no tensor-core kernel (64 or 128); the CUDA-core kernels handle it");

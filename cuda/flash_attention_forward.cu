@@ -1,5 +1,5 @@
 // Flash attention forward, bf16 on tensor cores (mma.sync m16n8k16, fp32 accumulators), causal,
-// head size 64 or 128. Our own kernel, in the FlashAttention-2 arrangement.
+// head size 64 or 128, sm_80 and later. Our own kernel, in the FlashAttention-2 arrangement.
 //
 // Computes, per (b, h) and query i (scale = 1/sqrt(HS), keys j <= i):
 //   lse_i = log sum_j exp(scale q_i.k_j),   out_i = sum_j exp(scale q_i.k_j - lse_i) v_j
@@ -7,31 +7,38 @@
 // k and v are those of key/value head h / (NH / NKV) (grouped-query attention; NKV == NH is
 // multi-head). The key/value head is only an address: no K/V head is ever repeated in memory.
 //
-// Algorithm: one block of 4 warps per (64-query tile, b*h); the tiles are launched longest
-// first (the last query tile attends to the most keys). Each warp owns 16 query rows. For each
-// 64-key tile up to the diagonal of the query head's key/value head:
-//   1. K and V tiles go to shared memory (128-bit loads, rows past T zero-filled);
-//   2. S = Q K^T for the warp's 16 x 64 block: 8 n-tiles x HS/16 k-steps of mma, Q and K
-//      fragments read from shared memory;
-//   3. online softmax in the base-2 domain: s *= scale*log2(e), the causal/past-T mask sets
-//      -inf, the row max is reduced over the 4 lanes that share a row (shuffles), the running
-//      output and sum are rescaled by 2^(m_old - m_new), p = 2^(s - m_new). Each thread keeps
-//      a partial row sum for its 16 columns; the 4 partials are added only at the end (they
-//      share the rescaling, so this is exact);
-//   4. O += P V: the fp32 P accumulators are rounded to bf16 and used directly as A fragments
-//      (no shared-memory round trip); V fragments come from shared memory.
-// At the end O / l is written as bf16 and lse = (m + log2 l) * ln 2. Every row keeps key 0 of
-// every tile it visits unmasked (tile kt <= the row's tile), so the running max is finite
-// from the first tile; a guard still keeps a fully masked row at 0 instead of NaN.
-// Never materialises the T x T matrix; the only O(T) state is per row (m, l, O in registers).
-// Not done (yet): cp.async double buffering of the K/V tiles, ldmatrix, skipping the fully
-// masked n-tiles of the diagonal tile, wgmma on sm_90a.
+// Tiles: one block of 4 warps (128 threads) per (128-query tile, b*h), the tiles launched longest
+// first (the last query tile attends to the most keys). Each warp owns 32 query rows as two
+// 16-row m-tiles, so every K or V fragment read from shared memory feeds two mma (32 FLOP per
+// shared byte). Keys go by 64-row tiles, double-buffered: while the block computes on tile kt,
+// cp.async copies tile kt + 1 into the other buffer (zero-filled past T).
+// Per key tile and warp:
+//   1. S = Q K^T (32 x 64): Q fragments by ldmatrix (kept in registers for the whole loop at
+//      HS = 64), K fragments by ldmatrix (two n-tiles per instruction);
+//   2. the causal mask only where the tile reaches past the warp's first row (one tile per warp
+//      at most); tiles wholly after the warp's rows are skipped;
+//   3. online softmax in the base-2 domain: the running max m stays in raw score units and the
+//      scale is folded into one FFMA per element, p = 2^(s scale log2(e) - m scale log2(e));
+//      the output and sum are rescaled by 2^((m_old - m_new) scale log2(e)); each thread keeps a
+//      partial row sum for its columns, added over the row's 4 lanes only at the end;
+//   4. O += P V: the fp32 P accumulators, rounded to bf16, are the A fragments directly; V
+//      fragments by ldmatrix.trans.
+// At the end O / l goes through shared memory (the warp's own Q rows) so that each row is written
+// with 16-byte stores, and lse = (m scale log2(e) + log2 l) ln 2. The keys are visited from key 0,
+// which every row sees, so the running max is finite from the first tile; a guard still keeps a
+// fully masked row at 0 instead of NaN.
 //
+// Resources (ptxas, sm_90a; test/attention_ptx_check.sh prints them): 128 threads, shared memory
+// (128 + 4 x 64) x (HS + 8) x 2 bytes = 55,296 (HS 64) / 104,448 (HS 128), so two blocks fit an
+// SM; launch bounds (128, 2) give each thread up to 255 registers: HS 128 holds O (128), S (64)
+// and the fragments; no spills.
 // Cost (causal): 2 * 2 * B*NH * (T^2/2) * HS FLOPs on tensor cores (S and P V), e.g. GPT-2 124M at
 // B = 8, T = 1024: 12.9 GFLOP per layer, ~13 us at 989 TFLOP/s (the same under GQA: every query
 // head still meets every key). Bytes: Q, O once (2 * B*T*NH*HS * 2), K/V once per query tile
-// (from L2) but once from DRAM: 2 * B*T*NKV*HS * 2, NH/NKV less than multi-head attention, as
-// the G = NH/NKV query heads of a group read the same K/V tiles; lse 4 B per row.
+// (from L2) but once from DRAM: 2 * B*T*NKV*HS * 2; lse 4 B per row. Measured on an H200
+// (2026-11-27, bench/RESULTS.md): 220-326 TFLOP/s at T 1k-16k, head sizes 64 and 128, MHA and GQA
+// alike: FlashAttention-2's published H100 level (the 64-query kernel before it did 104-150 on an
+// H100). cuDNN's Hopper kernels reach 280-620 with wgmma, which mma.sync cannot.
 #include <cmath>
 
 #include "cuda/attention.h"
@@ -43,14 +50,27 @@ namespace {
 
 using namespace flash;
 
+constexpr int kFwdWarps = 4;
+constexpr int kFwdThreads = kFwdWarps * kWarpSize;
+constexpr int kFwdMTiles = 2;                           // 16-row m-tiles per warp
+constexpr int kFwdWarpRows = 16 * kFwdMTiles;           // 32
+constexpr int kFwdBlockM = kFwdWarps * kFwdWarpRows;    // 128 queries per block
+constexpr int kFwdBlockN = 64;                        // keys per tile
+
 template <int HS>
-__global__ void __launch_bounds__(kThreads)
+constexpr size_t forward_smem_bytes() {
+  return size_t(kFwdBlockM + 4 * kFwdBlockN) * row_stride<HS>() * sizeof(bf16);  // Q, K x 2, V x 2
+}
+
+template <int HS>
+__global__ void __launch_bounds__(kFwdThreads, 2)
     flash_forward_kernel(bf16* out, float* lse, const bf16* qkv, int T, int NH, int NKV, float scale_log2) {
-  constexpr int LD = row_stride<HS>();
+  constexpr int LD = row_stride<HS>(), BM = kFwdBlockM, BN = kFwdBlockN, MT = kFwdMTiles, KS = HS / 16;
+  constexpr bool kQInRegs = HS <= 64;  // 32 registers at HS 64; at HS 128 O needs them
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  bf16* sQ = reinterpret_cast<bf16*>(smem_raw);
-  bf16* sK = sQ + kRows * LD;
-  bf16* sV = sK + kRows * LD;
+  bf16* sQ = reinterpret_cast<bf16*>(smem_raw);  // [BM][LD]
+  bf16* sK = sQ + BM * LD;                        // [2][BN][LD]
+  bf16* sV = sK + 2 * BN * LD;                    // [2][BN][LD]
 
   const int C = NH * HS;
   const size_t rs = static_cast<size_t>(NH + 2 * NKV) * HS;  // qkv row stride
@@ -58,124 +78,188 @@ __global__ void __launch_bounds__(kThreads)
   const int b = blockIdx.y / NH, h = blockIdx.y % NH, kvh = h / (NH / NKV);
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize, g = lane >> 2, t = lane & 3;
   const bf16* row_b = qkv + static_cast<size_t>(b) * T * rs;
-  const bf16* head = row_b + static_cast<size_t>(h) * HS;                // q
-  const bf16* khead = row_b + static_cast<size_t>(NH + kvh) * HS;        // k of the group
-  const bf16* vhead = row_b + static_cast<size_t>(NH + NKV + kvh) * HS;  // v of the group
-  const int row0 = qt * kRows + warp * 16 + g;  // this thread's query rows: row0 and row0 + 8
+  const bf16* qhead = row_b + static_cast<size_t>(h) * HS;
+  const bf16* khead = row_b + static_cast<size_t>(NH + kvh) * HS;
+  const bf16* vhead = row_b + static_cast<size_t>(NH + NKV + kvh) * HS;
+  const int q0 = qt * BM;
+  const int n_kt = ceil_div(min(q0 + BM, T), BN);  // key tiles up to the block's last row
+  const int wrow = warp * kFwdWarpRows;            // the warp's first row within the tile
+  const int wq0 = q0 + wrow;                       // ... and in the sequence
 
-  load_tile<HS>(sQ, head, rs, qt * kRows, T);
-  float o[HS / 8][4];
+  load_tile_async<HS, BM, kFwdThreads>(sQ, qhead, rs, q0, T);
+  load_tile_async<HS, BN, kFwdThreads>(sK, khead, rs, 0, T);
+  load_tile_async<HS, BN, kFwdThreads>(sV, vhead, rs, 0, T);
+  cp_async_commit();
+
+  float o[MT][HS / 8][4];
+  float m_run[MT][2], l_run[MT][2];
 #pragma unroll
-  for (int nt = 0; nt < HS / 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
-  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+  for (int m = 0; m < MT; ++m) {
+#pragma unroll
+    for (int nt = 0; nt < HS / 8; ++nt) o[m][nt][0] = o[m][nt][1] = o[m][nt][2] = o[m][nt][3] = 0.0f;
+    m_run[m][0] = m_run[m][1] = -INFINITY;
+    l_run[m][0] = l_run[m][1] = 0.0f;
+  }
+  uint32_t qf[kQInRegs ? MT : 1][kQInRegs ? KS : 1][4];
 
-  for (int kt = 0; kt <= qt; ++kt) {
-    __syncthreads();  // the previous K/V tile is no longer read
-    load_tile<HS>(sK, khead, rs, kt * kRows, T);
-    load_tile<HS>(sV, vhead, rs, kt * kRows, T);
+#pragma unroll 1
+  for (int kt = 0; kt < n_kt; ++kt) {
+    const int stage = kt & 1;
+    if (kt + 1 < n_kt) {  // prefetch the next tile into the other buffer (read in iteration kt - 1)
+      load_tile_async<HS, BN, kFwdThreads>(sK + (stage ^ 1) * BN * LD, khead, rs, (kt + 1) * BN, T);
+      load_tile_async<HS, BN, kFwdThreads>(sV + (stage ^ 1) * BN * LD, vhead, rs, (kt + 1) * BN, T);
+    }
+    cp_async_commit();  // possibly empty: keeps "all but the newest group" meaning "tile kt"
+    cp_async_wait<1>();
     __syncthreads();
 
-    float s[8][4];
+    if constexpr (kQInRegs) {
+      if (kt == 0) {
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+        for (int m = 0; m < MT; ++m)
 #pragma unroll
-    for (int kk = 0; kk < HS / 16; ++kk) {
-      uint32_t a[4];
-      load_a(a, sQ + warp * 16 * LD + kk * 16, LD, g, t);
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
-        uint32_t bk[2];
-        load_b_nk(bk, sK + nt * 8 * LD + kk * 16, LD, g, t);
-        mma(s[nt], a, bk);
+          for (int kk = 0; kk < KS; ++kk)
+            ldmatrix_x4(qf[m][kk], sQ + (wrow + m * 16) * LD + kk * 16 + lane_offset_x(lane, LD));
       }
     }
+    // Skip a tile whose keys all follow the warp's rows, and warps wholly past T.
+    const bool active = kt * BN <= wq0 + kFwdWarpRows - 1 && wq0 < T;
+    if (active) {
+      const bf16* k_s = sK + stage * BN * LD;
+      const bf16* v_s = sV + stage * BN * LD;
+      float s[MT][BN / 8][4];
+#pragma unroll
+      for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int nt = 0; nt < BN / 8; ++nt) s[m][nt][0] = s[m][nt][1] = s[m][nt][2] = s[m][nt][3] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < KS; ++kk) {
+        uint32_t a[MT][4];
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+          if constexpr (kQInRegs) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) a[m][i] = qf[m][kk][i];
+          } else {
+            ldmatrix_x4(a[m], sQ + (wrow + m * 16) * LD + kk * 16 + lane_offset_x(lane, LD));
+          }
+        }
+#pragma unroll
+        for (int np = 0; np < BN / 16; ++np) {
+          uint32_t bk[4];
+          ldmatrix_x4(bk, k_s + np * 16 * LD + kk * 16 + lane_offset_y(lane, LD));
+#pragma unroll
+          for (int m = 0; m < MT; ++m) {
+            mma_x2(s[m][2 * np], s[m][2 * np + 1], a[m], bk);
+          }
+        }
+      }
 
-    // Scale into the base-2 domain and mask: element e of n-tile nt is row row0 + 8*(e/2),
-    // key kt*64 + nt*8 + 2t + e%2.
-    float mx[2] = {-INFINITY, -INFINITY};
+      // The causal mask, only where some key of the tile follows the warp's first row. Element
+      // e of n-tile nt of m-tile m: row wq0 + 16m + g + 8 (e / 2), key kt*BN + 8nt + 2t + e % 2.
+      if (kt * BN + BN - 1 > wq0) {
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
+        for (int m = 0; m < MT; ++m)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e >> 1;
-        const int qi = row0 + 8 * r, kj = kt * kRows + nt * 8 + 2 * t + (e & 1);
-        const float v = (kj <= qi && kj < T) ? s[nt][e] * scale_log2 : -INFINITY;
-        s[nt][e] = v;
-        mx[r] = fmaxf(mx[r], v);
+          for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int qi = wq0 + m * 16 + g + 8 * (e >> 1), kj = kt * BN + nt * 8 + 2 * t + (e & 1);
+              if (kj > qi) s[m][nt][e] = -INFINITY;
+            }
+      }
+
+#pragma unroll
+      for (int m = 0; m < MT; ++m) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          float mx = -INFINITY;
+#pragma unroll
+          for (int nt = 0; nt < BN / 8; ++nt) mx = fmaxf(mx, fmaxf(s[m][nt][2 * r], s[m][nt][2 * r + 1]));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+          const float m_new = fmaxf(m_run[m][r], mx);
+          const float m_scaled = m_new == -INFINITY ? 0.0f : m_new * scale_log2;  // masked so far: 0, not NaN
+          const float alpha = exp2f(m_run[m][r] * scale_log2 - m_scaled);
+          m_run[m][r] = m_new;
+          float rowsum = 0.0f;
+#pragma unroll
+          for (int nt = 0; nt < BN / 8; ++nt) {
+            const float p0 = exp2f(fmaf(s[m][nt][2 * r], scale_log2, -m_scaled));
+            const float p1 = exp2f(fmaf(s[m][nt][2 * r + 1], scale_log2, -m_scaled));
+            s[m][nt][2 * r] = p0;
+            s[m][nt][2 * r + 1] = p1;
+            rowsum += p0 + p1;
+          }
+          l_run[m][r] = l_run[m][r] * alpha + rowsum;
+#pragma unroll
+          for (int nt = 0; nt < HS / 8; ++nt) {
+            o[m][nt][2 * r] *= alpha;
+            o[m][nt][2 * r + 1] *= alpha;
+          }
+        }
+      }
+
+      // O += P V, 16 keys per k-step.
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) {
+        uint32_t a[MT][4];
+#pragma unroll
+        for (int m = 0; m < MT; ++m) acc_to_a(a[m], s[m][2 * kk], s[m][2 * kk + 1]);
+#pragma unroll
+        for (int np = 0; np < HS / 16; ++np) {
+          uint32_t bv[4];
+          ldmatrix_x4_trans(bv, v_s + kk * 16 * LD + np * 16 + lane_offset_x(lane, LD));
+#pragma unroll
+          for (int m = 0; m < MT; ++m) {
+            mma_x2(o[m][2 * np], o[m][2 * np + 1], a[m], bv);
+          }
+        }
       }
     }
-    float alpha[2], m_use[2];
+    __syncthreads();  // this stage is read: the next iteration's prefetch overwrites it
+  }
+  cp_async_wait<0>();
+
+  // O / l into the warp's own Q rows of shared memory (only this warp read them), then out.
+#pragma unroll
+  for (int m = 0; m < MT; ++m) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      const float m_new = fmaxf(m_run[r], mx[r]);
-      m_use[r] = m_new == -INFINITY ? 0.0f : m_new;  // a row masked so far stays at 0, not NaN
-      alpha[r] = exp2f(m_run[r] - m_use[r]);
-      m_run[r] = m_new;
-    }
-    float rowsum[2] = {0.0f, 0.0f};
+      float l = l_run[m][r];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      const int row = wrow + m * 16 + g + 8 * r, qi = q0 + row;
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float p = exp2f(s[nt][e] - m_use[e >> 1]);
-        s[nt][e] = p;
-        rowsum[e >> 1] += p;
-      }
-    }
-    l_run[0] = l_run[0] * alpha[0] + rowsum[0];
-    l_run[1] = l_run[1] * alpha[1] + rowsum[1];
-#pragma unroll
-    for (int nt = 0; nt < HS / 8; ++nt) {
-      o[nt][0] *= alpha[0];
-      o[nt][1] *= alpha[0];
-      o[nt][2] *= alpha[1];
-      o[nt][3] *= alpha[1];
-    }
-
-    // O += P V, 16 keys per k-step.
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      uint32_t a[4];
-      acc_to_a(a, s[2 * kk], s[2 * kk + 1]);
-#pragma unroll
-      for (int nt = 0; nt < HS / 8; ++nt) {
-        uint32_t bv[2];
-        load_b_kn(bv, sV + kk * 16 * LD + nt * 8, LD, g, t);
-        mma(o[nt], a, bv);
-      }
+      for (int nt = 0; nt < HS / 8; ++nt)
+        store_pair(sQ + row * LD + nt * 8 + 2 * t, o[m][nt][2 * r] * inv, o[m][nt][2 * r + 1] * inv);
+      if (t == 0 && qi < T)
+        lse[(static_cast<size_t>(b) * NH + h) * T + qi] = (m_run[m][r] * scale_log2 + log2f(l)) * kLn2;
     }
   }
-
+  __syncwarp();
+  constexpr int kChunks = HS / 8;  // 16-byte chunks per row
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float l = l_run[r];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const int qi = row0 + 8 * r;
-    if (qi >= T) continue;
-    const float inv = 1.0f / l;
-    bf16* dst = out + (static_cast<size_t>(b) * T + qi) * C + static_cast<size_t>(h) * HS + 2 * t;
-#pragma unroll
-    for (int nt = 0; nt < HS / 8; ++nt)
-      *reinterpret_cast<__nv_bfloat162*>(dst + nt * 8) =
-          __floats2bfloat162_rn(o[nt][2 * r] * inv, o[nt][2 * r + 1] * inv);
-    if (t == 0) lse[(static_cast<size_t>(b) * NH + h) * T + qi] = (m_run[r] + log2f(l)) * kLn2;
+  for (int i = 0; i < kFwdWarpRows * kChunks / kWarpSize; ++i) {
+    const int e = lane + i * kWarpSize, r = e / kChunks, c = (e % kChunks) * 8, qi = wq0 + r;
+    if (qi < T)
+      *reinterpret_cast<int4*>(out + (static_cast<size_t>(b) * T + qi) * C + static_cast<size_t>(h) * HS + c) =
+          *reinterpret_cast<const int4*>(sQ + (wrow + r) * LD + c);
   }
 }
 
 template <int HS>
 void launch_forward(void* out, float* lse, const void* qkv, int B, int T, int NH, int NKV, cudaStream_t stream) {
-  const size_t smem = 3 * size_t(kRows) * row_stride<HS>() * sizeof(bf16);
+  const size_t smem = forward_smem_bytes<HS>();
   check(smem <= static_cast<size_t>(max_dynamic_shared_bytes()),
         "flash attention: " + std::to_string(smem) + " bytes of shared memory exceed this GPU's per-block limit");
   CUDA_CHECK(cudaFuncSetAttribute(flash_forward_kernel<HS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(smem)));
-  const dim3 grid(static_cast<unsigned>(ceil_div(T, kRows)), static_cast<unsigned>(B * NH));
+  const dim3 grid(static_cast<unsigned>(ceil_div(T, kFwdBlockM)), static_cast<unsigned>(B * NH));
   const float scale_log2 = kLog2e / std::sqrt(static_cast<float>(HS));
-  flash_forward_kernel<HS><<<grid, kThreads, smem, stream>>>(static_cast<bf16*>(out), lse,
-                                                             static_cast<const bf16*>(qkv), T, NH, NKV, scale_log2);
+  flash_forward_kernel<HS><<<grid, kFwdThreads, smem, stream>>>(
+      static_cast<bf16*>(out), lse, static_cast<const bf16*>(qkv), T, NH, NKV, scale_log2);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -1,6 +1,7 @@
 // Building blocks of the bf16 tensor-core flash attention (flash_attention_forward.cu,
-// flash_attention_backward.cu): the mma.sync.m16n8k16 bf16 -> fp32 instruction, loads of its
-// operand fragments from shared memory, and the 64-row tile loader. Device code only.
+// flash_attention_backward.cu), sm_80 and later: the mma.sync.m16n8k16 bf16 -> fp32 instruction,
+// ldmatrix loads of its operand fragments from shared memory, and cp.async tile copies from
+// global memory. Device code only.
 //
 // Fragment layouts (PTX ISA, mma.m16n8k16 with .bf16; lane = 4 * g + t, g = lane / 4, t = lane % 4;
 // each 32-bit register holds two bf16, the lower column/row index in the low half):
@@ -11,12 +12,22 @@
 // So the accumulators of two adjacent 16 x 8 tiles are exactly an A fragment of a 16 x 16 matrix
 // (acc_to_a): a softmax probability tile feeds the next product without a trip to memory.
 //
-// Shared-memory tiles are [64 rows][HS] bf16 with a row stride of HS + 8 elements: (HS + 8) / 2
-// words is 4 (mod 32) for HS = 64 and 128, so the 8 rows x 4 column pairs a fragment load
-// touches fall in 32 different banks, and every row start stays 16-byte aligned for the
-// 128-bit tile stores. Operands whose k index runs down the tile's rows (V in P*V, dO and Q
-// in the backward's P^T*dO and dS^T*Q, K in dS*K) are read as two 16-bit loads per register
-// (load_b_kn) instead of ldmatrix.trans: simpler to verify, at some instruction cost.
+// ldmatrix.x4 loads four 8 x 8 bf16 matrices; lanes 8i..8i+7 give the row addresses of matrix i,
+// and matrix i lands in register i of every lane (lane l holds row l/4, columns 2(l%4)..+1; with
+// .trans, column l/4, rows 2(l%4)..+1). Two lane-to-address patterns cover every operand here:
+//   pattern X (row = lane % 16, column + 8 for lanes 16-31):
+//     - an A fragment of a row-major 16 x 16 block (a0..a3 as above);
+//     - with .trans, the B fragments of two adjacent n-tiles of a [k][n] block (V in P V, dO and
+//       Q in the backward's P^T dO and dS^T Q, K in dS K): r0, r1 = n-tile 0, r2, r3 = n-tile 1;
+//   pattern Y (row = lane % 8 + 8 (lane / 16), column + 8 for lanes 8-15 and 24-31):
+//     - the B fragments of two adjacent n-tiles of an [n][k] block (K in Q K^T, Q and dO in the
+//       backward's K Q^T and V dO^T): r0, r1 = n-tile 0, r2, r3 = n-tile 1;
+//     - with .trans, the A fragment of a 16 x 16 block stored transposed ([k][m]: dS^T in dS K).
+//
+// Shared-memory tiles are [rows][HS] bf16 with a row stride of HS + 8 elements (16 bytes of
+// padding): the row stride is 4 words (mod 32), so the 8 row addresses of one ldmatrix matrix
+// (16 bytes each) fall in 8 disjoint groups of 4 banks: conflict-free, and every row start stays
+// 16-byte aligned for cp.async and ldmatrix.
 #pragma once
 #include <cstdint>
 
@@ -26,9 +37,6 @@ namespace pt::gpu::flash {
 
 using bf16 = __nv_bfloat16;
 
-constexpr int kRows = 64;  // queries or keys per tile
-constexpr int kWarps = 4;  // each warp owns 16 rows of the block's tile
-constexpr int kThreads = kWarps * kWarpSize;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -45,39 +53,37 @@ __device__ __forceinline__ void mma(float d[4], const uint32_t a[4], const uint3
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+// D0 += A * B0 and D1 += A * B1 for the two adjacent n-tiles one ldmatrix.x4 loads (b[0..1], b[2..3]).
+__device__ __forceinline__ void mma_x2(float d0[4], float d1[4], const uint32_t a[4], const uint32_t b[4]) {
+  mma(d0, a, b);
+  mma(d1, a, b + 2);
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+// This lane's element offset, within a 16 x 16 block of row stride ld, for the two patterns above.
+__device__ __forceinline__ int lane_offset_x(int lane, int ld) { return (lane & 15) * ld + (lane >> 4) * 8; }
+__device__ __forceinline__ int lane_offset_y(int lane, int ld) {
+  return ((lane & 7) + ((lane >> 4) << 3)) * ld + (lane & 8);
+}
+
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (low half) = lo
   return *reinterpret_cast<uint32_t*>(&v);
-}
-
-// Two consecutive bf16 (p[0] low, p[1] high).
-__device__ __forceinline__ uint32_t load_pair(const bf16* p) { return *reinterpret_cast<const uint32_t*>(p); }
-
-// p[0] (low) and p[stride] (high).
-__device__ __forceinline__ uint32_t load_pair_strided(const bf16* p, int stride) {
-  const uint32_t lo = *reinterpret_cast<const uint16_t*>(p);
-  const uint32_t hi = *reinterpret_cast<const uint16_t*>(p + stride);
-  return lo | (hi << 16);
-}
-
-// A fragment of the 16 x 16 row-major block at `base` (row stride ld).
-__device__ __forceinline__ void load_a(uint32_t a[4], const bf16* base, int ld, int g, int t) {
-  a[0] = load_pair(base + g * ld + 2 * t);
-  a[1] = load_pair(base + (g + 8) * ld + 2 * t);
-  a[2] = load_pair(base + g * ld + 2 * t + 8);
-  a[3] = load_pair(base + (g + 8) * ld + 2 * t + 8);
-}
-
-// B fragment (16 x 8) whose element (k, n) is base[n * ld + k]: rows of the tile are n.
-__device__ __forceinline__ void load_b_nk(uint32_t b[2], const bf16* base, int ld, int g, int t) {
-  b[0] = load_pair(base + g * ld + 2 * t);
-  b[1] = load_pair(base + g * ld + 2 * t + 8);
-}
-
-// B fragment (16 x 8) whose element (k, n) is base[k * ld + n]: rows of the tile are k.
-__device__ __forceinline__ void load_b_kn(uint32_t b[2], const bf16* base, int ld, int g, int t) {
-  b[0] = load_pair_strided(base + (2 * t) * ld + g, ld);
-  b[1] = load_pair_strided(base + (2 * t + 8) * ld + g, ld);
 }
 
 // The accumulators of two adjacent 16 x 8 tiles (columns 0-7 and 8-15), rounded to bf16, as the
@@ -89,23 +95,45 @@ __device__ __forceinline__ void acc_to_a(uint32_t a[4], const float lo[4], const
   a[3] = pack_bf16(hi[2], hi[3]);
 }
 
-// dst[r * (HS + 8) + c] = src[(row0 + r) * src_stride + c] for r < 64, c < HS; zeros for rows
-// >= T. 16-byte accesses: src and src_stride * 2 bytes must be 16-byte aligned (checked by the
-// launchers: HS % 8 == 0, C % 8 == 0 and aligned base pointers).
-template <int HS>
-__device__ __forceinline__ void load_tile(bf16* dst, const bf16* src, size_t src_stride, int row0, int T) {
-  constexpr int kChunks = HS / 8;  // 16-byte chunks per row
-  for (int e = threadIdx.x; e < kRows * kChunks; e += kThreads) {
-    const int r = e / kChunks, c = (e % kChunks) * 8, row = row0 + r;
-    int4 v = make_int4(0, 0, 0, 0);
-    if (row < T) v = *reinterpret_cast<const int4*>(src + static_cast<size_t>(row) * src_stride + c);
-    *reinterpret_cast<int4*>(dst + r * row_stride<HS>() + c) = v;
-  }
-}
-
-// p[0..1] = (x, y) rounded to bf16, one 32-bit store (the gradient outputs).
+// p[0..1] = (x, y) rounded to bf16, one 32-bit store.
 __device__ __forceinline__ void store_pair(bf16* p, float x, float y) {
   *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(x, y);
+}
+
+// ---- cp.async: global -> shared without a trip through registers (sm_80+) ----------------------
+
+// 16 bytes from src to dst, or 16 zero bytes when !valid (src is then not read, but must still be a
+// valid address: the callers pass the tile's base).
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// Waits until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// Starts copying rows [row0, row0 + ROWS) of a [T][src_stride] bf16 matrix (columns [0, HS)) into
+// dst[r * (HS + 8) + c], zeros for rows >= T, with THREADS threads. src and src_stride * 2 bytes
+// must be 16-byte aligned (the launchers check: HS % 8 == 0 and aligned base pointers). The
+// caller commits the group and waits for it.
+template <int HS, int ROWS, int THREADS>
+__device__ __forceinline__ void load_tile_async(bf16* dst, const bf16* src, size_t src_stride, int row0, int T) {
+  constexpr int kChunks = HS / 8;                // 16-byte chunks per row
+  constexpr int kRowStep = THREADS / kChunks;    // rows covered by one pass of the block
+  static_assert(THREADS % kChunks == 0 && ROWS % kRowStep == 0, "load_tile_async: whole rows per pass");
+  // One pointer per thread, stepped by whole passes: cheaper in registers than an address per chunk.
+  const int r = threadIdx.x / kChunks, c = (threadIdx.x % kChunks) * 8;
+  const bf16* from = src + static_cast<size_t>(row0 + r) * src_stride + c;
+  const size_t step = static_cast<size_t>(kRowStep) * src_stride;
+#pragma unroll
+  for (int i = 0; i < ROWS / kRowStep; ++i) {
+    const bool valid = row0 + r + i * kRowStep < T;
+    cp_async_16(dst + (r + i * kRowStep) * row_stride<HS>() + c, valid ? from : src, valid);
+    from += step;
+  }
 }
 
 }  // namespace pt::gpu::flash

@@ -4,14 +4,19 @@
 # 50257-token vocabulary (padded to 50304), and proof that the comparison can fail. First the script's own Llama and
 # Mixtral are checked against a loop written from the definitions (--self-test). Then, for each
 # model
-#   gpt2:    configs/tiny-gpt2.json;
+#   gpt2:    configs/tiny-gpt2.json with 2 heads of 64 channels, dumped at 1 x 147 tokens: head size
+#            64 in bf16 is what the CUDA backend's tensor-core flash kernels take (the Llama's and
+#            the Mixtral's 16 take the CUDA-core ones), and 147 tokens leave a ragged last tile
+#            (128-row tiles both ways) with two key blocks adding into one dQ tile (one
+#            sequence: the float64 reference's time grows with tokens x vocab);
 #   llama:   the same run settings as a Llama of 2 layers, d_model 64, 4 query heads over 2
 #            key/value heads, an untied head, norm_eps 1e-6 and rope_theta 500000 (not the
 #            defaults, so they must travel through the checkpoint and the folder);
 #   mixtral: that Llama with 4 experts of width 96 in every block, 2 per token, and the
 #            balancing loss weighted 0.02 (its gradient is part of every gradient compared):
 #   1. two training steps on random tokens, a checkpoint after each;
-#   2. reference_dump on each backend from the latest checkpoint; the script must pass (exit 0);
+#   2. reference_dump on each backend from the latest checkpoint (batch 2 x 47 unless the model
+#      says otherwise); the script must pass (exit 0);
 #   3. the first backend's dump with one gradient element moved by 10x the bound of its tensor's
 #      norm (1e-4 for fp32; the mixtral's router): the script must fail (exit 1) naming that tensor;
 #      for the mixtral also the dump with one token's expert replaced by one it did not choose:
@@ -81,12 +86,14 @@ with open(sys.argv[1], "wb") as f:
     f.write(tokens.tobytes())
 EOF
 
-# check_model NAME GRAD HF_TENSOR HF_AS [--set ...]: steps 1-5 for one model, in $WORK/NAME, from
-# configs/tiny-gpt2.json with the --set options given. GRAD is the gradient perturbed in step 3;
-# HF_TENSOR the folder's tensor changed in step 5, which the script names HF_AS (picotrain's name).
+# check_model NAME GRAD HF_TENSOR HF_AS DUMP_OPTIONS [--set ...]: steps 1-5 for one model, in
+# $WORK/NAME, from configs/tiny-gpt2.json with the --set options given. GRAD is the gradient
+# perturbed in step 3; HF_TENSOR the folder's tensor changed in step 5, which the script names
+# HF_AS (picotrain's name); DUMP_OPTIONS reference_dump's batch options ("": its 2 x 47 tokens).
 check_model() {
-  local name=$1 grad=$2 hf_tensor=$3 hf_as=$4
-  shift 4
+  local name=$1 grad=$2 hf_tensor=$3 hf_as=$4 dump_options
+  read -r -a dump_options <<<"$5"
+  shift 5
   local dir="$WORK/$name"
   mkdir -p "$dir"
 
@@ -104,7 +111,7 @@ check_model() {
     device=${backend%%:*}
     dtype=${backend#*:}
     expect 0 "$name: reference_dump --device $device --dtype $dtype" "$REFERENCE_DUMP" --checkpoint "$ckpt" \
-      --out "$dir/${device}_$dtype" --device "$device" --dtype "$dtype"
+      --out "$dir/${device}_$dtype" --device "$device" --dtype "$dtype" "${dump_options[@]}"
     dumps+=("$dir/${device}_$dtype")
   done
   expect 0 "$name: torch_reference.py: ${BACKENDS[*]}" "$PY" "$SRC/scripts/torch_reference.py" \
@@ -167,7 +174,7 @@ EOF
 
   # 4. A dump made from another checkpoint is refused, not compared.
   expect 0 "$name: reference_dump on the CPU from step 1" "$REFERENCE_DUMP" --checkpoint "$ckpt/step_00000001" \
-    --out "$dir/step1" --device cpu
+    --out "$dir/step1" --device cpu "${dump_options[@]}"
   expect 2 "$name: torch_reference.py: a dump of step 1 against step 2" "$PY" "$SRC/scripts/torch_reference.py" \
     --checkpoint "$ckpt" "$dir/step1"
 
@@ -198,20 +205,22 @@ EOF
     "$SRC/scripts/torch_reference.py" --checkpoint "$dir/imported" "${dumps[0]}"
 }
 
+GPT2=(--set model.n_heads=2)  # d_model 128: head size 64
 LLAMA=(--set model.arch=llama --set model.n_layers=2 --set model.d_model=64 --set model.n_heads=4
   --set model.n_kv_heads=2 --set model.norm_eps=1e-6 --set model.rope_theta=500000)
 for arch in "${ARCHS[@]}"; do
   case $arch in
     gpt2)
-      check_model gpt2 h.1.mlp.c_fc.bias transformer.h.1.mlp.c_fc.weight h.1.mlp.c_fc.weight
+      check_model gpt2 h.1.mlp.c_fc.bias transformer.h.1.mlp.c_fc.weight h.1.mlp.c_fc.weight "--batch 1 --seq-len 147" \
+        "${GPT2[@]}"
       ;;
     llama)
       check_model llama model.layers.1.self_attn.k_proj.weight model.layers.1.mlp.up_proj.weight \
-        model.layers.1.mlp.up_proj.weight "${LLAMA[@]}"
+        model.layers.1.mlp.up_proj.weight "" "${LLAMA[@]}"
       ;;
     mixtral)
       check_model mixtral model.layers.1.block_sparse_moe.gate.weight \
-        model.layers.0.block_sparse_moe.experts.2.w3.weight model.layers.0.block_sparse_moe.experts.2.w3.weight \
+        model.layers.0.block_sparse_moe.experts.2.w3.weight model.layers.0.block_sparse_moe.experts.2.w3.weight "" \
         "${LLAMA[@]}" --set moe.n_experts=4 --set moe.top_k=2 --set moe.expert_hidden=96 --set moe.aux_loss_coef=0.02
       ;;
     *)
