@@ -1,28 +1,36 @@
 #!/usr/bin/env bash
-# Issue #9's GPU speed benchmarks, unattended on one GPU within one device call (BUDGET_S, default
-# 540 s), ending in one summary ($OUT/bench_summary.md: ours, PyTorch, ratio, target, met?):
+# Issue #9's GPU speed benchmarks and issue #30's attention comparison, unattended on one GPU within
+# one device call (BUDGET_S, default 540 s), ending in one summary ($OUT/bench_summary.md: ours,
+# PyTorch, ratio, target, met?):
 #   1. build Release for this GPU: picotrain and bench/kernel_bench, configured exactly as
 #      scripts/gpu_check.sh does (same build folder by default, so after gpu_check little rebuilds),
 #      or none: scripts/gpu_pack.sh's prebuilt .gpubin when it starts here (GPU_BIN, as gpu_check)
-#   2. bench/kernel_bench: every op of a GPT-2 124M and 1.5B training step and attention (hd 64/128,
-#      T 1024/4096/8192), CUDA events, against the copy bandwidth and matmul rate measured in the run
-#   3. bench/attention_sdpa.py: PyTorch's flash SDPA at the same attention shapes
-#   4. synthetic llm.c shards (bench/synthetic_shards.py: English-like Zipf token frequencies)
-#   5. picotrain train, GPT-2 124M bf16, T 1024, B 64 x 8 micro-batches (524288 tokens/step, the
+#   2. bench/kernel_bench: every op of a GPT-2 124M and 1.5B training step, CUDA events, against the
+#      copy bandwidth and matmul rate measured in the run
+#   3. bench/kernel_bench --model none: our attention (issue #30), causal, forward, backward and both,
+#      hd 64/128, T 1k/2k/4k/8k/16k (B*T 16384, NH*hd 2048), multi-head and grouped-query 8:1
+#   4. bench/attention_sdpa.py: PyTorch's flash and cuDNN SDPA back ends at the same shapes
+#      (steps 3-4: ATTN_WARMUP untimed + ATTN_REPS timed calls per measurement; about a minute together)
+#   5. synthetic llm.c shards (bench/synthetic_shards.py: English-like Zipf token frequencies)
+#   6. picotrain train, GPT-2 124M bf16, T 1024, B 64 x 8 micro-batches (524288 tokens/step, the
 #      llm.c recipe), STEPS_124M steps; tokens/s and MFU from metrics.jsonl after SKIP_124M steps
-#   6. bench/torch_gpt2.py at the same shape and tokens (torch.compile, flash SDPA, fused AdamW)
-#   7. picotrain train, GPT-2 1.5B (configs/gpt2-1.5b.json), B 8 x 16, STEPS_15B steps: MFU
-#   8. bench/bench_summary.py: the summary
+#   7. bench/torch_gpt2.py at the same shape and tokens (torch.compile, flash SDPA, fused AdamW)
+#   8. picotrain train, GPT-2 1.5B (configs/gpt2-1.5b.json), B 8 x 16, STEPS_15B steps: MFU
+#   9. bench/bench_summary.py: the summary
+# ATTN_ONLY=1 runs steps 1, 3, 4 and 9 alone (builds kernel_bench only): the attention comparison
+# in a short second device call.
 # Every step runs under `timeout`, capped by what is left of the budget; a step that no longer fits
-# is skipped and says so, so one hang cannot eat the device call. Steps 5-7 use zero_stage 0 (on one
+# is skipped and says so, so one hang cannot eat the device call. Steps 6-8 use zero_stage 0 (on one
 # GPU every stage runs as ZeRO-0 anyway) and no validation, sampling or checkpoints.
 # Made for a GPU machine with nvcc, CMake, Ninja and PyTorch but no package manager: libraries it
 # lacks come from .deps/ (scripts/fetch_deps.sh, then carry .deps along), as for gpu_check.sh.
 #
 #   bench/gpu_bench.sh                 # results in $OUT (default BUILD_DIR/gpu_bench)
 #   DRY_RUN=1 bench/gpu_bench.sh       # print every command with its timeout; run nothing
+#   ATTN_ONLY=1 bench/gpu_bench.sh     # the attention comparison alone
 #
 # Environment: BUILD_DIR (build-gpucheck), OUT, JOBS (nproc), BUDGET_S (540), PYTHON (python3),
+# ATTN_ONLY (0), ATTN_WARMUP (2), ATTN_REPS (10),
 # STEPS_124M (20), SKIP_124M (5), B_124M (64), ACCUM_124M (8), STEPS_15B (10), SKIP_15B (3),
 # B_15B (8), ACCUM_15B (16), TORCH_15B (0; 1 also runs torch_gpt2.py at 1.5B, if time is left),
 # NSYS (0; 1 also profiles 6 steps of 124M at 2 micro-batches under `nsys profile --stats=true`;
@@ -41,6 +49,7 @@ DRY_RUN=${DRY_RUN:-0}
 STEPS_124M=${STEPS_124M:-20} SKIP_124M=${SKIP_124M:-5} B_124M=${B_124M:-64} ACCUM_124M=${ACCUM_124M:-8}
 STEPS_15B=${STEPS_15B:-10} SKIP_15B=${SKIP_15B:-3} B_15B=${B_15B:-8} ACCUM_15B=${ACCUM_15B:-16}
 TORCH_15B=${TORCH_15B:-0} NSYS=${NSYS:-0}
+ATTN_ONLY=${ATTN_ONLY:-0} ATTN_WARMUP=${ATTN_WARMUP:-2} ATTN_REPS=${ATTN_REPS:-10}
 T=1024
 RESERVE_S=20  # kept for the summary
 mkdir -p "$OUT" "$BUILD"
@@ -93,6 +102,18 @@ step() {
   return $rc
 }
 
+# finish: step 9, the summary of whatever ran, and the exit status; ATTN_ONLY=1 comes here after step 4.
+finish() {
+  if [ "$DRY_RUN" = 1 ]; then
+    echo "[dry run] summary: $PYTHON bench/bench_summary.py $OUT --skip-124m $SKIP_124M --skip-15b $SKIP_15B"
+    exit 0
+  fi
+  echo "gpu_bench: $(($(date +%s) - START)) s of the ${BUDGET_S} s budget used"
+  "$PYTHON" bench/bench_summary.py "$OUT" --skip-124m "$SKIP_124M" --skip-15b "$SKIP_15B" || FAILED=1
+  echo "gpu_bench: summary in $OUT/bench_summary.md"
+  exit $FAILED
+}
+
 # ---- the machine ---------------------------------------------------------------------------------
 {
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
@@ -112,31 +133,44 @@ if [ -n "$GPU_BIN" ]; then
   PICOTRAIN=$GPU_BIN/picotrain KERNEL_BENCH=$GPU_BIN/kernel_bench BUILT=0
   record build ok 0 "prebuilt: $(tr '\n' ' ' <"$GPU_BIN/BUILD_INFO")"
 else
-  # One command for `timeout`: configure, then only the two targets.
+  # One command for `timeout`: configure, then only the targets this run uses.
+  TARGETS="picotrain kernel_bench"
+  [ "$ATTN_ONLY" = 1 ] && TARGETS=kernel_bench
   printf -v BUILD_CMD '%q ' cmake "${CMAKE_ARGS[@]}"
-  BUILD_CMD+="&& cmake --build $(printf '%q' "$BUILD") -j $JOBS --target picotrain kernel_bench"
+  BUILD_CMD+="&& cmake --build $(printf '%q' "$BUILD") -j $JOBS --target $TARGETS"
   step build 300 "$OUT/build.log" bash -c "$BUILD_CMD"
   BUILT=$?
   PICOTRAIN="$BUILD/picotrain" KERNEL_BENCH="$BUILD/bench/kernel_bench"
 fi
 [ "$DRY_RUN" = 1 ] && BUILT=0
 
-# ---- 2. kernel benchmark -------------------------------------------------------------------------------
-if [ $BUILT -eq 0 ]; then
-  step kernel_bench 150 "$OUT/kernel_bench.log" "$KERNEL_BENCH" --model 124m --model 1.5b \
-    --b124 "$B_124M" --accum124 "$ACCUM_124M" --b15 "$B_15B" --accum15 "$ACCUM_15B" -T "$T" \
-    --json "$OUT/kernel_bench.json" --md "$OUT/kernel_bench.md"
-else
+# ---- 2-3. kernel benchmark: the training step's ops (6 s on the H100 of 2026-11), then attention --------
+# Two calls, so that each has its own timeout and a failing attention shape cannot lose the op table.
+if [ $BUILT -ne 0 ]; then
   record kernel_bench skip 0 "no build"
+  record kernel_attention skip 0 "no build"
+else
+  if [ "$ATTN_ONLY" != 1 ]; then
+    step kernel_bench 90 "$OUT/kernel_bench.log" "$KERNEL_BENCH" --model 124m --model 1.5b --no-attention \
+      --b124 "$B_124M" --accum124 "$ACCUM_124M" --b15 "$B_15B" --accum15 "$ACCUM_15B" -T "$T" \
+      --json "$OUT/kernel_bench.json" --md "$OUT/kernel_bench.md"
+  fi
+  # 20 shapes x 3 measurements x (ATTN_WARMUP + ATTN_REPS) calls: about 10 s at 120 TFLOP/s.
+  step kernel_attention 60 "$OUT/kernel_attention.log" "$KERNEL_BENCH" --model none \
+    --attention-warmup "$ATTN_WARMUP" --attention-reps "$ATTN_REPS" \
+    --json "$OUT/kernel_attention.json" --md "$OUT/kernel_attention.md"
 fi
 
-# ---- 3. PyTorch flash SDPA ----------------------------------------------------------------------------
-step attention_sdpa 120 "$OUT/attention_sdpa.log" "$PYTHON" bench/attention_sdpa.py --json "$OUT/attention_sdpa.json"
+# ---- 4. PyTorch SDPA, flash and cuDNN -------------------------------------------------------------------
+# The same 20 shapes on two back ends: about 10 s of attention at 300 TFLOP/s, plus importing torch
+# and building cuDNN's graphs.
+step attention_sdpa 90 "$OUT/attention_sdpa.log" "$PYTHON" bench/attention_sdpa.py --backends flash cudnn \
+  --warmup "$ATTN_WARMUP" --reps "$ATTN_REPS" --json "$OUT/attention_sdpa.json"
 
-# ---- 4. synthetic shards -------------------------------------------------------------------------------
-DATA="$BUILD/bench_data"
-step synthetic_data 60 "$OUT/synthetic_data.log" "$PYTHON" bench/synthetic_shards.py "$DATA" --tokens 8000000
-TRAIN="$DATA/synthetic_train_*.bin"
+if [ "$ATTN_ONLY" = 1 ]; then
+  record training skip 0 "ATTN_ONLY=1: no op table, training runs or PyTorch GPT-2"
+  finish
+fi
 
 # picotrain_run NAME CONFIG B ACCUM STEPS MAX_S [PREFIX...]: a short training run (PREFIX: a profiler
 # command to run it under); its metrics.jsonl into $OUT/NAME.jsonl.
@@ -155,7 +189,12 @@ picotrain_run() {
   return $rc
 }
 
-# ---- 5-7. training throughput ---------------------------------------------------------------------------
+# ---- 5. synthetic shards -------------------------------------------------------------------------------
+DATA="$BUILD/bench_data"
+step synthetic_data 60 "$OUT/synthetic_data.log" "$PYTHON" bench/synthetic_shards.py "$DATA" --tokens 8000000
+TRAIN="$DATA/synthetic_train_*.bin"
+
+# ---- 6-8. training throughput ---------------------------------------------------------------------------
 if [ $BUILT -eq 0 ]; then
   picotrain_run picotrain_124m configs/gpt2-124m.json "$B_124M" "$ACCUM_124M" "$STEPS_124M" 150
 else
@@ -184,13 +223,4 @@ if [ "$TORCH_15B" = 1 ]; then
     --grad-accum "$ACCUM_15B" --steps $((STEPS_15B - SKIP_15B)) --warmup "$SKIP_15B" \
     --data "$DATA/synthetic_train_000000.bin" --json "$OUT/torch_1.5b.json"
 fi
-
-# ---- 8. summary ------------------------------------------------------------------------------------------
-if [ "$DRY_RUN" = 1 ]; then
-  echo "[dry run] summary: $PYTHON bench/bench_summary.py $OUT --skip-124m $SKIP_124M --skip-15b $SKIP_15B"
-  exit 0
-fi
-echo "gpu_bench: $(( $(date +%s) - START )) s of the ${BUDGET_S} s budget used"
-"$PYTHON" bench/bench_summary.py "$OUT" --skip-124m "$SKIP_124M" --skip-15b "$SKIP_15B" || FAILED=1
-echo "gpu_bench: summary in $OUT/bench_summary.md"
-exit $FAILED
+finish

@@ -10,8 +10,11 @@
 //    forward and backward, attention, GELU, residual adds, the memsets backward does, the fused
 //    softmax + cross-entropy, the loss sum, the gradient norm, AdamW (one call over all
 //    parameters, and one call per parameter tensor as the trainer does), dtype casts;
-//  - attention forward/backward at the shapes bench/attention_sdpa.py gives PyTorch's flash SDPA:
-//    head dim 64 and 128, T 1024/4096/8192, hidden 2048 (NH = 2048/hd), B*T = 16384 tokens.
+//  - attention forward, backward and both, causal, at the shapes bench/attention_sdpa.py gives
+//    PyTorch's flash and cuDNN SDPA: head dim 64 and 128, T 1k/2k/4k/8k/16k, hidden 2048 (NH =
+//    2048/hd), B*T = 16384 tokens (FlashAttention's benchmarks), multi-head and grouped-query 8:1
+//    (NKV = NH/8); fewer reps than the ops (--attention-warmup/--attention-reps): a call at T 16k
+//    takes tens of milliseconds.
 //
 // How: each op runs `--warmup` times, then `--reps` times, each rep timed by a pair of CUDA events
 // and preceded (outside the events) by a memset of twice the L2 cache, so every rep reads its
@@ -33,10 +36,12 @@
 // step time of `picotrain train` (the difference is launch gaps, host syncs and anything not here).
 //
 //   build-bench/bench/kernel_bench                      # GPT-2 124M (B 64) + attention table
+//   build-bench/bench/kernel_bench --model none         # the ceilings and the attention table only
 //   build-bench/bench/kernel_bench --model 1.5b --json out.json --md out.md
 //   build-bench/bench/kernel_bench --smoke          # no GPU: the same calls on the CPU backend, tiny shapes
 //
-// Exits 77 (skip) when there is no GPU (unless --smoke), 1 on a failure.
+// Exits 77 (skip) when there is no GPU (unless --smoke), 1 on a failure or when an attention shape
+// was not timed (after writing --json and --md).
 #include <cuda_runtime.h>
 
 #include <CLI/CLI.hpp>
@@ -91,25 +96,37 @@ struct Row {
 
 class Bench {
  public:
-  Bench(Ops& ops, int warmup, int reps) : ops_(ops), warmup_(warmup), reps_(reps) {
-    if (ops_.device() != Device::cuda) return;  // --smoke: host clock, no L2 to flush
-    int dev = 0, l2 = 0;
-    cuda_ok(cudaGetDevice(&dev), "cudaGetDevice");
-    cuda_ok(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev), "L2 size");
-    // Twice the L2 (at least 64 MiB), so a memset of it evicts every line the op could reuse.
-    flush_ = ops_.alloc(std::max<size_t>(size_t(2) * l2, size_t(64) << 20) / sizeof(float), DType::f32);
-    events_.resize(2 * size_t(reps_));
-    for (auto& e : events_) cuda_ok(cudaEventCreate(&e), "cudaEventCreate");
+  Bench(Ops& ops, int warmup, int reps) : ops_(ops), cuda_(ops.device() == Device::cuda) {
+    if (cuda_) {  // the CPU backend (--smoke) has no L2 to flush and uses the host clock
+      int dev = 0, l2 = 0;
+      cuda_ok(cudaGetDevice(&dev), "cudaGetDevice");
+      cuda_ok(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev), "L2 size");
+      // Twice the L2 (at least 64 MiB), so a memset of it evicts every line the op could reuse.
+      flush_ = ops_.alloc(std::max<size_t>(size_t(2) * l2, size_t(64) << 20) / sizeof(float), DType::f32);
+    }
+    set_repetitions(warmup, reps);
   }
   ~Bench() {
     for (auto& e : events_) cudaEventDestroy(e);
     if (flush_) ops_.release(flush_);
   }
 
+  // Untimed and timed calls per op, for the ops run from now on: the attention table's calls take
+  // up to tens of milliseconds each, so it runs fewer of them than the model's sub-millisecond ops.
+  void set_repetitions(int warmup, int reps) {
+    warmup_ = warmup;
+    reps_ = reps;
+    while (cuda_ && events_.size() < 2 * size_t(reps_)) {
+      cudaEvent_t e;
+      cuda_ok(cudaEventCreate(&e), "cudaEventCreate");
+      events_.push_back(e);
+    }
+  }
+
   // Median and minimum milliseconds of fn over the reps.
   std::pair<double, double> time(const std::function<void()>& fn) {
     for (int i = 0; i < warmup_; i++) fn();
-    if (events_.empty()) {  // the CPU backend: its ops return when done
+    if (!cuda_) {  // the CPU backend: its ops return when done
       std::vector<double> ms(reps_);
       for (auto& t : ms) {
         const auto t0 = std::chrono::steady_clock::now();
@@ -124,7 +141,7 @@ class Bench {
       fn();
       cuda_ok(cudaEventRecord(events_[2 * r + 1], cudaStreamLegacy), "cudaEventRecord");
     }
-    cuda_ok(cudaEventSynchronize(events_.back()), "cudaEventSynchronize");
+    cuda_ok(cudaEventSynchronize(events_[2 * size_t(reps_) - 1]), "cudaEventSynchronize");
     std::vector<double> ms(reps_);
     for (int r = 0; r < reps_; r++) {
       float t = 0;
@@ -151,10 +168,16 @@ class Bench {
   double bw_ceiling = 0;    // GB/s, device-to-device copy
   double flop_ceiling = 0;  // TFLOP/s, large bf16 matmul
   std::vector<Row> rows;
+  // Shapes an op refused (an exception, e.g. a size it does not support): section, shape, why.
+  struct Failure {
+    std::string section, shape, error;
+  };
+  std::vector<Failure> failures;
 
  private:
   Ops& ops_;
-  int warmup_, reps_;
+  const bool cuda_;
+  int warmup_ = 0, reps_ = 0;
   Tensor flush_;
   std::vector<cudaEvent_t> events_;
 };
@@ -416,29 +439,53 @@ void bench_model(Bench& b, Ops& ops, const ModelShape& m) {
   buf.clear();
 }
 
-// Attention at the shapes bench/attention_sdpa.py runs PyTorch's flash SDPA on (multi-head).
-void bench_attention(Bench& b, Ops& ops, int tokens, int hidden, const std::vector<int>& seq_lens) {
+// Attention at the shapes bench/attention_sdpa.py gives PyTorch's SDPA back ends: head sizes 64 and
+// 128, NH = hidden / hd query heads, B = tokens / T, causal, for each entry of `groups` (query heads
+// per key/value head: 1 is multi-head, 8 grouped-query 8:1 with NKV = NH / 8). The FLOPs do not
+// depend on NKV: every query head still scores and mixes all its visible keys. Multi-head rows keep
+// the shape string of earlier runs ("B= NH= T= hd="), grouped-query rows add "NKV=", which is how
+// bench_summary.py tells them apart. A shape the backend refuses (an exception) is noted in
+// b.failures and the table goes on, so one unsupported size does not lose the others.
+void bench_attention(Bench& b, Ops& ops, int tokens, int hidden, const std::vector<int>& seq_lens,
+                     const std::vector<int>& groups) {
   Buffers buf(ops);
   const DType act = ops.compute_dtype();
-  for (int hd : {64, 128})
-    for (int T : seq_lens) {
-      const int NH = hidden / hd, B = std::max(1, tokens / T), C = hidden;
-      const size_t NC = size_t(B) * T * C;
-      Tensor qkv = buf.rand(NC * 3, act, 1), out = buf.zeros(NC, act);
-      Tensor lse = buf.zeros(size_t(B) * NH * T, DType::f32);
-      Tensor dout = buf.rand(NC, act, 1), dqkv = buf.zeros(NC * 3, act);
-      const double fl = 4.0 * B * NH * double(T) * T * hd / 2;
-      const std::string shape = "B=" + std::to_string(B) + " NH=" + std::to_string(NH) + " T=" + std::to_string(T) +
-                                " hd=" + std::to_string(hd);
-      b.run({"attention", "attention_forward", shape, true, fl, "4*B*NH*T^2*hd/2"},
-            [&] { ops.attention_forward(out, lse, qkv, B, T, C, NH, NH); });
-      b.run({"attention", "attention_backward", shape, true, 2.5 * fl, "2.5 x fwd"},
-            [&] { ops.attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH, NH); });
-      b.run({"attention", "attention_fwd+bwd", shape, true, 3.5 * fl, "3.5 x fwd"}, [&] {
-        ops.attention_forward(out, lse, qkv, B, T, C, NH, NH);
-        ops.attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH, NH);
-      });
-      buf.clear();
+  for (int group : groups)
+    for (int hd : {64, 128}) {
+      const int NH = hidden / hd, C = hidden;
+      if (group < 1 || NH % group != 0) {
+        b.failures.push_back({"attention", "NH=" + std::to_string(NH) + " hd=" + std::to_string(hd),
+                              std::to_string(group) + " query heads per key/value head do not divide NH"});
+        continue;
+      }
+      const int NKV = NH / group;
+      for (int T : seq_lens) {
+        const int B = std::max(1, tokens / T);
+        std::string shape = "B=" + std::to_string(B) + " NH=" + std::to_string(NH);
+        if (NKV != NH) shape += " NKV=" + std::to_string(NKV);
+        shape += " T=" + std::to_string(T) + " hd=" + std::to_string(hd);
+        // qkv and dqkv: [B, T, (NH + 2 NKV) hd], q | k | v as the model's projection writes them.
+        const size_t BT = size_t(B) * T, W = size_t(NH + 2 * NKV) * hd;
+        Tensor qkv = buf.rand(BT * W, act, 1), out = buf.zeros(BT * C, act);
+        Tensor lse = buf.zeros(size_t(B) * NH * T, DType::f32);
+        Tensor dout = buf.rand(BT * C, act, 1), dqkv = buf.zeros(BT * W, act);
+        const double fl = 4.0 * B * NH * double(T) * T * hd / 2;
+        // Forward first: backward's timing reads the out and lse it left.
+        auto fwd = [&] { ops.attention_forward(out, lse, qkv, B, T, C, NH, NKV); };
+        auto bwd = [&] { ops.attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH, NKV); };
+        try {
+          b.run({"attention", "attention_forward", shape, true, fl, "4*B*NH*T^2*hd/2"}, fwd);
+          b.run({"attention", "attention_backward", shape, true, 2.5 * fl, "2.5 x fwd"}, bwd);
+          b.run({"attention", "attention_fwd+bwd", shape, true, 3.5 * fl, "3.5 x fwd"}, [&] {
+            fwd();
+            bwd();
+          });
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "  attention %s: not timed: %s\n", shape.c_str(), e.what());
+          b.failures.push_back({"attention", shape, e.what()});
+        }
+        buf.clear();
+      }
     }
 }
 
@@ -513,7 +560,13 @@ std::string markdown(const Bench& b, const std::string& device, const std::strin
   for (const Row& r : b.rows) any_attention |= r.section == "attention";
   if (any_attention) {
     md += "\n## Attention (compare with bench/attention_sdpa.py at the same shapes)\n\n";
+    md += "Causal; NKV= in the shape: grouped-query (NKV key/value heads), else multi-head. The FLOPs do not "
+          "depend on NKV.\n\n";
     table("attention", false);
+  }
+  if (!b.failures.empty()) {
+    md += "\n## Not timed\n\n| section | shape | why |\n|---|---|---|\n";
+    for (const auto& f : b.failures) md += "| " + f.section + " | " + f.shape + " | " + f.error + " |\n";
   }
   return md;
 }
@@ -522,7 +575,8 @@ int main_impl(int argc, char** argv) {
   CLI::App app{"Times every CUDA op of a GPT-2 training step and attention against measured ceilings"};
   std::vector<std::string> model_names = {"124m"};
   int b124 = 64, b15 = 8, T = 1024, accum124 = 8, accum15 = 16, warmup = 3, reps = 20, att_tokens = 16384,
-      att_hidden = 2048;
+      att_hidden = 2048, att_warmup = 2, att_reps = 10;
+  std::vector<int> att_seq_lens = {1024, 2048, 4096, 8192, 16384}, att_groups = {1, 8};
   bool no_attention = false, smoke = false;
   std::string json_path, md_path;
   app.add_option("--model", model_names, "Model shapes to time: 124m, 1.5b (repeatable; 'none' for attention only)");
@@ -533,9 +587,15 @@ int main_impl(int argc, char** argv) {
   app.add_option("-T,--seq-len", T, "Sequence length of the model shapes");
   app.add_option("--warmup", warmup, "Untimed calls before timing");
   app.add_option("--reps", reps, "Timed calls; the median is reported")->check(CLI::PositiveNumber);
-  app.add_flag("--no-attention", no_attention, "Skip the attention table (hd 64/128, T 1024/4096/8192)");
+  app.add_flag("--no-attention", no_attention, "Skip the attention table (hd 64/128, --attention-seq-lens)");
   app.add_option("--attention-tokens", att_tokens, "B*T of the attention table (FlashAttention's benchmarks: 16384)");
   app.add_option("--attention-hidden", att_hidden, "NH*hd of the attention table (FlashAttention's benchmarks: 2048)");
+  app.add_option("--attention-seq-lens", att_seq_lens, "Sequence lengths of the attention table");
+  app.add_option("--attention-groups", att_groups,
+                 "Query heads per key/value head of the attention table (1: multi-head; 8: grouped-query 8:1)");
+  // One fwd+bwd at T 16k takes tens of milliseconds: the attention table runs fewer reps than the ops.
+  app.add_option("--attention-warmup", att_warmup, "Untimed calls before timing, attention table");
+  app.add_option("--attention-reps", att_reps, "Timed calls, attention table")->check(CLI::PositiveNumber);
   app.add_option("--json", json_path, "Write the rows as JSON here");
   app.add_option("--md", md_path, "Write the markdown report here");
   app.add_flag("--smoke", smoke,
@@ -553,7 +613,6 @@ int main_impl(int argc, char** argv) {
   }
   size_t copy_bytes = size_t(1) << 30;
   int matmul_n = 8192;
-  std::vector<int> att_seq_lens = {1024, 4096, 8192};
   std::unique_ptr<Ops> ops;
   if (smoke) {
     // The same code path at shapes a CPU finishes in seconds: it checks every call's arguments.
@@ -561,10 +620,10 @@ int main_impl(int argc, char** argv) {
     copy_bytes = size_t(16) << 20;
     matmul_n = 256;
     att_tokens = 256;
-    att_hidden = 256;
+    att_hidden = 1024;  // NH 16 / 8 at hd 64 / 128: grouped-query 8:1 still has whole key/value heads
     att_seq_lens = {64, 128};
-    warmup = 1;
-    reps = 2;
+    warmup = att_warmup = 1;
+    reps = att_reps = 2;
     ops = make_ops(Device::cpu);
   } else {
     if (cuda_device_count() == 0) {
@@ -583,7 +642,11 @@ int main_impl(int argc, char** argv) {
   Bench b(*ops, warmup, reps);
   bench_ceilings(b, *ops, copy_bytes, matmul_n);
   for (const ModelShape& m : models) bench_model(b, *ops, m);
-  if (!no_attention) bench_attention(b, *ops, att_tokens, att_hidden, att_seq_lens);
+  if (!no_attention) {
+    std::fprintf(stderr, "attention: %d warm-up + %d timed reps per op\n", att_warmup, att_reps);
+    b.set_repetitions(att_warmup, att_reps);
+    bench_attention(b, *ops, att_tokens, att_hidden, att_seq_lens, att_groups);
+  }
   ops->synchronize();
 
   const std::string md = markdown(b, device, date, peak, models, !smoke);
@@ -598,6 +661,10 @@ int main_impl(int argc, char** argv) {
     j["flop_ceiling_tflops"] = b.flop_ceiling;
     j["warmup"] = warmup;
     j["reps"] = reps;
+    if (!no_attention) {
+      j["attention_warmup"] = att_warmup;
+      j["attention_reps"] = att_reps;
+    }
     for (const ModelShape& m : models) {
       double total = 0;
       for (const Row& r : b.rows)
@@ -612,7 +679,14 @@ int main_impl(int argc, char** argv) {
                            {"unit", r.flops ? "FLOP" : "byte"}, {"work", r.work}, {"formula", r.formula},
                            {"calls_per_step", r.per_step}, {"median_ms", r.median_ms}, {"min_ms", r.min_ms},
                            {"rate", r.rate}, {"rate_unit", r.flops ? "TFLOP/s" : "GB/s"}, {"fraction", r.fraction}});
+    for (const auto& f : b.failures)
+      j["failures"].push_back({{"section", f.section}, {"shape", f.shape}, {"error", f.error}});
     std::ofstream(json_path) << j.dump(1) << "\n";
+  }
+  // The results are written; a refused shape still fails the run, so that nobody misses it.
+  if (!b.failures.empty()) {
+    std::fprintf(stderr, "error: %zu shape(s) not timed (see \"Not timed\")\n", b.failures.size());
+    return 1;
   }
   return 0;
 }

@@ -9,6 +9,7 @@
 #      CUDA fp32 and CUDA bf16 backends (logits, loss, every gradient), beside the tests
 #      (test/torch_reference.sh with the CUDA backends added)
 #   4. a short GPT-2 124M bf16 training run on synthetic data (20 steps)
+#   5. compute-sanitizer memcheck and racecheck over the tests of the kernels last changed (SANITIZE)
 # Made for a GPU machine with nvcc, CMake, Ninja and PyTorch but no package manager: libraries it
 # lacks come from .deps/ (run scripts/fetch_deps.sh where apt works, then carry .deps along).
 # Meant to finish within 10 minutes on one H100/H200 when it builds, about 4 with .gpubin.
@@ -19,7 +20,8 @@
 # Environment: BUILD_DIR, OUT, JOBS, GPU_BIN (prebuilt folder; default .gpubin when present;
 # GPU_BIN= builds here; with MPI here mpi_gpu_parity is built here all the same), TEST_LIMIT (240 s
 # per test), TORCH_LIMIT (400 s), TRAIN_LIMIT (180 s), MPI_LIMIT (300 s: mpi_gpu_parity, np 2 and 4),
-# PICOTRAIN_NCCL_LIB (else the libnccl.so.2 of PyTorch's pip wheels).
+# PICOTRAIN_NCCL_LIB (else the libnccl.so.2 of PyTorch's pip wheels), SANITIZE (gpu_attention; empty
+# skips step 5), SANITIZE_LIMIT (150 s per tool and test), SANITIZE_ARGS (test arguments under it; ~[flash]).
 # Writes to $OUT: summary.txt, build.log, tests/<test>.log, torch.log, train.log, metrics.jsonl.
 # Exit status: 0 when every step passed, 1 otherwise.
 set -uo pipefail
@@ -242,6 +244,36 @@ EOF
   fi
 else
   record "gpt2-124m 20 steps" skip 0 "no build"
+fi
+
+# ---- 5. compute-sanitizer on the kernels changed since the last GPU run --------------------------------
+# memcheck (out-of-bounds and misaligned accesses) and racecheck (shared-memory hazards) over the
+# tests in SANITIZE (default gpu_attention: the flash kernels), each run under SANITIZE_LIMIT
+# seconds; SANITIZE_ARGS goes to the test binary (a Catch2 filter keeps a slow test short: the
+# default ~[flash] leaves out gpu_attention's long T sweeps, whose kernels the short cases share).
+SANITIZE=${SANITIZE-gpu_attention} SANITIZE_LIMIT=${SANITIZE_LIMIT:-150} SANITIZE_ARGS=${SANITIZE_ARGS-~[flash]}
+if [ $rc -eq 0 ] && [ -n "$SANITIZE" ]; then
+  if command -v compute-sanitizer >/dev/null 2>&1; then
+    mkdir -p "$OUT/sanitize"
+    for t in $SANITIZE; do
+      for tool in memcheck racecheck; do
+        t0=$(now)
+        log="$OUT/sanitize/$t.$tool.log"
+        # shellcheck disable=SC2086  # SANITIZE_ARGS is a list of arguments
+        timeout -k 5 "$SANITIZE_LIMIT" compute-sanitizer --tool "$tool" --error-exitcode 3 "$TEST_BIN/$t" \
+          $SANITIZE_ARGS >"$log" 2>&1
+        src=$?
+        summary=$(grep -m1 -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log")
+        case $src in
+          0) record "$tool $t" ok "$(elapsed "$t0")" "$summary" ;;
+          124 | 137) record "$tool $t" FAIL "$(elapsed "$t0")" "killed after ${SANITIZE_LIMIT} s" ;;
+          *) record "$tool $t" FAIL "$(elapsed "$t0")" "rc $src: $summary $(grep -m1 -E 'Invalid|Race|hazard' "$log" | cut -c1-100)" ;;
+        esac
+      done
+    done
+  else
+    record "compute-sanitizer" FAIL 0 "not on this machine's PATH"
+  fi
 fi
 
 # ---- summary ---------------------------------------------------------------------------------------
