@@ -1,7 +1,8 @@
 // The picotrain binary under mpirun (this test itself runs as one plain process and launches
 // mpirun; see test/CMakeLists.txt): bad layouts are config errors printed by every rank, with
 // the numbers, and exit 2 without hanging (each launch runs under `timeout`); a good multi-rank
-// run logs and writes its run directory from rank 0 only; a checkpoint saved under one layout
+// run logs and writes its run directory from rank 0 only, and a finished one (ZeRO-3, pipeline)
+// its final checkpoint from every rank; a checkpoint saved under one layout
 // resumes under another on the same trajectory; a rank that stops responding ends the run
 // through the other's watchdog instead of hanging it.
 #include <signal.h>
@@ -61,6 +62,22 @@ std::vector<float> checkpoint_state(const fs::path& step_dir, const std::string&
   return out;
 }
 
+// A finished run's final checkpoint (no checkpoint settings: the end is saved collectively by
+// every rank): committed, named by the done line, and holding the whole model, every pipeline
+// stage's and ZeRO shard's part of it.
+void check_final_checkpoint(const TempRun& run, const Launch& l, const std::string& step_dir) {
+  const fs::path dir = run.dir / "run" / "checkpoints" / step_dir;
+  CHECK_THAT(l.output, Contains("; final checkpoint " + dir.string() + "\n"));
+  std::ifstream latest(run.dir / "run" / "checkpoints" / "latest");
+  std::string name;
+  std::getline(latest, name);
+  CHECK(name == step_dir);
+  const pt::ckpt::CheckpointReader r(dir.string());
+  for (const char* t : {"master/wte", "master/h.0.ln_1.weight", "master/h.1.mlp.c_fc.weight", "adam_m/ln_f.weight",
+                        "adam_v/wpe"})
+    CHECK(r.has(t));
+}
+
 size_t count(const std::string& text, const std::string& what) {
   size_t n = 0;
   for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) n++;
@@ -110,6 +127,7 @@ TEST_CASE("a multi-rank run logs and writes its run directory from rank 0 only",
   while (std::getline(metrics, line)) lines++;
   CHECK(lines == 3);
   CHECK(fs::exists(run.dir / "run" / "config.json"));
+  check_final_checkpoint(run, l, "step_00000003");
 }
 
 TEST_CASE("a pipeline run warns about its bubble and logs the measured bubble and waits", "[mpi][pipeline]") {
@@ -142,6 +160,7 @@ TEST_CASE("a pipeline run warns about its bubble and logs the measured bubble an
     CHECK(inside <= j["dt_ms"].get<double>());
   }
   CHECK(lines == 3);
+  check_final_checkpoint(run, l, "step_00000003");
 }
 
 TEST_CASE("tp2 x cp2 with sequence parallel runs from the command line and samples from the gathered model",

@@ -1,6 +1,7 @@
 // Retention: keep_latest newest committed checkpoints plus every keep_every milestone; older
 // ones are deleted only after a newer one is committed; uncommitted directories are neither
-// loaded nor counted. Also the periodic and end-of-run saves of Trainer::run().
+// loaded nor counted. Also the periodic and end-of-run saves of Trainer::run(): a finished run
+// always leaves its trained model (checkpoint.final), once, unless told not to.
 #include <catch2/catch.hpp>
 
 #include <cerrno>
@@ -47,6 +48,58 @@ TEST_CASE("a run saves every_steps and at the end, and leaves exactly the promis
   CHECK(on_disk(fx.ckpt_dir()) == std::vector<int>{6, 9, 10});
   CHECK(read_text(fx.ckpt_dir() + "/latest") == "step_00000010\n");
   CHECK(ckpt::scan_checkpoint_dir(fx.ckpt_dir()).leftovers.empty());
+}
+
+TEST_CASE("a run without a checkpoint section leaves a resumable checkpoint of its last step", "[ckpt]") {
+  CkptFixture fx("ckpt_final_save");
+  const World world;
+  std::vector<float> trained;
+  {
+    CpuOps ops;
+    Trainer t(fx.config({"schedule.total_steps=5"}), world, ops);  // every_steps 0, final by default
+    t.run();
+    CHECK(on_disk(fx.ckpt_dir()) == std::vector<int>{5});
+    CHECK(read_text(fx.ckpt_dir() + "/latest") == "step_00000005\n");
+    CHECK(t.final_checkpoint() == fx.step_dir(5));
+    trained = full_state(t, ops);
+  }
+  // The whole training state: a new process picks up at step 5 with the same weights and moments.
+  CpuOps ops;
+  Trainer resumed(fx.config({"schedule.total_steps=5", "checkpoint.resume=auto"}), world, ops);
+  CHECK(resumed.steps_done() == 5);
+  CHECK(same_bytes(full_state(resumed, ops), trained));
+}
+
+TEST_CASE("checkpoint.final=false: the end is saved only when every_steps makes it due", "[ckpt]") {
+  CkptFixture fx("ckpt_final_off");
+  const World world;
+  CpuOps ops;
+  SECTION("without every_steps, no checkpoint at all") {
+    Trainer t(fx.config({"schedule.total_steps=5", "checkpoint.final=false"}), world, ops);
+    t.run();
+    CHECK_FALSE(fs::exists(fx.ckpt_dir()));
+    CHECK(t.final_checkpoint().empty());
+  }
+  SECTION("with every_steps, the due steps only") {
+    Trainer t(fx.config({"schedule.total_steps=10", "checkpoint.every_steps=4", "checkpoint.final=false"}), world, ops);
+    t.run();
+    CHECK(on_disk(fx.ckpt_dir()) == std::vector<int>{4, 8});
+    CHECK(t.final_checkpoint().empty());  // step 10 is not on disk
+  }
+}
+
+TEST_CASE("a last step that every_steps saved is not saved again at the end", "[ckpt]") {
+  CkptFixture fx("ckpt_final_once");
+  const World world;
+  CpuOps ops;
+  Trainer t(fx.config({"schedule.total_steps=10", "checkpoint.every_steps=5"}), world, ops);
+  t.run();
+  CHECK(on_disk(fx.ckpt_dir()) == std::vector<int>{5, 10});
+  CHECK(t.final_checkpoint() == fx.step_dir(10));
+  // Two writes in all (steps 5 and 10), as the run report counts them.
+  const nlohmann::json report = nlohmann::json::parse(read_text((fx.dir / "run" / "report.json").string()));
+  CHECK(report["checkpoint"]["writes"] == 2);
+  CHECK(report["checkpoint"]["final_checkpoint"] == fx.step_dir(10));
 }
 
 TEST_CASE("old checkpoints are pruned only after a newer one is committed", "[ckpt]") {

@@ -1,5 +1,6 @@
 // Resume: 20 steps straight and 10 + checkpoint + resume + 10 give bitwise-identical losses,
-// gradient norms, learning rates, cursor and final state; checkpoint.resume's three forms;
+// gradient norms, learning rates, cursor and final state, also when the 10 steps were a finished
+// run that is extended from its final checkpoint; checkpoint.resume's three forms;
 // a model-shape mismatch names the key; a fresh run does not overwrite an existing run.
 #include <catch2/catch.hpp>
 
@@ -9,6 +10,7 @@
 #include "ckpt_test_support.h"
 #include "core/ckpt/checkpoint_dir.h"
 #include "core/cpu/cpu_ops.h"
+#include "core/report/run_report.h"
 
 using namespace pt;
 using namespace pt::test;
@@ -19,6 +21,51 @@ TEST_CASE("resume is bit-exact: 20 steps straight equal 10 + checkpoint + resume
   // The same runs and checks on the CUDA backend: test/gpu_resume.cpp.
   const ResumeRuns runs = run_straight_and_resumed(fx, [] { return std::make_unique<CpuOps>(); }, 10, 20);
   check_bit_exact_resume(runs, fx);
+}
+
+TEST_CASE("a finished run extends from its final checkpoint bit-exactly: 10 + 10 more equal 20", "[ckpt]") {
+  CkptFixture fx("ckpt_extend");
+  // The schedule is constant after its warm-up, so a step's learning rate does not depend on
+  // schedule.total_steps: the 10-step run's steps are the first 10 of the 20-step one. (Under
+  // cosine or linear decay a longer schedule has other rates from the warm-up's end on, so the
+  // extension continues a different run, by design; the other resume tests keep total_steps.)
+  const std::vector<std::string> constant = {"schedule.decay=constant"};
+  const World world;
+  ResumeRuns r;
+  r.at = 10;
+  r.total = 20;
+  {
+    CpuOps ops;
+    Trainer a(fx.config(with(constant, {"schedule.total_steps=20"}), "straight"), world, ops);
+    for (int i = 0; i < r.total; i++) r.straight.push_back(a.step());
+    r.straight_state = full_state(a, ops);
+    r.straight_cursor = a.cursor();
+  }
+  {
+    // A whole run of 10 steps, with no checkpoint settings: what it leaves is its final checkpoint.
+    CpuOps ops;
+    Trainer b(fx.config(with(constant, {"schedule.total_steps=10"})), world, ops);
+    b.run();
+    r.saved = b.final_checkpoint();
+  }
+  // Its steps as metrics.jsonl logged them (every step; JSON keeps a double's every bit).
+  for (const nlohmann::json& m : read_metrics((fx.dir / "run" / "metrics.jsonl").string())) {
+    StepResult s;
+    s.loss = m.at("loss").get<double>();
+    s.grad_norm = m.at("grad_norm").get<double>();
+    s.lr = m.at("lr").get<double>();
+    r.split.push_back(s);
+  }
+  REQUIRE(r.split.size() == 10u);
+  CpuOps ops;
+  Trainer c(fx.config(with(constant, {"schedule.total_steps=20", "checkpoint.resume=auto"})), world, ops);
+  r.resumed_steps_done = c.steps_done();
+  r.resumed_from = c.checkpointer().resumed_from();
+  REQUIRE(r.resumed_steps_done == r.at);
+  for (int i = r.at; i < r.total; i++) r.split.push_back(c.step());
+  r.resumed_state = full_state(c, ops);
+  r.resumed_cursor = c.cursor();
+  check_bit_exact_resume(r, fx);
 }
 
 TEST_CASE("checkpoint.resume takes auto, a step directory or a checkpoint directory", "[ckpt]") {

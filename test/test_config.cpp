@@ -260,6 +260,7 @@ TEST_CASE("defaults are GPT-2 124M", "[config]") {
   CHECK(c.schedule.decay == "cosine");
   CHECK(c.precision.compute_dtype == "auto");
   CHECK(c.data.val.empty());
+  CHECK(c.checkpoint.final);  // a finished run leaves its trained model
   CHECK(c.checkpoint.keep_latest == 2);
   CHECK(c.checkpoint.keep_every == 0);
   CHECK(c.checkpoint.save_timeout_s == 900);
@@ -423,6 +424,11 @@ TEST_CASE("unknown keys and wrong types in the file", "[config]") {
     j = tiny();
     j["parallel"]["sequence_parallel"] = 1;
     CHECK_THAT(error_of_json(j), Contains("parallel.sequence_parallel=1 is an integer, expected a boolean"));
+    j = tiny();
+    j["checkpoint"]["final"] = "no";
+    CHECK_THAT(error_of_json(j), Contains("checkpoint.final=\"no\" is a string, expected a boolean"));
+    CHECK_THAT(error_of({"checkpoint.final=0"}), Contains("checkpoint.final=0 is an integer, expected a boolean"));
+    CHECK_FALSE(pt::config_from_json(tiny(), {"checkpoint.final=false"}, 1).checkpoint.final);
     j = tiny();
     j["run"]["name"] = 7;
     CHECK_THAT(error_of_json(j), Contains("run.name=7 is an integer, expected a string"));

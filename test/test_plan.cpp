@@ -47,6 +47,9 @@ struct TempConfig {
         {"precision", {{"compute_dtype", "fp32"}}},
         {"data", {{"train", (dir / "p_train_*.bin").string()}}},
         {"logging", {{"peak_tflops", 1.0}}},
+        // The runs here measure memory, several into the same run directory: no final
+        // checkpoint, which would make the next fresh run refuse that directory.
+        {"checkpoint", {{"final", false}}},
     };
     path = (dir / "cfg.json").string();
     std::ofstream(path) << j.dump();

@@ -301,7 +301,16 @@ TEST_CASE("a short CPU run writes a complete report that agrees with metrics.jso
   CHECK(r["run"]["status"] == "finished");
   CHECK(r["reliability"]["sessions"] == 1);
   CHECK(r["reliability"]["restarts"] == 0);
-  CHECK(r["checkpoint"]["writes"] == 3);  // steps 4, 8, 12
+  CHECK(r["checkpoint"]["writes"] == 3);  // steps 4, 8, 12 (the last once: periodic and final)
+  // The final checkpoint, named by the done line and the report with what to do with it.
+  const std::string final_ckpt = fx.step_dir(12);
+  CHECK(r["checkpoint"]["final_checkpoint"] == final_ckpt);
+  CHECK(r["checkpoint"]["cadence"] == "every 4 steps and at the end");
+  CHECK_THAT(l.output, Contains("; final checkpoint " + final_ckpt + "\n"));
+  const std::string md = read_text((fx.dir / "run" / "report.md").string());
+  CHECK_THAT(md, Contains("## Trained model") && Contains("`" + final_ckpt + "`") &&
+                     Contains("`picotrain sample --checkpoint " + final_ckpt + "`") &&
+                     Contains("`picotrain convert --from " + final_ckpt + " --to ") && Contains(" --format hf`"));
   const Sums s = metric_sums(fx.dir / "run");
   CHECK(r["time"]["steps"] == s.steps);
   CHECK(r["time"]["steps_s"].get<double>() == Approx(s.dt));
@@ -345,6 +354,7 @@ TEST_CASE("data.val_every_steps=0 validates never; data.final_val once, after th
     const Launch l = run_command(train);
     INFO(l.output);
     REQUIRE(l.exit_code == 0);
+    CHECK_THAT(l.output, Contains("checkpoint| at the end of the run into "));  // every_steps=0 still saves the end
     CHECK(val_steps().empty());
     CHECK_THAT(l.output, Contains("unused (data.val_every_steps=0 and data.final_val=false)"));
     CHECK(l.output.find("val       | ") == std::string::npos);
@@ -359,6 +369,23 @@ TEST_CASE("data.val_every_steps=0 validates never; data.final_val once, after th
     CHECK_THAT(l.output, Contains("val       | after the last step: 2 batches, 512 tokens (data.val_tokens=512)"));
     CHECK(l.output.find("val       | after the last step") < l.output.find("step 6/6"));
   }
+}
+
+TEST_CASE("checkpoint.final=false: no final checkpoint, and the done line and the report say so", "[report]") {
+  CkptFixture fx("report_no_final");
+  const std::string cfg = write_config(fx, 6);
+  const Launch l = run_command(std::string(PICOTRAIN_BIN) + " train --config " + cfg +
+                               " --set checkpoint.every_steps=0 --set checkpoint.final=false");
+  INFO(l.output);
+  REQUIRE(l.exit_code == 0);
+  CHECK_FALSE(fs::exists(fx.ckpt_dir()));
+  CHECK_THAT(l.output, Contains("checkpoint| on stop signals only (checkpoint.final=false)"));
+  CHECK_THAT(l.output, Contains("; no final checkpoint (checkpoint.final=false)\n"));
+  const json r = check_report(fx.dir / "run");
+  CHECK(r["checkpoint"]["final_checkpoint"].is_null());
+  CHECK(r["checkpoint"]["writes"] == 0);
+  CHECK_THAT(read_text((fx.dir / "run" / "report.md").string()),
+             Contains("## Trained model") && Contains("was not saved: checkpoint.final=false"));
 }
 
 TEST_CASE("a long piece of work logs its progress every interval, with an ETA", "[report]") {

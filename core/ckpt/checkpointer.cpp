@@ -121,7 +121,7 @@ std::optional<TrainState> Checkpointer::restore(ParamStore& store, Ops& ops, uin
     try {
       const TrainState st = load_everywhere(candidates[i], store, ops, train_tokens);
       step_on_disk_ = st.step;
-      resumed_from_ = candidates[i];
+      resumed_from_ = path_on_disk_ = candidates[i];
       return st;
     } catch (const CorruptCheckpoint& e) {
       if (!automatic) throw CorruptCheckpoint("checkpoint.resume=" + c.resume + ": " + e.what());
@@ -255,15 +255,15 @@ std::string Checkpointer::save(const TrainState& state, ParamStore& store, Ops& 
   };
   const bool writes = std::any_of(held.begin(), held.end(), [](const Part& p) { return p.writes; });
   if (several_ranks()) {
-    const std::string path = save_with_ranks(meta, writes, fill);
+    path_on_disk_ = save_with_ranks(meta, writes, fill);
     step_on_disk_ = state.step;
-    return path;
+    return path_on_disk_;
   }
   remove_leftovers();
-  const std::string path = write_checkpoint(dir, meta, fill);
+  path_on_disk_ = write_checkpoint(dir, meta, fill);
   step_on_disk_ = state.step;
   prune();
-  return path;
+  return path_on_disk_;
 }
 
 std::string Checkpointer::save_with_ranks(const Manifest& meta, bool writes,

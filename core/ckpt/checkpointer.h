@@ -78,6 +78,8 @@ class Checkpointer {
 
   // The step whose checkpoint is on disk (saved or resumed from); -1 when none.
   int step_on_disk() const { return step_on_disk_; }
+  // That checkpoint's directory (save()'s answer, or the one resumed from); "" when none.
+  const std::string& path_on_disk() const { return path_on_disk_; }
   const std::string& resumed_from() const { return resumed_from_; }
   // Warnings printed so far (corrupt checkpoints skipped, failed deletions...).
   const std::vector<std::string>& warnings() const { return warnings_; }
@@ -113,6 +115,7 @@ class Checkpointer {
   bool expert_writes_ = false;
   std::vector<bool> expert_not_saved_;
   int step_on_disk_ = -1;
+  std::string path_on_disk_;
   std::string resumed_from_;
   std::vector<std::string> warnings_;
 };

@@ -330,6 +330,7 @@ std::vector<ConfigKey> build_table() {
   SectionKeys(k, "checkpoint", &RunConfig::checkpoint)
       .add("dir", &CheckpointSection::dir)  // "": <out_dir>/checkpoints
       .add("every_steps", &CheckpointSection::every_steps, at_least(0))
+      .add("final", &CheckpointSection::final)
       .add("keep_latest", &CheckpointSection::keep_latest, at_least(2))
       .add("keep_every", &CheckpointSection::keep_every, at_least(0))
       .add("save_timeout_s", &CheckpointSection::save_timeout_s, at_least(0))

@@ -15,6 +15,14 @@
 #include "core/config/config_keys.h"
 
 namespace pt {
+
+std::string CheckpointSection::cadence() const {
+  const std::string every = "every " + std::to_string(every_steps) + " steps";
+  if (every_steps > 0)
+    return final ? every + " and at the end" : every + ", the end only when due (checkpoint.final=false)";
+  return final ? "at the end of the run" : "on stop signals only (checkpoint.final=false)";
+}
+
 namespace {
 
 using config::ConfigKey;

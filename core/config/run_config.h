@@ -142,10 +142,16 @@ struct DataSection {
 struct CheckpointSection {
   std::string dir;  // default: <out_dir>/checkpoints
   int every_steps = 0;
+  // Save at the end of a run that finished its steps (whatever every_steps is), so a finished
+  // run always leaves its trained model; false for runs that only measure (benchmarks).
+  bool final = true;
   int keep_latest = 2;             // >= 2: the newest may be mid-write when the next one starts
   int keep_every = 0;              // steps that are multiples are milestones, never pruned; 0: none
   double save_timeout_s = 900;     // a save lasting longer ends the rank (the watchdog's); 0: never
   std::string resume = "none";  // auto | none | PATH
+  // When checkpoints are saved, for the start-up log and the run report: "every 50 steps and at
+  // the end", "at the end of the run", ... (a stop signal always saves one).
+  std::string cadence() const;
 };
 
 struct LoggingSection {

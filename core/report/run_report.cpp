@@ -96,6 +96,9 @@ json build_report(const RunSummary& s, const std::vector<json>& metrics, const S
                 {"dp", par.dp}};
   r["precision"] = {{"compute_dtype", s.compute_dtype}, {"master_weights", c.precision.master_weights}};
   r["checkpoint"] = {{"every_steps", c.checkpoint.every_steps},
+                     {"final", c.checkpoint.final},
+                     {"cadence", c.checkpoint.cadence()},
+                     {"final_checkpoint", s.final_checkpoint.empty() ? json() : json(s.final_checkpoint)},
                      {"keep_latest", c.checkpoint.keep_latest},
                      {"keep_every", c.checkpoint.keep_every},
                      {"dir", c.checkpoint.dir},
@@ -137,6 +140,29 @@ namespace {
 std::string text(const json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); }
 double num(const json& v) { return v.is_number() ? v.get<double>() : 0.0; }
 
+// Where the run's trained model is and what to do with it: sample it, export it, train on from
+// it. A finished run's final checkpoint is its product (checkpoint.final); a stopped one's is
+// the stop's.
+std::string trained_model_markdown(const json& run, const json& ck) {
+  std::string md = "## Trained model\n\n";
+  const json& path = ck["final_checkpoint"];
+  if (!path.is_string()) {
+    return md + format("The last step (%d) was not saved: checkpoint.final=false (a run that only measures). "
+                       "Leave it at true for a finished run to keep its model.\n\n",
+                       run["step"].get<int>());
+  }
+  const std::string p = path.get<std::string>();
+  md += format("The checkpoint of step %d: `%s` (the whole training state).\n\n", run["step"].get<int>(), p.c_str());
+  md += "- sample from it: `picotrain sample --checkpoint " + p + "`\n";
+  md += "- export it as a Hugging Face folder: `picotrain convert --from " + p + " --to " + text(run["out_dir"]) +
+        "/hf --format hf` (or an llm.c model file: `--to model.bin`)\n";
+  md += text(run["status"]) == "finished"
+            ? "- train on from it: `picotrain train --config ... --set checkpoint.resume=" + p +
+                  " --set schedule.total_steps=N` (a larger N)\n\n"
+            : "- continue the run: `picotrain train --config ... --set checkpoint.resume=auto`\n\n";
+  return md;
+}
+
 }  // namespace
 
 std::string report_markdown(const json& r) {
@@ -172,8 +198,7 @@ std::string report_markdown(const json& r) {
   md += format("| sequence length | %d |\n", b["seq_len"].get<int>());
   md += "| precision | compute " + text(r["precision"]["compute_dtype"]) + ", master weights " +
         text(r["precision"]["master_weights"]) + " |\n";
-  const int every = ck["every_steps"].get<int>();
-  md += "| checkpoints | " + (every > 0 ? format("every %d steps and at the end", every) : std::string("on stop signals only")) +
+  md += "| checkpoints | " + text(ck["cadence"]) +
         format(", keep %d; %d written (%.2f s) |\n\n", ck["keep_latest"].get<int>(), ck["writes"].get<int>(), num(ck["seconds"]));
 
   md += "## Throughput\n\n| | |\n|---|---|\n";
@@ -248,6 +273,7 @@ std::string report_markdown(const json& r) {
   for (const auto& f : plots.value("files", json::array())) md += "![" + text(f) + "](" + text(f) + ")\n\n";
   if (!plots.value("note", std::string()).empty()) md += plots["note"].get<std::string>() + "\n\n";
 
+  md += trained_model_markdown(run, ck);
   md += "## Sample\n\n" + text(r["sample"]["note"]) + "\n\n";
   if (!text(r["sample"]["text"]).empty()) md += "```\n" + text(r["sample"]["text"]) + "\n```\n";
   return md;

@@ -53,6 +53,9 @@ struct RunSummary {
   int step = 0;                  // steps done
   bool finished = false;         // step == schedule.total_steps
   std::string stop_reason;       // a stopped session: "SIGTERM after step 7/20"
+  // The checkpoint of the last step (the finished run's final checkpoint, or the stop's); ""
+  // when that step was not saved (checkpoint.final=false).
+  std::string final_checkpoint;
   // Hardware.
   std::string device;            // the backend's description (rank 0)
   bool gpu = false;

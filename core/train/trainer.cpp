@@ -404,9 +404,8 @@ void Trainer::print_startup() const {
   }
   print_line(out, data);
   const auto& ck = cfg_.checkpoint;
-  const std::string when =
-      ck.every_steps > 0 ? "every " + std::to_string(ck.every_steps) + " steps and at the end" : "on stop signals only";
-  std::string ckpt = format("checkpoint| %s into %s, keeping the newest %d", when.c_str(), ck.dir.c_str(), ck.keep_latest);
+  std::string ckpt =
+      format("checkpoint| %s into %s, keeping the newest %d", ck.cadence().c_str(), ck.dir.c_str(), ck.keep_latest);
   if (ck.keep_every > 0) ckpt += format(" and every multiple of %d", ck.keep_every);
   if (!ckpt_->resumed_from().empty())
     ckpt += format("; resumed at step %d from %s", step_, ckpt_->resumed_from().c_str());
@@ -427,13 +426,20 @@ std::string Trainer::save_checkpoint() {
   return path;
 }
 
+std::string Trainer::final_checkpoint() const {
+  return ckpt_->step_on_disk() == step_ ? ckpt_->path_on_disk() : std::string();
+}
+
 bool Trainer::checkpoint_if_due(bool run_finished) {
   // A signal may reach the ranks at different steps: they stop together when any has one.
   double stops = ckpt::stop_requested() ? 1.0 : 0.0;
   groups_.world->all_reduce(&stops, 1);
   const bool stop = stops > 0;
-  const bool final_save = run_finished && cfg_.checkpoint.every_steps > 0;
-  // Step 0 of a fresh run has nothing worth saving; a step already on disk is not saved twice.
+  // A run that finished its steps leaves its trained model (checkpoint.final, on by default):
+  // the whole training state, so it can be sampled, exported, resumed or extended.
+  const bool final_save = run_finished && cfg_.checkpoint.final;
+  // Step 0 of a fresh run has nothing worth saving; a step already on disk (every_steps saved
+  // it, or the run resumed from it) is not saved twice.
   if ((stop || final_save || ckpt_->due(step_)) && step_ > 0 && ckpt_->step_on_disk() != step_) save_checkpoint();
   if (stop && world_.rank == 0) {
     const int sig = ckpt::stop_signal();
@@ -621,11 +627,13 @@ void Trainer::run() {
     // Where the whole process's time went: the steps, and each part outside them.
     const double total_s = seconds_since_process_start();
     const double outside = startup_s + time_.eval + time_.sample + time_.checkpoint + report_s;
+    const std::string model = final_checkpoint();
     print_linef(Stream::out,
                 "done      | %d steps in %s: start-up %.1f s, steps %.1f s, validation %.1f s, samples %.1f s, "
-                "checkpoints %.1f s, report %.1f s, other %.1f s; metrics in %s",
+                "checkpoints %.1f s, report %.1f s, other %.1f s; metrics in %s; %s",
                 step_ - first_step, format_duration(total_s).c_str(), startup_s, time_.steps, time_.eval, time_.sample,
-                time_.checkpoint, report_s, std::max(0.0, total_s - outside - time_.steps), metrics_path.c_str());
+                time_.checkpoint, report_s, std::max(0.0, total_s - outside - time_.steps), metrics_path.c_str(),
+                model.empty() ? "no final checkpoint (checkpoint.final=false)" : ("final checkpoint " + model).c_str());
   }
 }
 

@@ -85,6 +85,9 @@ class Trainer {
   // Writes a checkpoint of the current state now (checkpoint.dir) and returns its directory.
   std::string save_checkpoint();
   const ckpt::Checkpointer& checkpointer() const { return *ckpt_; }
+  // The checkpoint that holds the current step's state (after run(): the run's final checkpoint,
+  // or a stop's); "" when that step is not on disk. The same on every rank.
+  std::string final_checkpoint() const;
 
   int steps_done() const { return step_; }
   uint64_t cursor() const { return cursor_; }
@@ -112,8 +115,9 @@ class Trainer {
   // agree_on_startup in world.h.
   void setup_local();
   void print_startup() const;
-  // After a step: writes the checkpoint that is due (periodic, end of run, or asked for by a
-  // stop signal). Returns true when a signal asked the run to stop.
+  // After a step: writes the checkpoint that is due (periodic, the end of a finished run unless
+  // checkpoint.final=false, or asked for by a stop signal), collectively on every rank. Returns
+  // true when a signal asked the run to stop.
   bool checkpoint_if_due(bool run_finished);
   int64_t sequences_per_step() const;
   // Reads the B sequences from first_sequence at the cursor and keeps this rank's context-

@@ -112,6 +112,7 @@ void Trainer::write_session_report(RunSummary s, const std::vector<Stall>& step_
   s.compute_dtype = ops_.compute_dtype() == DType::bf16 ? "bf16" : "fp32";
   s.step = step_;
   s.finished = step_ >= cfg_.schedule.total_steps;
+  s.final_checkpoint = final_checkpoint();
   if (!s.finished) {
     const int sig = ckpt::stop_signal();
     s.stop_reason = std::string(sig ? ckpt::signal_name(sig) : "a signal to another rank") + " after step " +
