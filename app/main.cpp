@@ -13,6 +13,7 @@
 #include "app/number_flags.h"
 #include "core/ckpt/hf_model_folder.h"
 #include "core/ckpt/llmc_model_file.h"
+#include "core/common/build_info.h"
 #include "core/common/console.h"
 #include "core/common/error.h"
 #include "core/config/config_keys.h"
@@ -341,6 +342,9 @@ int main(int argc, char** argv) {
 
   CLI::App app{"picotrain: pretrain GPT-style language models, from one CPU or GPU to a cluster"};
   app.require_subcommand(1);
+  // What this binary was built from: its commit, whether the tree was clean, the backends in it.
+  app.set_version_flag("--version", "picotrain " + pt::build_description(),
+                       "Print the commit this binary was built from, whether its tree was clean, and its backends");
   TrainArgs train_args;
   pt::PrepareOptions prepare_args;
   add_train_command(app, train_args);
@@ -361,6 +365,10 @@ int main(int argc, char** argv) {
     pt::finalize_world();
     return rc;
   } catch (const CLI::CallForAllHelp& e) {
+    const int rc = app.exit(e);
+    pt::finalize_world();
+    return rc;
+  } catch (const CLI::CallForVersion& e) {
     const int rc = app.exit(e);
     pt::finalize_world();
     return rc;

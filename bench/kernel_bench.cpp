@@ -57,6 +57,7 @@
 #include <string>
 #include <vector>
 
+#include "core/common/build_info.h"
 #include "core/metrics/flops.h"
 #include "core/ops/ops.h"
 #include "cuda/cuda_backend.h"
@@ -500,7 +501,7 @@ std::string markdown(const Bench& b, const std::string& device, const std::strin
                      const std::vector<ModelShape>& models, bool cuda) {
   std::string md;
   md += "# picotrain kernel benchmark\n\n";
-  md += "- device: " + device + "\n- date: " + date + "\n";
+  md += "- device: " + device + "\n- date: " + date + "\n- build: " + build_description() + "\n";
   md += "- bandwidth ceiling (device-to-device copy, measured): " + fmt("%.0f GB/s", b.bw_ceiling) + "\n";
   std::string matmul_shape;
   for (const Row& r : b.rows)
@@ -656,6 +657,7 @@ int main_impl(int argc, char** argv) {
     nlohmann::json j;
     j["device"] = device;
     j["date"] = date;
+    j["build"] = {{"commit", build_info().commit}, {"tree", build_info().tree}};
     j["datasheet_peak_tflops"] = peak;
     j["bandwidth_ceiling_gbps"] = b.bw_ceiling;
     j["flop_ceiling_tflops"] = b.flop_ceiling;

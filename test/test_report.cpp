@@ -169,7 +169,7 @@ namespace {
 // Every field the report promises (README "The run report").
 const std::vector<std::string> kFields = {
     "/run/name", "/run/status", "/run/step", "/run/total_steps", "/run/tokens", "/run/params",
-    "/hardware/device", "/hardware/gpus", "/hardware/gpu_model", "/hardware/ranks", "/hardware/nodes",
+    "/build/commit", "/build/tree", "/hardware/device", "/hardware/gpus", "/hardware/gpu_model", "/hardware/ranks", "/hardware/nodes",
     "/hardware/interconnect/within_node", "/hardware/interconnect/between_nodes",
     "/layout/dp", "/layout/tp", "/layout/pp", "/layout/cp", "/layout/zero_stage", "/layout/recompute",
     "/layout/memory_per_rank", "/batch/tokens_per_step", "/batch/seq_len", "/batch/micro_batch_size",
@@ -194,6 +194,14 @@ double mean_after_step_1(const std::vector<json>& metrics, const char* field) {
   return sum / n;
 }
 
+// The commit git says the sources are at, as cmake/build_info.cmake records it at every build;
+// "unknown" without git or outside a checkout.
+std::string source_commit() {
+  const Launch l = run_command("git -C '" PICOTRAIN_SOURCE_DIR "' rev-parse --short=12 HEAD");
+  if (l.exit_code != 0) return "unknown";
+  return l.output.substr(0, l.output.find_first_of("\r\n"));
+}
+
 // The report of `run_dir` is complete, and its numbers are metrics.jsonl's.
 json check_report(const fs::path& run_dir) {
   const json r = read_json(run_dir / "report.json");
@@ -201,6 +209,7 @@ json check_report(const fs::path& run_dir) {
     INFO(f);
     CHECK(r.contains(json::json_pointer(f)));
   }
+  CHECK(r["build"]["commit"] == source_commit());  // the run names the code it was trained with
   const std::vector<json> metrics = read_metrics((run_dir / "metrics.jsonl").string());
   REQUIRE(metrics.size() >= 2);
   const json& last = metrics.back();
@@ -289,6 +298,18 @@ std::string write_config(CkptFixture& fx, int total_steps) {
 }
 
 }  // namespace
+
+TEST_CASE("picotrain --version names the commit the sources are at and whether the tree was clean", "[report]") {
+  const Launch l = run_command(std::string(PICOTRAIN_BIN) + " --version");
+  INFO(l.output);
+  CHECK(l.exit_code == 0);
+  // A build that recorded nothing (or a stale commit) fails here wherever git knows the commit.
+  CHECK(l.output.rfind("picotrain commit " + source_commit() + " (", 0) == 0);
+  const bool tree_named = l.output.find("(clean tree)") != std::string::npos ||
+                          l.output.find("(modified tree)") != std::string::npos ||
+                          l.output.find("(unknown tree)") != std::string::npos;
+  CHECK(tree_named);
+}
 
 TEST_CASE("a short CPU run writes a complete report that agrees with metrics.jsonl", "[report]") {
   CkptFixture fx("report_run");

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "core/common/build_info.h"
 #include "core/common/error.h"
 #include "core/common/format.h"
 #include "core/report/report_plots.h"
@@ -69,6 +70,9 @@ json build_report(const RunSummary& s, const std::vector<json>& metrics, const S
               {"total_steps", c.schedule.total_steps},
               {"tokens", tokens},
               {"params", s.params}};
+  // The code the run was trained with (cmake/build_info.cmake): a result names what produced it.
+  const BuildInfo& build = build_info();
+  r["build"] = {{"commit", build.commit}, {"tree", build.tree}, {"cuda", build.cuda}, {"mpi", build.mpi}};
   r["hardware"] = {{"device", s.device},
                    {"gpus", s.gpu ? s.ranks : 0},
                    {"gpu_model", s.gpu ? s.device : "none (CPU backend)"},
@@ -178,6 +182,8 @@ std::string report_markdown(const json& r) {
   md += "## Hardware\n\n| | |\n|---|---|\n";
   md += "| GPUs | " + (hw["gpus"].get<int>() > 0 ? format("%d x ", hw["gpus"].get<int>()) + text(hw["gpu_model"]) : text(hw["gpu_model"])) + " |\n";
   md += "| device | " + text(hw["device"]) + " |\n";
+  if (r.contains("build"))
+    md += "| built from | commit " + text(r["build"]["commit"]) + " (" + text(r["build"]["tree"]) + " tree) |\n";
   md += format("| ranks | %d on %d node(s) |\n", hw["ranks"].get<int>(), hw["nodes"].get<int>());
   md += "| interconnect within a node | " + text(hw["interconnect"]["within_node"]) + " |\n";
   md += "| interconnect between nodes | " + text(hw["interconnect"]["between_nodes"]) + " |\n\n";

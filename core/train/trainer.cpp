@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "core/ckpt/stop_signal.h"
+#include "core/common/build_info.h"
 #include "core/common/console.h"
 #include "core/metrics/flops.h"
 #include "core/metrics/peak_probe.h"
@@ -346,6 +347,7 @@ void Trainer::print_startup() const {
   const auto& b = cfg_.batch;
   const auto out = Stream::out;
   print_linef(out, "picotrain | run %s -> %s", cfg_.run.name.c_str(), cfg_.run.out_dir.c_str());
+  print_linef(out, "build     | %s", build_description().c_str());
   print_linef(out, "device    | %s", ops_.device_description().c_str());
   if (world_.size > 1)
     print_linef(out, "comm      | %s: %s", comm_backend_name(groups_.backend.backend), groups_.backend.reason.c_str());
