@@ -282,7 +282,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     const int pos = qt - kt;
     const bool first = pos == 0, last = kt == 0;
     int* turn = dq_turns + turn_base + qt;
-    float* acc = dq_acc + ((static_cast<size_t>(b) * NH + h) * nq + qt) * BM * HS;
+    float* acc = dq_acc + (turn_base + qt) * BM * HS;  // the tile's partial sum, beside its counter's index
     if (threadIdx.x == 0) s_turn_ready = first || load_acquire(turn) >= pos;
     __syncthreads();  // dS^T of the block's keys is in shared memory; Q and dO are no longer read
     if constexpr (STAGES == 1) {
@@ -363,9 +363,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 }
 
 // The workspace's parts (fp32 scratch, then int counters zeroed before every launch):
-//  - dQ partial sums [B*NH][ceil(T/64)][64][HS] and their turn counters [B*NH][ceil(T/64)];
-//  - under grouped-query attention, dK and dV partial sums [B*NKV][ceil(T/64)][2][64][HS] and their
-//    counters [B*NKV][ceil(T/64)];
+//  - dQ partial sums [B*NH][ceil(T/128)][128][HS] and their turn counters [B*NH][ceil(T/128)];
+//  - under grouped-query attention, dK and dV partial sums [B*NKV][ceil(T/128)][2][128][HS] and
+//    their counters [B*NKV][ceil(T/128)];
 //  - the ticket.
 struct Workspace {
   size_t dq_floats, dkv_floats, dq_turns, dkv_turns;
