@@ -77,4 +77,14 @@ __global__ void __launch_bounds__(kColumnBlock)
   }
 }
 
+// Launches column_finalize_kernel over C channels (the one entry point: callers never pick its
+// grid, so the kernel's shape can change in one place).
+template <typename G>
+void launch_column_finalize(G* grad_a, G* grad_b, const float* partial_a, const float* partial_b, int chunks, int C,
+                            cudaStream_t stream) {
+  column_finalize_kernel<G><<<ceil_div(C, kColumnBlock), kColumnBlock, 0, stream>>>(grad_a, grad_b, partial_a,
+                                                                                    partial_b, chunks, C);
+  CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace pt::gpu

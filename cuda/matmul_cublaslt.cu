@@ -317,9 +317,7 @@ void bias_backward(DType dtype, DType grad_dtype, void* dbias, const void* dout,
                                                                    nullptr, nullptr, nullptr, N, OC,
                                                                    split.rows_per_chunk);
     CUDA_CHECK_LAUNCH();
-    column_finalize_kernel<G><<<ceil_div(OC, kColumnBlock), kColumnBlock, 0, s>>>(nullptr, static_cast<G*>(dbias),
-                                                                                   nullptr, partial, split.chunks, OC);
-    CUDA_CHECK_LAUNCH();
+    launch_column_finalize<G>(nullptr, static_cast<G*>(dbias), nullptr, partial, split.chunks, OC, s);
   });
 }
 
