@@ -7,7 +7,8 @@ Reads what gpu_bench.sh left in its output folder and writes bench_summary.md th
   kernel_bench.json / .md          bench/kernel_bench: every op's time, work and share of the ceilings
   kernel_attention.json            bench/kernel_bench --model none: our attention, MHA and GQA 8:1
   attention_sdpa.json              bench/attention_sdpa.py: PyTorch's flash and cuDNN SDPA, same shapes
-  picotrain_124m.jsonl, picotrain_1.5b.jsonl   picotrain's metrics.jsonl of the two training runs
+  picotrain_124m.jsonl, picotrain_1.5b.jsonl,  picotrain's metrics.jsonl of the training runs
+  picotrain_llama1b.jsonl                        (GPT-2 124M and 1.5B, a Llama of Llama 3.2 1B's shape)
   torch_124m.json (torch_1.5b.json)            bench/torch_gpt2.py at the same shapes
 Any of them may be missing (a step failed or was skipped): its rows then say "n/a".
 
@@ -17,7 +18,7 @@ mean is the MFU of the aggregate). Attention (issue #30) compares forward+backwa
 equal shapes and the same FLOP convention (causal counts half; backward 2.5 x forward; any NKV)
 against the faster of PyTorch's flash and cuDNN back ends at that shape.
 
-    python3 bench/bench_summary.py OUT_DIR [--skip-124m 5] [--skip-15b 3]
+    python3 bench/bench_summary.py OUT_DIR [--skip-124m 5] [--skip-15b 3] [--skip-1b 3]
 """
 import argparse
 import json
@@ -27,6 +28,7 @@ import sys
 TARGET_SPEEDUP_124M = 1.3
 TARGET_MFU_124M = 0.50
 TARGET_MFU_15B = 0.55
+TARGET_MFU_LLAMA_1B = 0.50
 # Issue #30: attention fwd+bwd against the faster SDPA back end (flash, cuDNN) at every shape, more
 # from T 4k on, and an absolute forward rate at head size 128, T 8k.
 TARGET_ATTENTION = 1.0
@@ -261,6 +263,7 @@ def main(argv=None):
     p.add_argument("out")
     p.add_argument("--skip-124m", type=int, default=5, help="warm-up steps of the 124M runs not counted")
     p.add_argument("--skip-15b", type=int, default=3, help="warm-up steps of the 1.5B runs not counted")
+    p.add_argument("--skip-1b", type=int, default=3, help="warm-up steps of the Llama 1B run not counted")
     args = p.parse_args(argv)
     d = args.out
     path = lambda name: os.path.join(d, name)  # noqa: E731
@@ -272,6 +275,7 @@ def main(argv=None):
     t15 = load_json(path("torch_1.5b.json"))
     p124 = picotrain_run(path("picotrain_124m.jsonl"), args.skip_124m)
     p15 = picotrain_run(path("picotrain_1.5b.jsonl"), args.skip_15b)
+    pl1 = picotrain_run(path("picotrain_llama1b.jsonl"), args.skip_1b)
 
     md = ["# picotrain GPU benchmarks (issues #9, #30)", ""]
     try:
@@ -307,6 +311,10 @@ def main(argv=None):
         fmt(m15 and 100 * m15, "%.1f%%"), fmt(t15 and t15.get("mfu") and 100 * t15["mfu"], "%.1f%%", "not run"),
         fmt(p15 and t15_tps and p15["tokens_per_s"] / t15_tps, "%.2fx tokens/s", ""), 100 * TARGET_MFU_15B,
         met(m15, TARGET_MFU_15B)))
+    ml1 = pl1 and pl1["mfu"]
+    md.append("| Llama 1B (Llama 3.2 1B's shape, T 2048, configs/llama3-1b.json): MFU (PaLM formula) | %s | not run | "
+              "| >= %.0f%% | %s |" % (fmt(ml1 and 100 * ml1, "%.1f%%"), 100 * TARGET_MFU_LLAMA_1B,
+                                     met(ml1, TARGET_MFU_LLAMA_1B)))
 
     # attention (issue #30): ours (kernel_bench's "attention" rows) against the faster SDPA back end
     attention_targets, attention_section = attention_report((kb, ka), sdpa)
@@ -329,7 +337,8 @@ def main(argv=None):
 
     # ---- where a step's time goes: the kernel sum against the measured step
     md += ["## Where a step's time goes", ""]
-    md += phase_table((name, run) for name, run in (("gpt2-124m", p124), ("gpt2-1.5b", p15)) if run)
+    md += phase_table((name, run) for name, run in (("gpt2-124m", p124), ("gpt2-1.5b", p15), ("llama-1b", pl1))
+                      if run)
     if kb:
         mm_shape = next((r["shape"] for r in kb["rows"] if r["section"] == "ceiling" and r["unit"] == "FLOP"), "?")
         md.append("Ceilings measured in this run: copy %.0f GB/s; matmul_forward %s %.0f TFLOP/s%s." % (
@@ -368,7 +377,7 @@ def main(argv=None):
     # ---- the runs
     md += ["## Training runs", "", "| run | timed steps | tokens/s | step ms | TFLOP/s | MFU | loss first -> last | notes |",
            "|---|---|---|---|---|---|---|---|"]
-    for name, run in (("picotrain 124M", p124), ("picotrain 1.5B", p15)):
+    for name, run in (("picotrain 124M", p124), ("picotrain 1.5B", p15), ("picotrain Llama 1B", pl1)):
         if run:
             md.append("| %s | %d (from step %d) | %.0f | %.1f | %.1f | %.1f%% | %s -> %s | peak %s TFLOP/s; data %.1f ms/step |"
                       % (name, run["timed_steps"], run["first_timed_step"], run["tokens_per_s"], run["step_ms_mean"],
@@ -400,6 +409,7 @@ def main(argv=None):
     md += ["## Raw results", ""]
     for name, obj in (("picotrain 124M (aggregated from picotrain_124m.jsonl)", p124),
                       ("picotrain 1.5B (aggregated from picotrain_1.5b.jsonl)", p15),
+                      ("picotrain Llama 1B (aggregated from picotrain_llama1b.jsonl)", pl1),
                       ("torch_124m.json", t124), ("torch_1.5b.json", t15), ("attention_sdpa.json", sdpa),
                       ("kernel_attention.json", ka), ("kernel_bench.json", kb)):
         if obj is not None:

@@ -15,7 +15,8 @@
 #   6. picotrain train, GPT-2 124M bf16, T 1024, B 64 x 8 micro-batches (524288 tokens/step, the
 #      llm.c recipe), STEPS_124M steps; tokens/s and MFU from metrics.jsonl after SKIP_124M steps
 #   7. bench/torch_gpt2.py at the same shape and tokens (torch.compile, flash SDPA, fused AdamW)
-#   8. picotrain train, GPT-2 1.5B (configs/gpt2-1.5b.json), B 8 x 16, STEPS_15B steps: MFU
+#   8. picotrain train, GPT-2 1.5B (configs/gpt2-1.5b.json), B 8 x 16, STEPS_15B steps: MFU; then
+#      a Llama of Llama 3.2 1B's shape (configs/llama3-1b.json, T 2048), B 8 x ACCUM_1B: MFU
 #   9. bench/bench_summary.py: the summary
 # ATTN_ONLY=1 runs steps 1, 3, 4 and 9 alone (builds kernel_bench only): the attention comparison
 # in a short second device call.
@@ -32,7 +33,7 @@
 # Environment: BUILD_DIR (build-gpucheck), OUT, JOBS (nproc), BUDGET_S (540), PYTHON (python3),
 # ATTN_ONLY (0), ATTN_WARMUP (2), ATTN_REPS (10),
 # STEPS_124M (20), SKIP_124M (5), B_124M (64), ACCUM_124M (8), STEPS_15B (10), SKIP_15B (3),
-# B_15B (8), ACCUM_15B (16), TORCH_15B (0; 1 also runs torch_gpt2.py at 1.5B, if time is left),
+# B_15B (8), ACCUM_15B (16), STEPS_1B (8), SKIP_1B (3), B_1B (8), ACCUM_1B (8), TORCH_15B (0; 1 also runs torch_gpt2.py at 1.5B, if time is left),
 # NSYS (0; 1 also profiles 6 steps of 124M at 2 micro-batches under `nsys profile --stats=true`;
 # on the lent H100s of 2026-11 nsys was not on the PATH), GPU_BIN (as scripts/gpu_check.sh: the
 # prebuilt .gpubin by default when present; empty builds here).
@@ -48,6 +49,7 @@ PYTHON=${PYTHON:-python3}
 DRY_RUN=${DRY_RUN:-0}
 STEPS_124M=${STEPS_124M:-20} SKIP_124M=${SKIP_124M:-5} B_124M=${B_124M:-64} ACCUM_124M=${ACCUM_124M:-8}
 STEPS_15B=${STEPS_15B:-10} SKIP_15B=${SKIP_15B:-3} B_15B=${B_15B:-8} ACCUM_15B=${ACCUM_15B:-16}
+STEPS_1B=${STEPS_1B:-8} SKIP_1B=${SKIP_1B:-3} B_1B=${B_1B:-8} ACCUM_1B=${ACCUM_1B:-8} T_1B=2048
 TORCH_15B=${TORCH_15B:-0} NSYS=${NSYS:-0}
 ATTN_ONLY=${ATTN_ONLY:-0} ATTN_WARMUP=${ATTN_WARMUP:-2} ATTN_REPS=${ATTN_REPS:-10}
 T=1024
@@ -105,11 +107,12 @@ step() {
 # finish: step 9, the summary of whatever ran, and the exit status; ATTN_ONLY=1 comes here after step 4.
 finish() {
   if [ "$DRY_RUN" = 1 ]; then
-    echo "[dry run] summary: $PYTHON bench/bench_summary.py $OUT --skip-124m $SKIP_124M --skip-15b $SKIP_15B"
+    echo "[dry run] summary: $PYTHON bench/bench_summary.py $OUT --skip-124m $SKIP_124M --skip-15b $SKIP_15B --skip-1b $SKIP_1B"
     exit 0
   fi
   echo "gpu_bench: $(($(date +%s) - START)) s of the ${BUDGET_S} s budget used"
-  "$PYTHON" bench/bench_summary.py "$OUT" --skip-124m "$SKIP_124M" --skip-15b "$SKIP_15B" || FAILED=1
+  "$PYTHON" bench/bench_summary.py "$OUT" --skip-124m "$SKIP_124M" --skip-15b "$SKIP_15B" --skip-1b "$SKIP_1B" ||
+    FAILED=1
   echo "gpu_bench: summary in $OUT/bench_summary.md"
   exit $FAILED
 }
@@ -173,16 +176,16 @@ if [ "$ATTN_ONLY" = 1 ]; then
 fi
 
 # picotrain_run NAME CONFIG B ACCUM STEPS MAX_S [PREFIX...]: a short training run (PREFIX: a profiler
-# command to run it under); its metrics.jsonl into $OUT/NAME.jsonl. It only measures: no checkpoint
+# command to run it under) at sequence length RUN_T (default T); its metrics.jsonl into $OUT/NAME.jsonl. It only measures: no checkpoint
 # at all (checkpoint.final=false: a 1.5B one would be 18 GB of writes the timing does not need).
 picotrain_run() {
-  local name=$1 config=$2 b=$3 accum=$4 steps=$5 max=$6
+  local name=$1 config=$2 b=$3 accum=$4 steps=$5 max=$6 t=${RUN_T:-$T}
   shift 6
   local run="$BUILD/bench_runs/$name"
   [ "$DRY_RUN" = 1 ] || rm -rf "$run"
   step "$name" "$max" "$OUT/$name.log" "$@" "$PICOTRAIN" train --device cuda --config "$config" \
     --set run.out_dir="$run" --set "data.train=$TRAIN" --set data.val= \
-    --set batch.micro_batch_size="$b" --set batch.seq_len=$T --set batch.global_batch_tokens=$((b * T * accum)) \
+    --set batch.micro_batch_size="$b" --set batch.seq_len="$t" --set batch.global_batch_tokens=$((b * t * accum)) \
     --set schedule.total_steps="$steps" --set schedule.warmup_steps=2 --set logging.every_steps=1 \
     --set logging.sample_every=0 --set parallel.zero_stage=0 --set checkpoint.every_steps=0 \
     --set checkpoint.final=false
@@ -207,8 +210,10 @@ step torch_124m 240 "$OUT/torch_124m.log" "$PYTHON" bench/torch_gpt2.py --model 
   --data "$DATA/synthetic_train_000000.bin" --json "$OUT/torch_124m.json"
 if [ $BUILT -eq 0 ]; then
   picotrain_run picotrain_1.5b configs/gpt2-1.5b.json "$B_15B" "$ACCUM_15B" "$STEPS_15B" 200
+  RUN_T=$T_1B picotrain_run picotrain_llama1b configs/llama3-1b.json "$B_1B" "$ACCUM_1B" "$STEPS_1B" 150
 else
   record picotrain_1.5b skip 0 "no build"
+  record picotrain_llama1b skip 0 "no build"
 fi
 # Optional: Nsight Systems over a few 124M steps, for the measured per-kernel time of real steps
 # (gaps and host syncs included); the report stays in $BUILD, its kernel summary goes to the log.

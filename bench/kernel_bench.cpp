@@ -7,9 +7,10 @@
 //    datasheet dense bf16 peak that picotrain's MFU uses (core/metrics/flops.cpp);
 //  - every op of one GPT-2 training step (124M by default, 1.5B with --model 1.5b): embeddings,
 //    LayerNorm, the five matmul shapes (qkv, attention projection, fc, fc projection, LM head)
-//    forward and backward, attention, GELU, residual adds, the memsets backward does, the fused
-//    softmax + cross-entropy, the loss sum, the gradient norm, AdamW (one call over all
-//    parameters, and one call per parameter tensor as the trainer does), dtype casts;
+//    forward and backward, attention, GELU (alone, and fused into the fc matmuls next to the
+//    unfused pair), residual adds, the memsets backward does, the fused softmax + cross-entropy,
+//    the loss sum, the gradient norm, AdamW (one call over all parameters, and one call per
+//    parameter tensor as the trainer does), dtype casts;
 //  - attention forward, backward and both, causal, at the shapes bench/attention_sdpa.py gives
 //    PyTorch's flash and cuDNN SDPA: head dim 64 and 128, T 1k/2k/4k/8k/16k, hidden 2048 (NH =
 //    2048/hd), B*T = 16384 tokens (FlashAttention's benchmarks), multi-head and grouped-query 8:1
@@ -339,18 +340,20 @@ void bench_model(Bench& b, Ops& ops, const ModelShape& m) {
   }
   buf.clear();
 
-  // ---- the matmuls: forward and backward of each of the five shapes (bf16 in, f32 gradients)
+  // ---- the matmuls: forward and backward of each of the five shapes (bf16 in, f32 gradients).
+  // The fc forward and the fc projection's backward run with the GELU fused into them (the "fc +
+  // gelu" rows below), so their plain rows count 0 calls: they stay for comparison.
   struct Mm {
     const char* name;
     int IC, OC;
     bool bias;
-    double calls;
+    double fwd_calls, bwd_calls;
   };
-  const Mm mms[] = {{"qkv", C, 3 * C, true, A * L},
-                    {"attn proj", C, C, true, A * L},
-                    {"fc", C, F, true, A * L},
-                    {"fc proj", F, C, true, A * L},
-                    {"lm head", C, Vp, false, A}};
+  const Mm mms[] = {{"qkv", C, 3 * C, true, A * L, A * L},
+                    {"attn proj", C, C, true, A * L, A * L},
+                    {"fc", C, F, true, 0, A * L},
+                    {"fc proj", F, C, true, A * L, 0},
+                    {"lm head", C, Vp, false, A, A}};
   for (const Mm& mm : mms) {
     const std::string shape = "N=" + std::to_string(N) + " IC=" + std::to_string(mm.IC) + " OC=" + std::to_string(mm.OC);
     Tensor inp = buf.rand(size_t(N) * mm.IC, bf, 1), w = buf.rand(size_t(mm.OC) * mm.IC, bf, 0.02f);
@@ -359,10 +362,10 @@ void bench_model(Bench& b, Ops& ops, const ModelShape& m) {
     Tensor dinp = buf.zeros(size_t(N) * mm.IC, bf), dw = buf.zeros(size_t(mm.OC) * mm.IC, f32);
     Tensor dbias = mm.bias ? buf.zeros(mm.OC, f32) : Tensor{};
     const double fl = 2.0 * N * mm.IC * mm.OC;
-    b.run({sec, std::string("matmul_forward ") + mm.name, shape, true, fl, "2*N*IC*OC", mm.calls},
+    b.run({sec, std::string("matmul_forward ") + mm.name, shape, true, fl, "2*N*IC*OC", mm.fwd_calls},
           [&] { ops.matmul_forward(out, inp, w, bias, N, mm.IC, mm.OC); });
     b.run({sec, std::string("matmul_backward ") + mm.name, shape, true, 2 * fl,
-           mm.bias ? "4*N*IC*OC (dinp, dW; dbias not counted)" : "4*N*IC*OC (dinp, dW)", mm.calls},
+           mm.bias ? "4*N*IC*OC (dinp, dW; dbias not counted)" : "4*N*IC*OC (dinp, dW)", mm.bwd_calls},
           [&] { ops.matmul_backward(dinp, dw, dbias, out, inp, w, N, mm.IC, mm.OC); });
     buf.clear();
   }
@@ -382,14 +385,39 @@ void bench_model(Bench& b, Ops& ops, const ModelShape& m) {
   }
   buf.clear();
 
-  // ---- GELU
+  // ---- GELU, alone (comparison rows) and with the matmuls it is fused into: the fc forward
+  // (matmul_gelu_forward) and the fc projection's backward (matmul_backward_input_dgelu, then dW
+  // and dbias), each next to the pair it replaces at the same shapes. CudaOps falls back to the
+  // pair where cuBLASLt refuses the epilogue, and then both rows time the same work.
   {
     const size_t n = size_t(N) * F;
     Tensor x = buf.rand(n, bf, 2), y = buf.zeros(n, bf), dy = buf.rand(n, bf, 1), dx = buf.zeros(n, bf);
     const std::string shape = "n=N*4C=" + std::to_string(n);
-    b.run({sec, "gelu_forward", shape, false, 2.0 * n * s, "2ns", A * L}, [&] { ops.gelu_forward(y, x, n); });
-    b.run({sec, "gelu_backward", shape, false, 3.0 * n * s, "3ns (inp, dout, dinp)", A * L},
+    b.run({sec, "gelu_forward", shape, false, 2.0 * n * s, "2ns", 0}, [&] { ops.gelu_forward(y, x, n); });
+    b.run({sec, "gelu_backward", shape, false, 3.0 * n * s, "3ns (inp, dout, dinp)", 0},
           [&] { ops.gelu_backward(dx, x, dy, n); });
+    Tensor ln = buf.rand(NC, bf, 1), wfc = buf.rand(size_t(F) * C, bf, 0.02f), bfc = buf.rand(F, bf, 0.02f);
+    Tensor wproj = buf.rand(size_t(C) * F, bf, 0.02f), dres = buf.rand(NC, bf, 1);
+    Tensor dwproj = buf.zeros(size_t(C) * F, f32), dbproj = buf.zeros(C, f32);
+    const double fl = 2.0 * N * C * F;
+    const std::string mshape = "N=" + std::to_string(N) + " C=" + std::to_string(C) + " 4C=" + std::to_string(F);
+    b.run({sec, "fc + gelu forward, fused", mshape, true, fl, "2*N*C*4C", A * L},
+          [&] { ops.matmul_gelu_forward(y, x, ln, wfc, bfc, N, C, F); });
+    b.run({sec, "fc + gelu forward, apart", mshape, true, fl, "2*N*C*4C", 0}, [&] {
+      ops.matmul_forward(x, ln, wfc, bfc, N, C, F);
+      ops.gelu_forward(y, x, n);
+    });
+    b.run({sec, "fc proj + gelu backward, fused", mshape, true, 2 * fl, "4*N*4C*C (dinp, dW; dbias not counted)",
+           A * L},
+          [&] {
+            ops.matmul_backward_input_dgelu(dx, dres, wproj, x, N, F, C);
+            ops.matmul_backward(Tensor{}, dwproj, dbproj, dres, y, wproj, N, F, C);
+          });
+    b.run({sec, "fc proj + gelu backward, apart", mshape, true, 2 * fl, "4*N*4C*C (dinp, dW; dbias not counted)", 0},
+          [&] {
+            ops.matmul_backward(dy, dwproj, dbproj, dres, y, wproj, N, F, C);
+            ops.gelu_backward(dx, x, dy, n);
+          });
   }
   buf.clear();
 
@@ -397,8 +425,8 @@ void bench_model(Bench& b, Ops& ops, const ModelShape& m) {
   {
     Tensor logits = buf.rand(size_t(N) * Vp, bf, 2), losses = buf.zeros(N, f32), targets = buf.ints(tok);
     const std::string shape = "N=" + std::to_string(N) + " Vp=" + std::to_string(Vp);
-    // Training writes dlogits over the logits in place: one read and one write of the row (the
-    // second pass re-reads the 100 KB row from L2).
+    // Training writes dlogits over the logits in place: one read and one write of the row, which
+    // is all the kernel moves (it holds the row on chip between the two).
     b.run({sec, "softmax_cross_entropy (train)", shape, false, 2.0 * N * Vp * s + 8.0 * N, "N*Vp*2s + 8N", A},
           [&] { ops.softmax_cross_entropy(losses, logits, targets, N, V, Vp, 1.0f / N); });
     // sum and sum_squares return to the host: their time includes the copy and the round trip.

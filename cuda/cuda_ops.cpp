@@ -16,6 +16,7 @@
 #include "cuda/embedding.h"
 #include "cuda/gelu.h"
 #include "cuda/layernorm.h"
+#include "cuda/norm_backward.h"
 #include "cuda/matmul_cublaslt.h"
 #include "cuda/moe.h"
 #include "cuda/reduce.h"
@@ -307,7 +308,7 @@ void CudaOps::embedding_backward(Tensor dwte, Tensor dout, Tensor tokens, int N,
   need(dwte, size_t(vocab_local) * C, "embedding_backward", "dwte");
   const DType dt = need_act(dout, size_t(N) * C, "embedding_backward", "dout");
   need(tokens, N, DType::i32, "embedding_backward", "tokens");
-  const size_t bytes = gpu::embedding_backward_scratch_bytes(N, vocab_local);
+  const size_t bytes = gpu::embedding_backward_scratch_bytes(N, C, vocab_local);
   gpu::embedding_backward(dt, dwte.dtype, dwte.data, dout.data, static_cast<const int32_t*>(tokens.data), N, C,
                           vocab_start, vocab_local, scratch(bytes), bytes, stream_);
 }
@@ -429,18 +430,40 @@ void CudaOps::matmul_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout,
     need(w, size_t(OC) * IC, dt, "matmul_backward", "w");
     gpu::matmul_backward_input(matmul_, dt, it, dinp.data, dout.data, w.data, N, IC, OC, stream_);
   }
-  if (dw) {
+  if (dbias) need(dbias, OC, "matmul_backward", "dbias");
+  void* db_scratch = dbias ? scratch(gpu::bias_backward_scratch_bytes(N, OC)) : nullptr;
+  if (dw) {  // dbias (if wanted) comes with dW, from the same product where cuBLASLt can
     const DType wt = need_act(dw, size_t(OC) * IC, "matmul_backward", "dw");
     check(wt == dt || wt == DType::f32,
           "CudaOps::matmul_backward: dw must be " + std::string(dtype_name(dt)) + " or f32");
     need(inp, size_t(N) * IC, dt, "matmul_backward", "inp");
-    gpu::matmul_backward_weight(matmul_, dt, wt, dw.data, dout.data, inp.data, N, IC, OC, stream_);
+    gpu::matmul_backward_weight(matmul_, dt, wt, dw.data, dbias.dtype, dbias.data, dout.data, inp.data, N, IC, OC,
+                                db_scratch, stream_);
+  } else if (dbias) {
+    gpu::bias_backward(dt, dbias.dtype, dbias.data, dout.data, N, OC, db_scratch, stream_);
   }
-  if (dbias) {
-    need(dbias, OC, "matmul_backward", "dbias");
-    gpu::bias_backward(dt, dbias.dtype, dbias.data, dout.data, N, OC,
-                       scratch(gpu::bias_backward_scratch_bytes(N, OC)), stream_);
-  }
+}
+
+// The GELU-fused pair (gpu::matmul_gelu_forward, matmul_backward_input_dgelu): one dtype for
+// every tensor, the activations'.
+void CudaOps::matmul_gelu_forward(Tensor out, Tensor out_pre, Tensor inp, Tensor w, Tensor bias, int N, int IC,
+                                  int OC) {
+  check_dims("matmul_gelu_forward", {N, IC, OC});
+  const DType dt = need_act(inp, size_t(N) * IC, "matmul_gelu_forward", "inp");
+  need(w, size_t(OC) * IC, dt, "matmul_gelu_forward", "w");
+  need(out, size_t(N) * OC, dt, "matmul_gelu_forward", "out");
+  need(out_pre, size_t(N) * OC, dt, "matmul_gelu_forward", "out_pre");
+  if (bias) need(bias, OC, dt, "matmul_gelu_forward", "bias");
+  gpu::matmul_gelu_forward(matmul_, dt, out.data, out_pre.data, inp.data, w.data, bias.data, N, IC, OC, stream_);
+}
+
+void CudaOps::matmul_backward_input_dgelu(Tensor dpre, Tensor dout, Tensor w, Tensor pre, int N, int IC, int OC) {
+  check_dims("matmul_backward_input_dgelu", {N, IC, OC});
+  const DType dt = need_act(dout, size_t(N) * OC, "matmul_backward_input_dgelu", "dout");
+  need(dpre, size_t(N) * IC, dt, "matmul_backward_input_dgelu", "dpre");
+  need(w, size_t(OC) * IC, dt, "matmul_backward_input_dgelu", "w");
+  need(pre, size_t(N) * IC, dt, "matmul_backward_input_dgelu", "pre");
+  gpu::matmul_backward_input_dgelu(matmul_, dt, dpre.data, dout.data, w.data, pre.data, N, IC, OC, stream_);
 }
 
 // ---- attention -----------------------------------------------------------------------------------

@@ -6,31 +6,59 @@
 //   embedding_backward: dwte[tokens[n] - vocab_start, :] += dout[n, :]
 //   position_backward:  dwpe[pos[t], :] += sum_b dout[b, t, :]
 //
-// Algorithm.
-//  - Forwards: a grid-stride copy (add) over 16-byte chunks of the rows (scalar when C is not
-//    a multiple of the chunk or a pointer is misaligned).
-//  - embedding_backward is a scatter-add in which a token that repeats hits the same table
-//    row; instead of float atomics (whose order, and so whose rounding, changes from run to
-//    run) the (row, n) pairs are sorted by row with CUB's radix sort, which is stable: equal
-//    rows keep n ascending. One block per sorted position then checks whether it starts a run
-//    of equal rows, and if so sums the run's dout rows in that order (fp32 registers, one
-//    channel per thread, the channels split over gridDim.y) and adds the sum to the table row
-//    once. Tokens outside the shard get a sentinel key that sorts last and is skipped. The sort
-//    runs over only the bits the row index needs. Bitwise deterministic.
-//    Cost: the sort (~5 passes over 8N bytes) is small next to reading dout (N*C*s) and the
-//    read-modify-write of the touched rows (<= 2*N*C*g); a token repeated k times is summed by
-//    one block column, so a heavily repeated token serialises k row reads (fine for text).
-//  - position_backward: one block per (t, channel slice); the block of the first t holding a
-//    position sums every t' holding it (ascending) and every b, then adds once. Positions are
-//    distinct in practice (0..T-1, or a zigzag permutation under context parallelism), so the
-//    duplicate scan is O(T) cached reads per block.
+// Forwards: a grid-stride copy (add) over 16-byte chunks of the rows (scalar when C is not a
+// multiple of the chunk or a pointer is misaligned).
 //
-// Memory traffic (s = activation bytes, g = gradient bytes):
+// The backwards are scatter-adds in which many rows hit one table row (a token repeats; the B
+// rows of the batch share a position, which may itself repeat in pos). Float atomics would make
+// the order of the adds, and so the rounding, change from run to run; instead each table row's sum
+// is formed in an order fixed by the shapes and the token/position values alone, then added to
+// the table once. No float atomics: bitwise deterministic.
+//
+// position_backward: dout is B contiguous [T*C] slabs, so element e of the flat T*C range sums
+// dout[b*T*C + e] over b. A block takes a tile of consecutive elements; its 256 threads are
+// `lanes` x 256/lanes, lanes = the largest power of two <= 8 that leaves each lane >= 8 b's (a
+// function of B alone). Thread (lane, col) sums b = lane, lane + lanes, ... of the tile's 16-byte
+// chunk col, 4 independent 16-byte loads in flight; the lane sums meet in shared memory, are added
+// in lane order and then to dwpe[pos[t]] (coalesced, all old values in flight before the stores).
+// Grid: T*C / tile blocks (GPT-2 124M at B = 64, T = 1024: lanes = 8, 3072 tiles of 256 elements;
+// 1.5B at B = 8: lanes = 1, 800 tiles of 2048). Each block also checks whether a position of its
+// tile occurs at another t (pos is a few KB, L1-resident); only then (never in training: positions
+// are 0..T-1, or a zigzag permutation under context parallelism) the first t holding a position
+// also adds the later t's holding it (t ascending, b ascending), and the others skip it.
+//
+// embedding_backward: a counting sort of the tokens by table row in two kernels, then one add per
+// touched row. The table rows are dealt into `buckets` (a power of two <= 512) by their low bits,
+// so the frequent tokens (small ids in GPT-2's BPE) spread over the buckets.
+//  1. partition: block i of ceil(N / tile) counts all N tokens per bucket in shared memory
+//     (integer counts: the same in every block, whatever the order), so it knows where each bucket
+//     starts and how many of its tokens come before tile i; its first warp then places the tile's
+//     (row, n) pairs, n ascending, at their bucket's place. A stable sort by bucket with no global
+//     atomics and no zeroed memory.
+//  2. gather: one block per bucket groups the bucket's pairs by row the same way in shared memory
+//     (<= 512 rows per bucket), each row's n's ascending. A row hit <= 32 times is one work item:
+//     a warp sums its dout rows in n order (a 16-byte chunk per lane at a time, its dwte values
+//     and two rows' loads in flight together) and adds the sum to dwte once (one rounding).
+//     A row hit more often is cut into pieces of 32 hits that the block's warps sum into fp32
+//     partials (scratch, L2-resident); after a barrier one warp adds a row's pieces in order and
+//     updates dwte once. All of one bucket runs in one block, so a very frequent token (a few % of
+//     the batch: real text, not the benchmark's uniformly random tokens) is summed at one block's
+//     pace (16 warps, two rows' loads in flight per lane: tens of GB/s) and can outlast the rest.
+//  Tokens outside the shard are dropped in step 1. Grids: ceil(N / tile) <= 128 partition blocks
+//  (tile >= 512 tokens) and one gather block per bucket, 512 threads each.
+//
+// Memory traffic, the floor (s = activation bytes, g = gradient bytes, U = distinct in-shard tokens):
 //   embedding_forward N*C*2s, position_forward B*T*C*3s (+ wpe, L2-resident),
-//   embedding_backward N*C*(s + 2g) at most, position_backward B*T*C*s + 2*T*C*g.
-// GPT-2 124M, B*T = 8192, C = 768, bf16 activations / fp32 gradients: embedding_backward
-// ~62 MB (~19 us at 3.35 TB/s) plus the sort.
-#include <cub/device/device_radix_sort.cuh>
+//   embedding_backward N*C*s + 2*U*C*g (+ L2-resident: ~24 bytes of sorted pairs per token, the
+//     4N bytes of tokens each partition block reads, and 8*C bytes of partials per 32 hits of a
+//     row hit more than 32 times),
+//   position_backward B*T*C*s + 2*T*C*g.
+// GPT-2 124M at B*T = 65536, C = 768, bf16 activations / fp32 gradients: position_backward
+// 107 MB (25 us at 4.2 TB/s), embedding_backward ~326 MB for uniformly random tokens (U ~ 36.6K,
+// 77 us). GPT-2 1.5B at B*T = 8192, C = 1600: 39 MB (9 us) and ~123 MB (29 us).
+#include <algorithm>
+#include <cub/block/block_scan.cuh>
+#include <string>
 
 #include "cuda/cuda_common.h"
 #include "cuda/embedding.h"
@@ -40,6 +68,8 @@ namespace pt::gpu {
 namespace {
 
 constexpr int kBlock = 256;
+
+// ---- forwards ---------------------------------------------------------------------------------------
 
 template <typename T, int VEC>
 __global__ void __launch_bounds__(kBlock) embedding_forward_kernel(T* out, const int32_t* tokens, const T* wte,
@@ -85,70 +115,392 @@ __global__ void __launch_bounds__(kBlock) position_forward_kernel(T* out, const 
   }
 }
 
-// key[n] = the local table row of token n, or `sentinel` (= vocab_local, sorts last) outside the shard.
-__global__ void __launch_bounds__(kBlock) make_sort_pairs_kernel(uint32_t* keys, int32_t* values,
-                                                                 const int32_t* tokens, int N, int vocab_start,
-                                                                 int vocab_local) {
-  const int n = blockIdx.x * kBlock + threadIdx.x;
-  if (n >= N) return;
-  const long long row = static_cast<long long>(tokens[n]) - vocab_start;
-  keys[n] = row >= 0 && row < vocab_local ? static_cast<uint32_t>(row) : static_cast<uint32_t>(vocab_local);
-  values[n] = n;
-}
+// ---- position_backward -------------------------------------------------------------------------------
 
-// Block (p, y): if sorted position p starts a run of equal keys, adds the run's dout rows (in
-// sorted order, which is n ascending) to the table row, for channels [y*kBlock, (y+1)*kBlock).
-template <typename T, typename G>
-__global__ void __launch_bounds__(kBlock) embedding_backward_kernel(G* dwte, const T* dout, const uint32_t* keys,
-                                                                    const int32_t* rows, int N, int C,
-                                                                    uint32_t sentinel) {
-  const int p = blockIdx.x;
-  const uint32_t key = keys[p];
-  if (key == sentinel || (p > 0 && keys[p - 1] == key)) return;  // out of shard, or not a run start
-  const int c = blockIdx.y * kBlock + threadIdx.x;
-  if (c >= C) return;
-  float acc = 0.0f;
-  for (int q = p; q < N && keys[q] == key; ++q) acc += to_float(dout[static_cast<size_t>(rows[q]) * C + c]);
-  G* dst = dwte + static_cast<size_t>(key) * C + c;
-  *dst = from_float<G>(to_float(*dst) + acc);
-}
+constexpr int kBatch = 4;     // 16-byte loads of dout a thread has in flight (8 would spill at 64 registers)
+constexpr int kLaneRows = 8;  // b's per lane at least, when B allows
 
-template <typename T, typename G>
-__global__ void __launch_bounds__(kBlock) position_backward_kernel(G* dwpe, const T* dout, const int32_t* pos, int B,
-                                                                   int T_, int C, int wpe_rows) {
-  const int t0 = blockIdx.x;
-  const int p = pos[t0];
-  if (p < 0 || p >= wpe_rows) return;
-  for (int t = 0; t < t0; ++t)
-    if (pos[t] == p) return;  // an earlier t owns this table row
-  const int c = blockIdx.y * kBlock + threadIdx.x;
-  if (c >= C) return;
-  float acc = 0.0f;
-  for (int t = t0; t < T_; ++t) {
-    if (pos[t] != p) continue;
-    for (int b = 0; b < B; ++b) acc += to_float(dout[(static_cast<size_t>(b) * T_ + t) * C + c]);
+// For a t whose position also occurs at another t: false when an earlier t holds it (that t adds
+// this one's sums); otherwise adds to s the sums over b of the later t's holding it (t, then b
+// ascending). Only tiles with repeated positions come here.
+template <typename T>
+__device__ __forceinline__ bool add_repeats(float& s, const T* dout, const int32_t* pos, int B, int T_, int C, int t,
+                                            int c) {
+  const int p = pos[t];
+  for (int u = 0; u < t; ++u)
+    if (pos[u] == p) return false;
+  for (int u = t + 1; u < T_; ++u) {
+    if (pos[u] != p) continue;
+    for (int b = 0; b < B; ++b) s += to_float(dout[(static_cast<size_t>(b) * T_ + u) * C + c]);
   }
-  G* dst = dwpe + static_cast<size_t>(p) * C + c;
-  *dst = from_float<G>(to_float(*dst) + acc);
+  return true;
 }
 
-// Bits the sort must look at: enough for keys 0..vocab_local (the sentinel included).
-int key_bits(int vocab_local) {
-  int bits = 1;
-  while (bits < 32 && (static_cast<uint32_t>(vocab_local) >> bits) != 0) ++bits;
-  return bits;
+// Block x: elements [x*tile, (x+1)*tile) of the flat T*C range, tile = (kBlock >> lane_bits) * VEC.
+// At most 64 registers: 4 blocks per SM.
+template <typename T, typename G, int VEC>
+__global__ void __launch_bounds__(kBlock, 4)
+    position_backward_kernel(G* __restrict__ dwpe, const T* __restrict__ dout, const int32_t* __restrict__ pos, int B,
+                             int T_, int C, int wpe_rows, int lane_bits) {
+  __shared__ float lane_sums[kBlock * VEC];  // [lane][tile element]
+  const int lanes = 1 << lane_bits, cols = kBlock >> lane_bits, tile = cols * VEC;
+  const size_t TC = static_cast<size_t>(T_) * C, e0 = static_cast<size_t>(blockIdx.x) * tile;
+  const size_t e_end = e0 + tile < TC ? e0 + tile : TC;
+  const int t_lo = static_cast<int>(e0 / C), t_hi = static_cast<int>((e_end - 1) / C);
+
+  // Does a position of this tile occur at another t too?
+  bool repeated = false;
+  for (int u = threadIdx.x; u < T_; u += kBlock) {
+    const int p = pos[u];
+    for (int t = t_lo; t <= t_hi; ++t) repeated |= u != t && pos[t] == p;
+  }
+
+  // Thread (lane, col) sums b = lane, lane + lanes, ... of chunk col, kBatch loads at a time.
+  const int lane = threadIdx.x / cols, col = threadIdx.x % cols;
+  const size_t e = e0 + static_cast<size_t>(col) * VEC;
+  float acc[VEC] = {};
+  if (e < TC) {
+    for (int b0 = lane; b0 < B; b0 += kBatch * lanes) {
+      Packed<T, VEC> v[kBatch];  // raw, converted after all loads are issued: half the registers of floats
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u)
+        if (b0 + u * lanes < B) v[u] = load_packed<T, VEC>(dout + static_cast<size_t>(b0 + u * lanes) * TC + e);
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u)
+        if (b0 + u * lanes < B)
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) acc[k] += to_float(v[u].v[k]);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) lane_sums[lane * tile + col * VEC + k] = acc[k];
+  repeated = __syncthreads_or(repeated);
+
+  // Element j of the tile: its lane sums in lane order (s), and the table element they go to (null:
+  // none); t and c are its place in dout.
+  const auto element = [&](int j, float& s, int& t, int& c) -> G* {
+    if (j >= tile || e0 + j >= TC) return nullptr;
+    t = static_cast<int>((e0 + j) / C);
+    c = static_cast<int>((e0 + j) % C);
+    const int p = pos[t];
+    if (p < 0 || p >= wpe_rows) return nullptr;
+    s = 0.0f;
+    for (int l = 0; l < lanes; ++l) s += lane_sums[l * tile + j];
+    return dwpe + static_cast<size_t>(p) * C + c;
+  };
+  if (repeated) {  // rare: one element at a time
+    for (int j = threadIdx.x; j < tile; j += kBlock) {
+      float s;
+      int t, c;
+      G* dst = element(j, s, t, c);
+      if (dst && add_repeats(s, dout, pos, B, T_, C, t, c)) *dst = from_float<G>(to_float(*dst) + s);
+    }
+    return;
+  }
+  // Elements threadIdx.x + k*kBlock: every old value is loaded before the first store, so the
+  // loads are in flight together.
+  float sum[VEC];
+  G* dst[VEC];
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) {
+    int t, c;
+    dst[k] = element(threadIdx.x + k * kBlock, sum[k], t, c);
+  }
+  float old[VEC];
+#pragma unroll
+  for (int k = 0; k < VEC; ++k)
+    if (dst[k]) old[k] = to_float(*dst[k]);
+#pragma unroll
+  for (int k = 0; k < VEC; ++k)
+    if (dst[k]) *dst[k] = from_float<G>(old[k] + sum[k]);
 }
+
+// ---- embedding_backward ------------------------------------------------------------------------------
+
+constexpr int kSortThreads = 512;         // both kernels
+constexpr int kMaxBuckets = 512;          // a power of two, <= kSortThreads (one bucket per thread in a scan)
+constexpr int kMaxBins = kSortThreads;    // table rows per bucket (one per thread in a scan)
+constexpr int kMinTile = 512;             // tokens a partition block places
+constexpr int kMaxTiles = 128;            // partition blocks (each one counts all N tokens)
+constexpr int kPieceRows = kWarpSize;     // dout rows in one work item: one row index per lane
+// A row hit h > kPieceRows times has ceil(h / kPieceRows) <= floor(h / kPartialSpacing) pieces, so
+// a bucket starting at sorted position `start` with `size` tokens has at most size / kPartialSpacing
+// partial rows: they can start at row start / kPartialSpacing without reaching the next bucket's,
+// and N / kPartialSpacing + 1 rows hold them all.
+constexpr int kPartialSpacing = kPieceRows / 2;
+
+// VEC consecutive elements of S as loaded: 16-byte accesses (VEC = 1: one scalar; the address is
+// 16-byte aligned otherwise). Kept as raw words until summed: 8 bf16 take 4 registers, not 8 floats.
+template <typename S, int VEC>
+struct Chunk {
+  static_assert(VEC == 1 || VEC * sizeof(S) % 16 == 0, "VEC elements must be whole 16-byte accesses");
+  using Word = std::conditional_t<VEC == 1, S, int4>;
+  static constexpr int kWords = VEC == 1 ? 1 : VEC * sizeof(S) / 16;
+  Word word[kWords];
+  __device__ __forceinline__ float operator[](int k) const { return to_float(reinterpret_cast<const S*>(word)[k]); }
+};
+
+template <int VEC, typename S>
+__device__ __forceinline__ Chunk<S, VEC> load_chunk(const S* p) {
+  Chunk<S, VEC> c;
+  const auto* words = reinterpret_cast<const typename Chunk<S, VEC>::Word*>(p);
+#pragma unroll
+  for (int a = 0; a < Chunk<S, VEC>::kWords; ++a) c.word[a] = words[a];
+  return c;
+}
+
+template <int VEC, typename S>
+__device__ __forceinline__ void store_chunk(S* p, const float (&x)[VEC]) {
+  constexpr int kPer = VEC == 1 ? 1 : 16 / static_cast<int>(sizeof(S));  // elements per access
+#pragma unroll
+  for (int a = 0; a < VEC / kPer; ++a) {
+    Packed<S, kPer> v;
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) v.v[k] = from_float<S>(x[a * kPer + k]);
+    store_packed<S, kPer>(p + a * kPer, v);
+  }
+}
+
+__device__ __forceinline__ int local_row(int32_t token, int vocab_start, int vocab_local) {
+  const long long row = static_cast<long long>(token) - vocab_start;
+  return row >= 0 && row < vocab_local ? static_cast<int>(row) : -1;
+}
+
+// How many lanes of the warp hold this lane's bin, told to the lowest of them (0 to the others and
+// for bin -1): one shared-memory atomic per distinct bin, where a frequent token would otherwise
+// serialise 32 atomics on one address.
+__device__ __forceinline__ int warp_tally(int bin) {
+  const unsigned same = __match_any_sync(0xffffffffu, bin);
+  return bin >= 0 && static_cast<int>(threadIdx.x % kWarpSize) == __ffs(same) - 1 ? __popc(same) : 0;
+}
+
+// Stable counting placement by one warp: the lanes hold 32 consecutive items (lane order = item
+// order), each in a bin (-1: no item); cursor[bin] (shared) is where the bin's next item goes.
+// Returns this lane's slot (-1 for no item) and moves the cursors past the 32 items.
+__device__ __forceinline__ int warp_place(int bin, int* cursor) {
+  const int lane = threadIdx.x % kWarpSize;
+  const unsigned same = __match_any_sync(0xffffffffu, bin);
+  const int earlier = __popc(same & ((1u << lane) - 1u));
+  const int slot = bin >= 0 ? cursor[bin] + earlier : -1;
+  __syncwarp();
+  if (bin >= 0 && earlier == __popc(same) - 1) cursor[bin] = slot + 1;
+  __syncwarp();
+  return slot;
+}
+
+// Step 1 (see the header). Block i places tokens [i*tile, (i+1)*tile); every block writes the same
+// bucket_start/bucket_size, block 0 stores them.
+__global__ void __launch_bounds__(kSortThreads)
+    partition_kernel(int* sorted_row, int* sorted_n, int* bucket_start, int* bucket_size, const int32_t* tokens, int N,
+                     int vocab_start, int vocab_local, int bucket_bits, int tile) {
+  using Scan = cub::BlockScan<int, kSortThreads>;
+  __shared__ typename Scan::TempStorage scan;
+  __shared__ int total[kMaxBuckets], before[kMaxBuckets], cursor[kMaxBuckets];
+  const int buckets = 1 << bucket_bits, lane = threadIdx.x % kWarpSize;
+  const int t0 = blockIdx.x * tile, t1 = min(N, t0 + tile);
+  if (threadIdx.x < buckets) total[threadIdx.x] = before[threadIdx.x] = 0;
+  __syncthreads();
+  for (int n0 = threadIdx.x - lane; n0 < N; n0 += kSortThreads) {  // a warp takes 32 consecutive tokens
+    const int row = n0 + lane < N ? local_row(tokens[n0 + lane], vocab_start, vocab_local) : -1;
+    const int bucket = row >= 0 ? row & (buckets - 1) : -1;
+    if (const int k = warp_tally(bucket)) {
+      atomicAdd(&total[bucket], k);
+      if (n0 < t0) atomicAdd(&before[bucket], k);  // t0 is a multiple of 32: all 32 tokens are before, or none
+    }
+  }
+  __syncthreads();
+  const int b = threadIdx.x;
+  int start;
+  Scan(scan).ExclusiveSum(b < buckets ? total[b] : 0, start);
+  if (b < buckets) {
+    cursor[b] = start + before[b];
+    if (blockIdx.x == 0) {
+      bucket_start[b] = start;
+      bucket_size[b] = total[b];
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x >= kWarpSize) return;
+  for (int n0 = t0; n0 < t1; n0 += kWarpSize) {
+    const int n = n0 + lane;
+    const int row = n < t1 ? local_row(tokens[n], vocab_start, vocab_local) : -1;
+    const int slot = warp_place(row >= 0 ? row & (buckets - 1) : -1, cursor);
+    if (slot >= 0) {
+      sorted_row[slot] = row;
+      sorted_n[slot] = n;
+    }
+  }
+}
+
+// Where a bucket's table row (bin) begins in the bucket's three sequences.
+struct BinOffsets {
+  int hit;      // its n's, grouped by row
+  int item;     // its work items (pieces of <= kPieceRows hits)
+  int partial;  // its fp32 partial rows (rows hit more than kPieceRows times)
+};
+
+struct AddBinOffsets {
+  __device__ BinOffsets operator()(const BinOffsets& a, const BinOffsets& b) const {
+    return {a.hit + b.hit, a.item + b.item, a.partial + b.partial};
+  }
+};
+
+// The bin holding work item `item`: the last with first[bin].item <= item (a bin with no hits has no
+// items, and the offset of the bin after it).
+__device__ __forceinline__ int bin_of_item(const BinOffsets* first, int bins, int item) {
+  int lo = 0, hi = bins - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (first[mid].item <= item)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
+}
+
+// dst[c] (+)= sum over r = 0, 1, ..., rows-1 (in that order) of row(r)[c] for a [C] row dst:
+// kAdd adds the sum to dst (one rounding; dst's old values are loaded with the first rows, so
+// they are in flight together), else stores it. Lane l takes chunks l, l+32, ... of VEC columns,
+// kRows rows' loads in flight (more spill at the kernel's 64 registers). Called by a whole warp
+// (row may shuffle).
+template <int VEC, bool kAdd, typename RowPtr, typename D>
+__device__ __forceinline__ void warp_sum_rows(int C, int rows, RowPtr row, D* dst) {
+  constexpr int kRows = 2;
+  using S = std::remove_const_t<std::remove_pointer_t<decltype(row(0))>>;
+  const int lane = threadIdx.x % kWarpSize, chunks = C / VEC;
+  for (int q0 = 0; q0 < chunks; q0 += kWarpSize) {
+    const int q = q0 + lane;
+    const bool mine = q < chunks;
+    Chunk<D, VEC> old;
+    if (kAdd && mine) old = load_chunk<VEC>(dst + q * VEC);
+    float acc[VEC] = {};
+    for (int r0 = 0; r0 < rows; r0 += kRows) {
+      Chunk<S, VEC> v[kRows];
+#pragma unroll
+      for (int u = 0; u < kRows; ++u) {
+        const S* src = row(min(r0 + u, rows - 1));
+        if (mine && r0 + u < rows) v[u] = load_chunk<VEC>(src + q * VEC);
+      }
+#pragma unroll
+      for (int u = 0; u < kRows; ++u)
+        if (mine && r0 + u < rows)
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) acc[k] += v[u][k];
+    }
+    if (!mine) continue;
+    if (kAdd)
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) acc[k] += old[k];
+    store_chunk<VEC>(dst + q * VEC, acc);
+  }
+}
+
+// Step 2 (see the header): block = bucket. At most 64 registers: 2 blocks per SM.
+template <typename T, typename G, int VEC>
+__global__ void __launch_bounds__(kSortThreads, 2)
+    gather_kernel(G* __restrict__ dwte, const T* __restrict__ dout, const int* sorted_row, const int* sorted_n,
+                  int* grouped_n, float* __restrict__ partials, const int* bucket_start, const int* bucket_size, int C,
+                  int vocab_local, int bucket_bits) {
+  constexpr int kWarps = kSortThreads / kWarpSize;
+  using Scan = cub::BlockScan<BinOffsets, kSortThreads>;
+  __shared__ typename Scan::TempStorage scan;
+  __shared__ int hits[kMaxBins], cursor[kMaxBins];
+  __shared__ BinOffsets first[kMaxBins];
+  const int bucket = blockIdx.x, size = bucket_size[bucket];
+  if (size == 0) return;
+  const int start = bucket_start[bucket];
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int bins = ((vocab_local - 1 - bucket) >> bucket_bits) + 1;  // rows bucket + bin * buckets < vocab_local
+  const auto table_row = [&](int bin) { return dwte + ((static_cast<size_t>(bin) << bucket_bits) + bucket) * C; };
+
+  // Hits per row, then each row's offsets.
+  if (threadIdx.x < bins) hits[threadIdx.x] = 0;
+  __syncthreads();
+  for (int i0 = threadIdx.x - lane; i0 < size; i0 += kSortThreads) {
+    const int bin = i0 + lane < size ? sorted_row[start + i0 + lane] >> bucket_bits : -1;
+    if (const int k = warp_tally(bin)) atomicAdd(&hits[bin], k);
+  }
+  __syncthreads();
+  const int h = threadIdx.x < bins ? hits[threadIdx.x] : 0, pieces = ceil_div(h, kPieceRows);
+  BinOffsets mine_first, all;
+  Scan(scan).ExclusiveScan(BinOffsets{h, pieces, h > kPieceRows ? pieces : 0}, mine_first, BinOffsets{0, 0, 0},
+                           AddBinOffsets{}, all);
+  if (threadIdx.x < bins) {
+    first[threadIdx.x] = mine_first;
+    cursor[threadIdx.x] = mine_first.hit;
+  }
+  __syncthreads();
+
+  // Warp 0 groups the bucket's n's by row, each row's n's ascending (they arrive in n order).
+  if (warp == 0) {
+    for (int i0 = 0; i0 < size; i0 += kWarpSize) {
+      const int i = i0 + lane;
+      const int slot = warp_place(i < size ? sorted_row[start + i] >> bucket_bits : -1, cursor);
+      if (slot >= 0) grouped_n[start + slot] = sorted_n[start + i];
+    }
+  }
+  __syncthreads();
+
+  // Work items: a row hit <= kPieceRows times is summed and added to the table at once; a piece of a
+  // row hit more often goes to its partial row.
+  float* bucket_partials = partials + static_cast<size_t>(start / kPartialSpacing) * C;
+  for (int item = warp; item < all.item; item += kWarps) {
+    const int bin = bin_of_item(first, bins, item), piece = item - first[bin].item;
+    const int rows = min(kPieceRows, hits[bin] - piece * kPieceRows);
+    const int my_n = lane < rows ? grouped_n[start + first[bin].hit + piece * kPieceRows + lane] : 0;
+    const auto dout_row = [&](int r) { return dout + static_cast<size_t>(__shfl_sync(0xffffffffu, my_n, r)) * C; };
+    if (hits[bin] <= kPieceRows)
+      warp_sum_rows<VEC, true>(C, rows, dout_row, table_row(bin));
+    else
+      warp_sum_rows<VEC, false>(C, rows, dout_row,
+                                bucket_partials + static_cast<size_t>(first[bin].partial + piece) * C);
+  }
+  if (all.partial == 0) return;
+  __syncthreads();  // the partials are written
+
+  // Rows hit more than kPieceRows times: their pieces in order, then one add to the table.
+  for (int bin = warp; bin < bins; bin += kWarps) {
+    if (hits[bin] <= kPieceRows) continue;
+    const float* src = bucket_partials + static_cast<size_t>(first[bin].partial) * C;
+    warp_sum_rows<VEC, true>(
+        C, ceil_div(hits[bin], kPieceRows), [&](int r) { return src + static_cast<size_t>(r) * C; }, table_row(bin));
+  }
+}
+
+// How embedding_backward cuts its work: table rows dealt into 2^bucket_bits buckets by their low
+// bits, tokens in tiles of `tile` (a multiple of 32) for the partition.
+struct SortShape {
+  int bucket_bits = 0, tile = 0, tiles = 0;
+  SortShape(int N, int vocab_local) {
+    while ((1 << bucket_bits) < kMaxBuckets && (1 << bucket_bits) < vocab_local) ++bucket_bits;
+    tile = std::max(kMinTile, ceil_div(ceil_div(N, kMaxTiles), kWarpSize) * kWarpSize);
+    tiles = ceil_div(N, tile);
+  }
+  int buckets() const { return 1 << bucket_bits; }
+};
 
 size_t align_up(size_t x) { return (x + 255) / 256 * 256; }
 
-// CUB's temporary storage for sorting N pairs (a host-side query; nothing is launched).
-size_t cub_temp_bytes(int N, int vocab_local) {
-  size_t bytes = 0;
-  CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, bytes, static_cast<const uint32_t*>(nullptr),
-                                             static_cast<uint32_t*>(nullptr), static_cast<const int32_t*>(nullptr),
-                                             static_cast<int32_t*>(nullptr), N, 0, key_bits(vocab_local)));
-  return bytes;
-}
+// Byte offsets of embedding_backward's scratch parts, and its size.
+struct SortScratch {
+  size_t sorted_row, sorted_n, grouped_n, bucket_start, bucket_size, partials, bytes;
+  SortScratch(int N, int C, int buckets) {
+    size_t at = 0;
+    const auto take = [&](size_t bytes) {
+      const size_t here = at;
+      at += align_up(bytes);
+      return here;
+    };
+    sorted_row = take(size_t(N) * 4);
+    sorted_n = take(size_t(N) * 4);
+    grouped_n = take(size_t(N) * 4);
+    bucket_start = take(size_t(buckets) * 4);
+    bucket_size = take(size_t(buckets) * 4);
+    partials = take((size_t(N) / kPartialSpacing + 1) * C * sizeof(float));
+    bytes = at;
+  }
+};
 
 template <typename T>
 bool vec_ok(int C, std::initializer_list<const void*> ptrs) {
@@ -178,36 +530,44 @@ void embedding_forward(DType dtype, void* out, const int32_t* tokens, const void
   });
 }
 
-size_t embedding_backward_scratch_bytes(int N, int vocab_local) {
-  if (N <= 0) return 0;
-  return 4 * align_up(size_t(N) * 4) + align_up(cub_temp_bytes(N, vocab_local));
+size_t embedding_backward_scratch_bytes(int N, int C, int vocab_local) {
+  if (N <= 0 || C <= 0 || vocab_local <= 0) return 0;
+  return SortScratch(N, C, SortShape(N, vocab_local).buckets()).bytes;
 }
 
 void embedding_backward(DType dtype, DType grad_dtype, void* dwte, const void* dout, const int32_t* tokens, int N,
                         int C, int vocab_start, int vocab_local, void* scratch, size_t scratch_bytes, void* stream) {
   if (N <= 0 || C <= 0 || vocab_local <= 0) return;
-  check(scratch_bytes >= embedding_backward_scratch_bytes(N, vocab_local), "embedding_backward: scratch too small");
-  cudaStream_t s = as_stream(stream);
+  check_act_grad("embedding_backward", dtype, grad_dtype);
+  check(vocab_local <= kMaxBuckets * kMaxBins, "embedding_backward: vocab_local " + std::to_string(vocab_local) +
+                                                   " is above the " + std::to_string(kMaxBuckets * kMaxBins) +
+                                                   " rows the sort handles (shard the vocabulary)");
+  check(scratch_bytes >= embedding_backward_scratch_bytes(N, C, vocab_local), "embedding_backward: scratch too small");
+  const SortShape shape(N, vocab_local);
+  const SortScratch parts(N, C, shape.buckets());
   char* base = static_cast<char*>(scratch);
-  const size_t slot = align_up(size_t(N) * 4);
-  uint32_t* keys_in = reinterpret_cast<uint32_t*>(base);
-  uint32_t* keys_out = reinterpret_cast<uint32_t*>(base + slot);
-  int32_t* vals_in = reinterpret_cast<int32_t*>(base + 2 * slot);
-  int32_t* vals_out = reinterpret_cast<int32_t*>(base + 3 * slot);
-  void* temp = base + 4 * slot;
-  size_t temp_bytes = cub_temp_bytes(N, vocab_local);
+  int* sorted_row = reinterpret_cast<int*>(base + parts.sorted_row);
+  int* sorted_n = reinterpret_cast<int*>(base + parts.sorted_n);
+  int* bucket_start = reinterpret_cast<int*>(base + parts.bucket_start);
+  int* bucket_size = reinterpret_cast<int*>(base + parts.bucket_size);
+  cudaStream_t s = as_stream(stream);
 
-  make_sort_pairs_kernel<<<ceil_div(N, kBlock), kBlock, 0, s>>>(keys_in, vals_in, tokens, N, vocab_start, vocab_local);
+  partition_kernel<<<shape.tiles, kSortThreads, 0, s>>>(sorted_row, sorted_n, bucket_start, bucket_size, tokens, N,
+                                                        vocab_start, vocab_local, shape.bucket_bits, shape.tile);
   CUDA_CHECK_LAUNCH();
-  CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, keys_in, keys_out, vals_in, vals_out, N, 0,
-                                             key_bits(vocab_local), s));
-  const dim3 grid(static_cast<unsigned>(N), static_cast<unsigned>(ceil_div(C, kBlock)));
   dispatch_act_grad("embedding_backward", dtype, grad_dtype, [&](auto act, auto grad) {
     using T = decltype(act);
     using G = decltype(grad);
-    embedding_backward_kernel<T, G><<<grid, kBlock, 0, s>>>(static_cast<G*>(dwte), static_cast<const T*>(dout),
-                                                            keys_out, vals_out, N, C,
-                                                            static_cast<uint32_t>(vocab_local));
+    const auto launch = [&](auto kernel) {
+      kernel<<<shape.buckets(), kSortThreads, 0, s>>>(
+          static_cast<G*>(dwte), static_cast<const T*>(dout), sorted_row, sorted_n,
+          reinterpret_cast<int*>(base + parts.grouped_n), reinterpret_cast<float*>(base + parts.partials),
+          bucket_start, bucket_size, C, vocab_local, shape.bucket_bits);
+    };
+    if (vec_ok<T>(C, {dout, dwte}))
+      launch(gather_kernel<T, G, 16 / sizeof(T)>);
+    else
+      launch(gather_kernel<T, G, 1>);
     CUDA_CHECK_LAUNCH();
   });
 }
@@ -234,12 +594,24 @@ void position_forward(DType dtype, void* out, const void* wpe, const int32_t* po
 void position_backward(DType dtype, DType grad_dtype, void* dwpe, const void* dout, const int32_t* pos, int B, int T,
                        int C, int wpe_rows, void* stream) {
   if (B <= 0 || T <= 0 || C <= 0) return;
-  const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(ceil_div(C, kBlock)));
+  // lanes = 2^lane_bits <= 8, each with at least kLaneRows b's when B allows: from B alone, so the
+  // summation order is a function of the shape.
+  int lane_bits = 0;
+  while (lane_bits < 3 && (kLaneRows << (lane_bits + 1)) <= B) ++lane_bits;
   dispatch_act_grad("position_backward", dtype, grad_dtype, [&](auto act, auto grad) {
     using E = decltype(act);
     using G = decltype(grad);
-    position_backward_kernel<E, G><<<grid, kBlock, 0, as_stream(stream)>>>(
-        static_cast<G*>(dwpe), static_cast<const E*>(dout), pos, B, T, C, wpe_rows);
+    const auto launch = [&](auto kernel, int vec) {
+      const size_t tile = static_cast<size_t>(kBlock >> lane_bits) * vec;
+      const unsigned blocks = static_cast<unsigned>(ceil_div(size_t(T) * C, tile));
+      kernel<<<blocks, kBlock, 0, as_stream(stream)>>>(static_cast<G*>(dwpe), static_cast<const E*>(dout), pos, B, T,
+                                                       C, wpe_rows, lane_bits);
+    };
+    constexpr int V = 16 / sizeof(E);
+    if (vec_ok<E>(C, {dout}))
+      launch(position_backward_kernel<E, G, V>, V);
+    else
+      launch(position_backward_kernel<E, G, 1>, 1);
     CUDA_CHECK_LAUNCH();
   });
 }

@@ -13,9 +13,11 @@ namespace pt::gpu {
 void embedding_forward(DType dtype, void* out, const int32_t* tokens, const void* wte, int N, int C, int vocab_start,
                        int vocab_local, void* stream = nullptr);
 
-// Scratch bytes embedding_backward needs for N tokens (sort keys, values and CUB's temporaries).
-size_t embedding_backward_scratch_bytes(int N, int vocab_local);
+// Scratch bytes embedding_backward needs for N tokens of C channels (the sorted tokens and fp32
+// partial sums for rows hit more than 32 times: about N*C bytes in all).
+size_t embedding_backward_scratch_bytes(int N, int C, int vocab_local);
 // dwte[tokens[n] - vocab_start, :] += dout[n, :] for in-range tokens; deterministic (see the .cu).
+// vocab_local is at most 262144 (a larger table throws before anything is launched).
 void embedding_backward(DType dtype, DType grad_dtype, void* dwte, const void* dout, const int32_t* tokens, int N,
                         int C, int vocab_start, int vocab_local, void* scratch, size_t scratch_bytes,
                         void* stream = nullptr);

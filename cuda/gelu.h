@@ -11,7 +11,8 @@ namespace pt::gpu {
 
 // out[i] = gelu(inp[i]) for i < n, tanh approximation (GPT-2). out may alias inp.
 void gelu_forward(DType dtype, void* out, const void* inp, size_t n, void* stream = nullptr);
-// dinp[i] = gelu'(inp[i]) * dout[i] for i < n (overwrites, as Ops::gelu_backward says).
+// dinp[i] = gelu'(inp[i]) * dout[i] for i < n (overwrites, as Ops::gelu_backward says). dinp may
+// alias dout (each thread reads its elements before it writes them).
 void gelu_backward(DType dtype, void* dinp, const void* inp, const void* dout, size_t n, void* stream = nullptr);
 
 }  // namespace pt::gpu

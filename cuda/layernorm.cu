@@ -1,5 +1,5 @@
 // LayerNorm (GPT-2: eps 1e-5, biased variance), fp32 and bf16: forward, plain and fused with the
-// residual add that precedes it (llm.c's fused_residual_forward), and backward.
+// residual add that precedes it (llm.c's fused_residual_forward).
 //
 // Computes, per row of x[N, C] (x = inp, or x = residual = a + b rounded to the dtype):
 //   mean = sum(x) / C,  var = sum((x - mean)^2) / C,  rstd = 1 / sqrt(var + 1e-5)
@@ -27,19 +27,7 @@
 // LayerNorm.
 // The arithmetic (~10 flops per element) is far below the FLOP floor.
 //
-// Backward, with xhat = (x - mean) * rstd and g = w * dout (all accumulating, as Ops requires):
-//   dinp += rstd * (g - mean_c(g) - xhat * mean_c(g * xhat)),  dw += sum_n xhat*dout,  db += sum_n dout.
-// Algorithm: two independent parts.
-//   dinp: one warp per row, two passes over the row like the forward (the two row means, then
-//         the update), 16-byte chunks when aligned. Per row the warp butterfly fixes the order.
-//   dw/db: deterministic column sums (column_reduce.cuh): per-chunk fp32 partials, then one
-//         ordered pass per channel. No atomics anywhere, so every bit repeats run to run.
-// llm.c fuses both parts into one kernel (one read of x and dout); keeping them apart reads
-// x and dout twice but keeps each kernel simple and its order fixed.
-// Memory traffic (s = activation bytes): dinp part: read x, dout, dinp + write dinp = 4*N*C*s
-// (+ w, mean, rstd); dw/db part: read x, dout = 2*N*C*s (+ the partials, <= 2 KB per
-// channel). GPT-2 124M, N = 8192, C = 768, bf16: 75.5 MB, ~23 us at 3.35 TB/s (H100 SXM).
-#include "cuda/column_reduce.cuh"
+// The backward is cuda/norm_backward.cu (one kernel for LayerNorm and RMSNorm).
 #include "cuda/cuda_common.h"
 #include "cuda/layernorm.h"
 #include "cuda/norm_args.h"
@@ -127,47 +115,6 @@ void launch(T* out, float* mean, float* rstd, T* residual, const T* a, const T* 
   CUDA_CHECK_LAUNCH();
 }
 
-// dinp += rstd * (g - mean(g) - xhat * mean(g * xhat)), one warp per row.
-template <typename T, int VEC>
-__global__ void __launch_bounds__(kBlock)
-    layernorm_backward_dinp_kernel(T* dinp, const T* dout, const T* inp, const T* w, const float* mean,
-                                   const float* rstd, int N, int C) {
-  const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / kWarpSize;
-  const int lane = threadIdx.x % kWarpSize;
-  if (row >= N) return;  // whole warps leave together
-  const size_t offset = static_cast<size_t>(row) * C;
-  const float m = mean[row], r = rstd[row];
-
-  float g_sum = 0.0f, gx_sum = 0.0f;
-  for (int i = lane * VEC; i < C; i += kWarpSize * VEC) {
-    Packed<T, VEC> x = load_packed<T, VEC>(inp + offset + i);
-    Packed<T, VEC> dy = load_packed<T, VEC>(dout + offset + i);
-    Packed<T, VEC> wv = load_packed<T, VEC>(w + i);
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) {
-      const float g = to_float(wv.v[k]) * to_float(dy.v[k]);
-      g_sum += g;
-      gx_sum += g * (to_float(x.v[k]) - m) * r;
-    }
-  }
-  const float g_mean = warp_sum(g_sum) / C;
-  const float gx_mean = warp_sum(gx_sum) / C;
-
-  for (int i = lane * VEC; i < C; i += kWarpSize * VEC) {
-    Packed<T, VEC> x = load_packed<T, VEC>(inp + offset + i);
-    Packed<T, VEC> dy = load_packed<T, VEC>(dout + offset + i);
-    Packed<T, VEC> wv = load_packed<T, VEC>(w + i);
-    Packed<T, VEC> d = load_packed<T, VEC>(dinp + offset + i);
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) {
-      const float xhat = (to_float(x.v[k]) - m) * r;
-      const float g = to_float(wv.v[k]) * to_float(dy.v[k]);
-      d.v[k] = from_float<T>(to_float(d.v[k]) + r * (g - g_mean - xhat * gx_mean));
-    }
-    store_packed<T, VEC>(dinp + offset + i, d);
-  }
-}
-
 [[noreturn]] void unsupported(const char* op, DType dtype) {
   throw RuntimeError(std::string(op) + ": dtype " + dtype_name(dtype) + " is not supported (f32 or bf16)");
 }
@@ -210,57 +157,6 @@ void fused_residual_layernorm_forward(DType dtype, void* residual, void* out, fl
                               static_cast<const bf*>(bias), N, C, as_stream(stream));
     }
     default: unsupported("fused_residual_layernorm_forward", dtype);
-  }
-}
-
-size_t layernorm_backward_scratch_bytes(int N, int C) { return ColumnSplit(N).scratch_bytes(C, 2); }
-
-void layernorm_backward(DType dtype, DType grad_dtype, void* dinp, void* dw, void* db, const void* dout,
-                        const void* inp, const void* w, const float* mean, const float* rstd, int N, int C,
-                        void* scratch, void* stream) {
-  check_norm_args("layernorm_backward", N, C, {dout, inp, mean, rstd});
-  if (N == 0) return;
-  // Everything is checked before the first launch, so that a refused call has written nothing.
-  check(dinp == nullptr || w != nullptr, "layernorm_backward: w is null");
-  if (dw || db) {
-    check(scratch != nullptr, "layernorm_backward: scratch is null");
-    check_act_grad("layernorm_backward", dtype, grad_dtype);
-  }
-  cudaStream_t s = as_stream(stream);
-  if (dinp) {
-    dispatch_act("layernorm_backward", dtype, [&](auto tag) {
-      using T = decltype(tag);
-      constexpr int V = 16 / sizeof(T);
-      const bool vec = C % V == 0 && is_aligned(dinp, 16) && is_aligned(dout, 16) && is_aligned(inp, 16) &&
-                       is_aligned(w, 16);
-      const unsigned grid = static_cast<unsigned>(ceil_div(N, kRowsPerBlock));
-      T* d = static_cast<T*>(dinp);
-      const T* dy = static_cast<const T*>(dout);
-      const T* x = static_cast<const T*>(inp);
-      const T* wt = static_cast<const T*>(w);
-      if (vec)
-        layernorm_backward_dinp_kernel<T, V><<<grid, kBlock, 0, s>>>(d, dy, x, wt, mean, rstd, N, C);
-      else
-        layernorm_backward_dinp_kernel<T, 1><<<grid, kBlock, 0, s>>>(d, dy, x, wt, mean, rstd, N, C);
-      CUDA_CHECK_LAUNCH();
-    });
-  }
-  if (dw || db) {
-    const ColumnSplit split(N);
-    float* partial_a = static_cast<float*>(scratch);
-    float* partial_b = partial_a + size_t(split.chunks) * C;
-    const dim3 grid(static_cast<unsigned>(ceil_div(C, kColumnBlock)), static_cast<unsigned>(split.chunks));
-    dispatch_act_grad("layernorm_backward", dtype, grad_dtype, [&](auto act, auto grad) {
-      using T = decltype(act);
-      using G = decltype(grad);
-      column_partials_kernel<T, true><<<grid, kColumnBlock, 0, s>>>(
-          partial_a, partial_b, static_cast<const T*>(dout), static_cast<const T*>(inp), mean, rstd, N, C,
-          split.rows_per_chunk);
-      CUDA_CHECK_LAUNCH();
-      column_finalize_kernel<G><<<ceil_div(C, kColumnBlock), kColumnBlock, 0, s>>>(
-          static_cast<G*>(dw), static_cast<G*>(db), partial_a, partial_b, split.chunks, C);
-      CUDA_CHECK_LAUNCH();
-    });
   }
 }
 

@@ -23,16 +23,6 @@ void fused_residual_layernorm_forward(DType dtype, void* residual, void* out, fl
                                       const void* a, const void* b, const void* w, const void* bias, int N, int C,
                                       void* stream = nullptr);
 
-// Scratch bytes layernorm_backward needs (fp32 partial sums for dw and db).
-size_t layernorm_backward_scratch_bytes(int N, int C);
-
-// The backward of layernorm_forward, ACCUMULATING (the Ops convention), with xhat = (x - mean) * rstd
-// and g = w * dout:
-//   dinp += rstd * (g - mean_c(g) - xhat * mean_c(g * xhat))      (dtype, may be nullptr)
-//   dw   += sum_n xhat * dout,  db += sum_n dout                    (grad_dtype, each may be nullptr)
-// Deterministic (no atomics). `scratch` holds layernorm_backward_scratch_bytes(N, C) bytes.
-void layernorm_backward(DType dtype, DType grad_dtype, void* dinp, void* dw, void* db, const void* dout,
-                        const void* inp, const void* w, const float* mean, const float* rstd, int N, int C,
-                        void* scratch, void* stream = nullptr);
+// The backward: norm_backward.h.
 
 }  // namespace pt::gpu

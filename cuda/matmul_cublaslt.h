@@ -1,9 +1,11 @@
 // Host interface of the linear layer on the GPU (cuda/matmul_cublaslt.cu): matrix products
-// through cuBLASLt and the bias gradient as our own deterministic kernel. Row-major tensors as
-// in Ops (a weight is [OC, IC]); `in_dtype` is the dtype of the inputs and weights (f32 or
-// bf16), the output/gradient dtype may be the same or f32 (bf16 inputs with fp32 weight
-// gradients). Accumulation is always fp32 (CUBLAS_COMPUTE_32F; never TF32, so fp32 mode
-// matches the CPU reference to ~1e-6). Same stream conventions as the other launchers.
+// through cuBLASLt; the bias gradient from the weight gradient's product (cuBLASLt's BGRADB
+// epilogue) or our own deterministic column reduction; the MLP's GELU fused into its products
+// (GELU epilogues) or run by cuda/gelu.cu. Row-major tensors as in Ops (a weight is
+// [OC, IC]); `in_dtype` is the dtype of the inputs and weights (f32 or bf16), the
+// output/gradient dtype may be the same or f32 (bf16 inputs with fp32 weight gradients).
+// Accumulation is always fp32 (CUBLAS_COMPUTE_32F; never TF32, so fp32 mode matches the CPU
+// reference to ~1e-6). Same stream conventions as the other launchers.
 #pragma once
 #include <cstddef>
 
@@ -23,10 +25,28 @@ void matmul_forward(MatmulContext* ctx, DType in_dtype, DType out_dtype, void* o
 void matmul_backward_input(MatmulContext* ctx, DType in_dtype, DType dinp_dtype, void* dinp, const void* dout,
                            const void* w, int N, int IC, int OC, void* stream = nullptr);
 // dw[OC, IC] += dout[N, OC]^T @ inp[N, IC]   (dw is dw_dtype)
-void matmul_backward_weight(MatmulContext* ctx, DType in_dtype, DType dw_dtype, void* dw, const void* dout,
-                            const void* inp, int N, int IC, int OC, void* stream = nullptr);
+// and, when dbias is not null, dbias[OC] += sum_n dout[n, :]   (dbias is dbias_dtype), from the same
+// product where cuBLASLt can (its BGRADB epilogue), else as bias_backward. `scratch` holds
+// bias_backward_scratch_bytes(N, OC) when dbias is not null.
+void matmul_backward_weight(MatmulContext* ctx, DType in_dtype, DType dw_dtype, void* dw, DType dbias_dtype,
+                            void* dbias, const void* dout, const void* inp, int N, int IC, int OC, void* scratch,
+                            void* stream = nullptr);
 
-// dbias[OC] += sum_n dout[n, :], deterministic (fp32 partial sums in `scratch`, then an ordered pass).
+// The MLP's fc layer and its GELU (Ops::matmul_gelu_forward), all tensors of `dtype`:
+// out_pre[N, OC] = inp[N, IC] @ w[OC, IC]^T (+ bias[OC]; may be nullptr), out = gelu(out_pre),
+// both overwritten. bf16 products whose shape cuBLASLt takes run as one call with the
+// GELU_AUX(_BIAS) epilogue (out_pre is its aux output); the rest as matmul_forward + gelu_forward.
+void matmul_gelu_forward(MatmulContext* ctx, DType dtype, void* out, void* out_pre, const void* inp, const void* w,
+                         const void* bias, int N, int IC, int OC, void* stream = nullptr);
+// The fc projection's input gradient through the GELU (Ops::matmul_backward_input_dgelu):
+// dpre[N, IC] = gelu'(pre[N, IC]) * (dout[N, OC] @ w[OC, IC]), overwritten; one call with the
+// DGELU epilogue (pre is its aux input) where it fits as above, else matmul_backward_input +
+// gelu_backward.
+void matmul_backward_input_dgelu(MatmulContext* ctx, DType dtype, void* dpre, const void* dout, const void* w,
+                                 const void* pre, int N, int IC, int OC, void* stream = nullptr);
+
+// dbias[OC] += sum_n dout[n, :] alone, deterministic (fp32 partial sums in `scratch`, then an
+// ordered pass: cuda/column_reduce.cuh).
 size_t bias_backward_scratch_bytes(int N, int OC);
 void bias_backward(DType dtype, DType grad_dtype, void* dbias, const void* dout, int N, int OC, void* scratch,
                    void* stream = nullptr);

@@ -1,5 +1,5 @@
 // RMSNorm (Hugging Face's LlamaRMSNorm), fp32 and bf16: forward, plain and fused with the
-// residual add that precedes it, and backward. The same structure as layernorm.cu, less the
+// residual add that precedes it. The same structure as layernorm.cu, less the
 // mean: one statistics pass instead of two, and no bias.
 //
 // Computes, per row of x[N, C] (x = inp, or x = residual = a + b rounded to the dtype):
@@ -28,18 +28,7 @@
 // H100 SXM), fused 134.2 MB (~40 us), against 167.8 MB (~50 us) for a separate add and RMSNorm.
 // The arithmetic (~4 flops per element) is far below the FLOP floor.
 //
-// Backward, with xhat = x * rstd and g = w * dout (accumulating, as Ops requires):
-//   dinp += rstd * (g - xhat * mean_c(g * xhat)),   dw += sum_n xhat * dout.
-// Algorithm: two independent parts, as LayerNorm's backward:
-//   dinp: one warp per row, two passes (the row mean of g * xhat, then the update), 16-byte
-//         chunks when aligned; the warp butterfly fixes the order per row.
-//   dw:   the deterministic column sums of column_reduce.cuh (per-chunk fp32 partials of
-//         x * rstd * dout with no mean and no bias, then one ordered pass per channel). No atomics
-//         anywhere, so every bit repeats run to run.
-// Memory traffic: dinp part: read x, dout, dinp + write dinp = 4*N*C*s (+ w, rstd); dw part: read
-// x, dout = 2*N*C*s (+ the partials, <= 1 KB per channel). The 1B-class shape above, bf16:
-// 201.3 MB, ~60 us at 3.35 TB/s (H100 SXM).
-#include "cuda/column_reduce.cuh"
+// The backward is cuda/norm_backward.cu (one kernel for LayerNorm and RMSNorm).
 #include "cuda/cuda_common.h"
 #include "cuda/norm_args.h"
 #include "cuda/rmsnorm.h"
@@ -113,40 +102,6 @@ void launch_forward(const char* op, DType dtype, void* out, float* rstd, void* r
   });
 }
 
-// dinp += rstd * (g - xhat * mean(g * xhat)), one warp per row.
-template <typename T, int VEC>
-__global__ void __launch_bounds__(kBlock)
-    rmsnorm_backward_dinp_kernel(T* dinp, const T* dout, const T* inp, const T* w, const float* rstd, int N, int C) {
-  const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / kWarpSize;
-  const int lane = threadIdx.x % kWarpSize;
-  if (row >= N) return;  // whole warps leave together
-  const size_t offset = static_cast<size_t>(row) * C;
-  const float r = rstd[row];
-
-  float gx_sum = 0.0f;
-  for (int i = lane * VEC; i < C; i += kWarpSize * VEC) {
-    Packed<T, VEC> x = load_packed<T, VEC>(inp + offset + i);
-    Packed<T, VEC> dy = load_packed<T, VEC>(dout + offset + i);
-    Packed<T, VEC> wv = load_packed<T, VEC>(w + i);
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) gx_sum += to_float(wv.v[k]) * to_float(dy.v[k]) * (to_float(x.v[k]) * r);
-  }
-  const float gx_mean = warp_sum(gx_sum) / C;
-
-  for (int i = lane * VEC; i < C; i += kWarpSize * VEC) {
-    Packed<T, VEC> x = load_packed<T, VEC>(inp + offset + i);
-    Packed<T, VEC> dy = load_packed<T, VEC>(dout + offset + i);
-    Packed<T, VEC> wv = load_packed<T, VEC>(w + i);
-    Packed<T, VEC> d = load_packed<T, VEC>(dinp + offset + i);
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) {
-      const float g = to_float(wv.v[k]) * to_float(dy.v[k]);
-      d.v[k] = from_float<T>(to_float(d.v[k]) + r * (g - to_float(x.v[k]) * r * gx_mean));
-    }
-    store_packed<T, VEC>(dinp + offset + i, d);
-  }
-}
-
 }  // namespace
 
 void rmsnorm_forward(DType dtype, void* out, float* rstd, const void* inp, const void* w, int N, int C, float eps,
@@ -162,56 +117,6 @@ void fused_residual_rmsnorm_forward(DType dtype, void* residual, void* out, floa
   if (N == 0) return;
   launch_forward<true>("fused_residual_rmsnorm_forward", dtype, out, rstd, residual, a, b, w, N, C, eps,
                        as_stream(stream));
-}
-
-size_t rmsnorm_backward_scratch_bytes(int N, int C) { return ColumnSplit(N).scratch_bytes(C, 1); }
-
-void rmsnorm_backward(DType dtype, DType grad_dtype, void* dinp, void* dw, const void* dout, const void* inp,
-                      const void* w, const float* rstd, int N, int C, void* scratch, void* stream) {
-  check_norm_args("rmsnorm_backward", N, C, {dout, inp, rstd});
-  if (N == 0) return;
-  // Everything is checked before the first launch, so that a refused call has written nothing.
-  check(dinp == nullptr || w != nullptr, "rmsnorm_backward: w is null");
-  if (dw) {
-    check(scratch != nullptr, "rmsnorm_backward: scratch is null");
-    check_act_grad("rmsnorm_backward", dtype, grad_dtype);
-  }
-  cudaStream_t s = as_stream(stream);
-  if (dinp) {
-    dispatch_act("rmsnorm_backward", dtype, [&](auto tag) {
-      using T = decltype(tag);
-      constexpr int V = 16 / sizeof(T);
-      const bool vec = C % V == 0 && is_aligned(dinp, 16) && is_aligned(dout, 16) && is_aligned(inp, 16) &&
-                       is_aligned(w, 16);
-      const unsigned grid = static_cast<unsigned>(ceil_div(N, kRowsPerBlock));
-      T* d = static_cast<T*>(dinp);
-      const T* dy = static_cast<const T*>(dout);
-      const T* x = static_cast<const T*>(inp);
-      const T* wt = static_cast<const T*>(w);
-      if (vec)
-        rmsnorm_backward_dinp_kernel<T, V><<<grid, kBlock, 0, s>>>(d, dy, x, wt, rstd, N, C);
-      else
-        rmsnorm_backward_dinp_kernel<T, 1><<<grid, kBlock, 0, s>>>(d, dy, x, wt, rstd, N, C);
-      CUDA_CHECK_LAUNCH();
-    });
-  }
-  if (dw) {
-    const ColumnSplit split(N);
-    float* partial = static_cast<float*>(scratch);
-    const dim3 grid(static_cast<unsigned>(ceil_div(C, kColumnBlock)), static_cast<unsigned>(split.chunks));
-    dispatch_act_grad("rmsnorm_backward", dtype, grad_dtype, [&](auto act, auto grad) {
-      using T = decltype(act);
-      using G = decltype(grad);
-      // mean = nullptr: xhat = x * rstd; partial_b = nullptr: no bias to sum.
-      column_partials_kernel<T, true><<<grid, kColumnBlock, 0, s>>>(
-          partial, nullptr, static_cast<const T*>(dout), static_cast<const T*>(inp), nullptr, rstd, N, C,
-          split.rows_per_chunk);
-      CUDA_CHECK_LAUNCH();
-      column_finalize_kernel<G><<<ceil_div(C, kColumnBlock), kColumnBlock, 0, s>>>(
-          static_cast<G*>(dw), nullptr, partial, nullptr, split.chunks, C);
-      CUDA_CHECK_LAUNCH();
-    });
-  }
 }
 
 }  // namespace pt::gpu

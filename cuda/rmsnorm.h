@@ -23,15 +23,6 @@ void rmsnorm_forward(DType dtype, void* out, float* rstd, const void* inp, const
 void fused_residual_rmsnorm_forward(DType dtype, void* residual, void* out, float* rstd, const void* a,
                                     const void* b, const void* w, int N, int C, float eps, void* stream = nullptr);
 
-// Scratch bytes rmsnorm_backward needs (fp32 partial sums for dw).
-size_t rmsnorm_backward_scratch_bytes(int N, int C);
-
-// The backward of rmsnorm_forward, ACCUMULATING (the Ops convention), with xhat = x * rstd and
-// g = w * dout:
-//   dinp += rstd * (g - xhat * mean_c(g * xhat))     (dtype, may be nullptr)
-//   dw   += sum_n xhat * dout                         (grad_dtype, may be nullptr)
-// Deterministic (no atomics). `scratch` holds rmsnorm_backward_scratch_bytes(N, C) bytes.
-void rmsnorm_backward(DType dtype, DType grad_dtype, void* dinp, void* dw, const void* dout, const void* inp,
-                      const void* w, const float* rstd, int N, int C, void* scratch, void* stream = nullptr);
+// The backward: norm_backward.h.
 
 }  // namespace pt::gpu

@@ -5,7 +5,9 @@
 //    sequence parallelism;
 //  - vocab-parallel cross-entropy equals softmax_cross_entropy over the full logits (losses,
 //    dlogits, eval mode), for a vocabulary with no padding, one whose padding straddles the last
-//    shard, and one whose last shard is all padding.
+//    shard, and one whose last shard is all padding;
+//  - the LM head run in chunks of rows (TensorParallel::column_chunked with the vocab-parallel
+//    cross-entropy in each chunk) equals the unsplit head, with and without sequence parallelism.
 // Tolerance: atol 1e-6 + rtol 1e-5 (sums over ranks reassociate float additions).
 #include <mpi.h>
 
@@ -132,5 +134,51 @@ TEST_CASE("vocab-parallel cross-entropy equals the full one", "[mpi][tp]") {
       require_close(bufs.read(shard), cols_of(want_dlogits, N, Vp, r * Vl, Vl), 1e-6, 1e-5,
                     scale != 0 ? "dlogits" : "logits left untouched in eval");
     }
+  }
+}
+
+TEST_CASE("the LM head in row chunks (column_chunked + vocab-parallel CE) equals the unsplit head", "[mpi][tp]") {
+  const World w = whole_world();
+  CpuOps ops;
+  const auto tp = make_group_comm(everyone(w.size), w, ops);
+  const int P = tp->size(), r = tp->rank();
+  const int N = 4 * P, C = 6, Vl = 5, Vp = Vl * P, V = Vp - 2, chunk = 3;  // chunks of 3, 3, ..., a short last one
+  const std::vector<float> x = random_floats(size_t(N) * C, 31), W = random_floats(size_t(Vp) * C, 32),
+                           dx0 = random_floats(size_t(N) * C, 33);
+  std::vector<int32_t> targets(N);
+  for (int n = 0; n < N; n++) targets[n] = n == 2 ? -1 : (7 * n) % V;
+  const float dloss = 1.0f / N;
+
+  // The unsplit head on every rank: logits, cross-entropy (dlogits in place), backward.
+  Buffers ref(ops);
+  Tensor rx = ref.f32(x), rW = ref.f32(W), rlog = ref.zeros(size_t(N) * Vp), rl = ref.zeros(N), rtg = ref.i32(targets);
+  Tensor rdx = ref.zeros(size_t(N) * C), rdW = ref.zeros(W.size());
+  ops.matmul_forward(rlog, rx, rW, Tensor{}, N, C, Vp);
+  ops.softmax_cross_entropy(rl, rlog, rtg, N, V, Vp, dloss);
+  ops.matmul_backward(rdx, rdW, Tensor{}, rlog, rx, rW, N, C, Vp);
+  const std::vector<float> loss_ref = ref.read(rl), dx_ref = ref.read(rdx), dW_ref = ref.read(rdW);
+
+  for (bool sp : {false, true}) {
+    INFO("sequence parallel " << sp);
+    TensorParallel tpl(ops, *tp, sp);
+    VocabParallelCrossEntropy ce(ops, *tp);
+    const int No = tpl.outer_rows(N), row0 = sp ? r * No : 0;
+    Buffers bufs(ops);
+    Tensor tx = bufs.f32(rows_of(x, C, row0, No)), tW = bufs.f32(rows_of(W, C, r * Vl, Vl));
+    Tensor out = bufs.zeros(size_t(chunk) * Vl), losses = bufs.zeros(N), tg = bufs.i32(targets);
+    Tensor dx = bufs.f32(rows_of(dx0, C, row0, No)), dW = bufs.zeros(size_t(Vl) * C);
+    int visits = 0;
+    tpl.column_chunked(out, dx, dW, tx, tW, N, C, Vl, chunk, [&](int r0, int n, Tensor logits) {
+      CHECK(r0 == visits * chunk);
+      CHECK(n == std::min(chunk, N - r0));
+      ce.forward_backward(losses.slice(size_t(r0), size_t(n)), logits, tg.slice(size_t(r0), size_t(n)), n, V, Vl,
+                          dloss);
+      visits++;
+    });
+    CHECK(visits == (N + chunk - 1) / chunk);
+    require_close(bufs.read(losses), loss_ref, 1e-6, 1e-5, "losses");
+    // The input gradient is overwritten (dx0 is gone), summed over the group.
+    require_close(bufs.read(dx), rows_of(dx_ref, C, row0, No), 1e-6, 1e-5, "dx");
+    require_close(bufs.read(dW), rows_of(dW_ref, C, r * Vl, Vl), 1e-6, 1e-5, "dW");
   }
 }

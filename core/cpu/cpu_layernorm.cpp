@@ -4,16 +4,13 @@
 //            which cancels catastrophically when |mean| >> std.
 //  backward: with xhat = (x-mean)*rstd and g = w*dout,
 //            dinp += rstd * (g - mean(g) - xhat * mean(g*xhat)), dw += sum_n xhat*dout, db += sum_n dout.
-// Cost: ~8 FLOPs per element forward and ~12 backward; memory-bound. Forward reads x and writes
-// out (8 bytes/element); backward reads x and dout twice (once per row for dinp, once per
-// channel block for dw/db) and read-modify-writes dinp, about 24 bytes/element.
-// dinp is parallel over rows; dw/db are parallel over channel blocks, each summing the rows in
-// order, so no two threads touch one gradient element (deterministic, no atomics).
+// Cost: ~8 FLOPs per element forward, memory-bound: reads x and writes out (8 bytes/element).
+// The backward is cpu::norm_backward (cpu_norm_backward.h), shared with RMSNorm.
 #include <cmath>
 
 #include "core/cpu/cpu_args.h"
+#include "core/cpu/cpu_norm_backward.h"
 #include "core/cpu/cpu_ops.h"
-#include "core/cpu/cpu_parallel.h"
 
 namespace pt {
 
@@ -73,50 +70,8 @@ void CpuOps::layernorm_backward(Tensor dinp, Tensor dw, Tensor db, Tensor dout, 
   const float* mu = cpu::f32_arg(mean, N, "layernorm_backward", "mean");
   const float* rs = cpu::f32_arg(rstd, N, "layernorm_backward", "rstd");
 
-  if (dx) {
-    const float* wt = cpu::f32_arg(w, C, "layernorm_backward", "w");
-#pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
-      const float* xr = x + size_t(n) * C;
-      const float* dyr = dy + size_t(n) * C;
-      float m = mu[n], r = rs[n];
-      float g_mean = 0.0f, gx_mean = 0.0f;
-#pragma omp simd reduction(+ : g_mean, gx_mean)
-      for (int c = 0; c < C; c++) {
-        float g = wt[c] * dyr[c];
-        g_mean += g;
-        gx_mean += g * (xr[c] - m) * r;
-      }
-      g_mean /= C;
-      gx_mean /= C;
-      float* dxr = dx + size_t(n) * C;
-#pragma omp simd
-      for (int c = 0; c < C; c++) {
-        float xhat = (xr[c] - m) * r;
-        dxr[c] += r * (wt[c] * dyr[c] - g_mean - xhat * gx_mean);
-      }
-    }
-  }
-
-  if (dwt || dbs) {
-    cpu::for_each_channel_block(C, [&](int c0, int c1) {
-      float acc_w[cpu::kChannelBlock] = {}, acc_b[cpu::kChannelBlock] = {};
-      for (int n = 0; n < N; n++) {
-        const float* xr = x + size_t(n) * C;
-        const float* dyr = dy + size_t(n) * C;
-        float m = mu[n], r = rs[n];
-#pragma omp simd
-        for (int c = c0; c < c1; c++) {
-          acc_w[c - c0] += (xr[c] - m) * r * dyr[c];
-          acc_b[c - c0] += dyr[c];
-        }
-      }
-      for (int c = c0; c < c1; c++) {
-        if (dwt) dwt[c] += acc_w[c - c0];
-        if (dbs) dbs[c] += acc_b[c - c0];
-      }
-    });
-  }
+  const float* wt = dx ? cpu::f32_arg(w, C, "layernorm_backward", "w") : nullptr;
+  cpu::norm_backward(dx, dwt, dbs, dy, x, wt, mu, rs, N, C);
 }
 
 }  // namespace pt

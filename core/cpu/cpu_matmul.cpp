@@ -1,5 +1,7 @@
 // The linear layer, out[N, OC] = inp[N, IC] @ w[OC, IC]^T + bias, and its backward:
-// dinp = dout @ w, dw += dout^T @ inp, dbias += sum_n dout.
+// dinp = dout @ w, dw += dout^T @ inp, dbias += sum_n dout. The GELU-fused variants
+// (matmul_gelu_forward, matmul_backward_input_dgelu) are, here, the compositions Ops defines
+// them as: the reference for the GPU's fused epilogues.
 // FLOPs: 2*N*IC*OC forward, 4*N*IC*OC backward (dinp and dw). Bytes: each operand once plus
 // the output (tiny next to the FLOPs at training shapes): this op is compute-bound.
 //
@@ -172,6 +174,17 @@ void CpuOps::matmul_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, 
       for (int c = c0; c < c1; c++) db[c] += acc[c - c0];
     });
   }
+}
+
+void CpuOps::matmul_gelu_forward(Tensor out, Tensor out_pre, Tensor inp, Tensor w, Tensor bias, int N, int IC,
+                                 int OC) {
+  matmul_forward(out_pre, inp, w, bias, N, IC, OC);
+  gelu_forward(out, out_pre, size_t(N) * OC);
+}
+
+void CpuOps::matmul_backward_input_dgelu(Tensor dpre, Tensor dout, Tensor w, Tensor pre, int N, int IC, int OC) {
+  matmul_backward(dpre, Tensor{}, Tensor{}, dout, Tensor{}, w, N, IC, OC);
+  gelu_backward(dpre, pre, dpre, size_t(N) * IC);  // in place: elementwise
 }
 
 }  // namespace pt

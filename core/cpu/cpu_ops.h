@@ -37,6 +37,8 @@ class CpuOps final : public Ops {
   void residual_layernorm_forward(Tensor residual, Tensor out, Tensor mean, Tensor rstd, Tensor a, Tensor b, Tensor w, Tensor bias, int N, int C) override;
   void matmul_forward(Tensor out, Tensor inp, Tensor w, Tensor bias, int N, int IC, int OC) override;
   void matmul_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, int N, int IC, int OC) override;
+  void matmul_gelu_forward(Tensor out, Tensor out_pre, Tensor inp, Tensor w, Tensor bias, int N, int IC, int OC) override;
+  void matmul_backward_input_dgelu(Tensor dpre, Tensor dout, Tensor w, Tensor pre, int N, int IC, int OC) override;
   void attention_forward(Tensor out, Tensor lse, Tensor qkv, int B, int T, int C, int NH, int NKV) override;
   void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B, int T, int C, int NH, int NKV) override;
   void attention_block_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, int B, int Tq, int Tk, int C, int NH, int NKV, int q_pos0, int k_pos0, bool causal) override;

@@ -5,16 +5,13 @@
 //            dinp += rstd * (g - xhat * mean(g*xhat)), dw += sum_n xhat*dout.
 //            (d rstd / d x_j = -rstd^3 x_j / C, so the mean(g) term of LayerNorm's backward,
 //            which comes from the centring, is absent.)
-// Cost: ~4 FLOPs per element forward and ~8 backward; memory-bound. Forward reads x and writes
-// out (8 bytes/element); backward reads x and dout twice (once per row for dinp, once per
-// channel block for dw) and read-modify-writes dinp, about 24 bytes/element.
-// dinp is parallel over rows; dw is parallel over channel blocks, each summing the rows in order,
-// so no two threads touch one gradient element (deterministic, no atomics), as in LayerNorm.
+// Cost: ~4 FLOPs per element forward, memory-bound: reads x and writes out (8 bytes/element).
+// The backward is cpu::norm_backward (cpu_norm_backward.h), shared with LayerNorm.
 #include <cmath>
 
 #include "core/cpu/cpu_args.h"
+#include "core/cpu/cpu_norm_backward.h"
 #include "core/cpu/cpu_ops.h"
-#include "core/cpu/cpu_parallel.h"
 
 namespace pt {
 
@@ -58,36 +55,8 @@ void CpuOps::rmsnorm_backward(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, T
   const float* x = cpu::f32_arg(inp, NC, "rmsnorm_backward", "inp");
   const float* rs = cpu::f32_arg(rstd, N, "rmsnorm_backward", "rstd");
 
-  if (dx) {
-    const float* wt = cpu::f32_arg(w, C, "rmsnorm_backward", "w");
-#pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
-      const float* xr = x + size_t(n) * C;
-      const float* dyr = dy + size_t(n) * C;
-      float r = rs[n];
-      float gx_mean = 0.0f;
-#pragma omp simd reduction(+ : gx_mean)
-      for (int c = 0; c < C; c++) gx_mean += wt[c] * dyr[c] * (xr[c] * r);
-      gx_mean /= C;
-      float* dxr = dx + size_t(n) * C;
-#pragma omp simd
-      for (int c = 0; c < C; c++) dxr[c] += r * (wt[c] * dyr[c] - xr[c] * r * gx_mean);
-    }
-  }
-
-  if (dwt) {
-    cpu::for_each_channel_block(C, [&](int c0, int c1) {
-      float acc[cpu::kChannelBlock] = {};
-      for (int n = 0; n < N; n++) {
-        const float* xr = x + size_t(n) * C;
-        const float* dyr = dy + size_t(n) * C;
-        float r = rs[n];
-#pragma omp simd
-        for (int c = c0; c < c1; c++) acc[c - c0] += xr[c] * r * dyr[c];
-      }
-      for (int c = c0; c < c1; c++) dwt[c] += acc[c - c0];
-    });
-  }
+  const float* wt = dx ? cpu::f32_arg(w, C, "rmsnorm_backward", "w") : nullptr;
+  cpu::norm_backward(dx, dwt, nullptr, dy, x, wt, nullptr, rs, N, C);  // no centring, no bias
 }
 
 }  // namespace pt

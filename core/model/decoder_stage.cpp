@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/dist/local_comm.h"
+#include "core/model/head_chunks.h"
 #include "core/parallel/cp_attention.h"
 #include "core/parallel/tensor_parallel.h"
 #include "core/parallel/vocab_parallel_ce.h"
@@ -120,7 +121,8 @@ DecoderStage::DecoderStage(const ModelSection& model, ParamStore& store, Ops& op
     lnf_ = alloc_act(RC, act);
     if (ln_mean) lnf_mean_ = alloc_act(rows, f32);
     lnf_rstd_ = alloc_act(rows, f32);
-    logits_ = alloc_act(N * d.Vl, act);
+    head_rows_ = head_chunk_rows(static_cast<int>(N), d.Vl, act);  // one chunk's logits, not N rows'
+    logits_ = alloc_act(size_t(head_rows_) * d.Vl, act);
     losses_ = alloc_act(N, f32);
   }
   dbtc_ = alloc_act(std::max(RC, AC), act);  // a residual-row gradient, or the attention output's
@@ -335,6 +337,12 @@ void DecoderStage::embed_backward(Tensor dres, Tensor tokens) {
     ops_.position_backward(role_tensor(ParamRole::position_embedding, -1, true), dfull, pos_, d.B, d.T, d.C);
 }
 
+Tensor DecoderStage::logits() const {
+  check(head_rows_ == d_.N, "DecoderStage::logits: the head ran in chunks of " + std::to_string(head_rows_) + " of " +
+                                std::to_string(d_.N) + " rows, so the whole logits never existed");
+  return logits_;
+}
+
 void DecoderStage::norm_backward(Tensor dinp, Tensor dw, Tensor db, Tensor dout, Tensor inp, Tensor w, Tensor mean,
                                  Tensor rstd) {
   const StageDims& d = d_;
@@ -417,17 +425,25 @@ double DecoderStage::forward(MicroSlot at, const int32_t* tokens, const int32_t*
   const ParamRole head_role = tied ? ParamRole::token_embedding : ParamRole::head;
   if (tied) hooks_->acquire_params(embeddings);
   const Tensor head_w = role_tensor(head_role, head_layer, false);
-  tp_->column_forward(logits_, lnf_, head_w, Tensor{}, N, C, d.Vl);
-  if (vocab_ce_)
-    vocab_ce_->forward_backward(losses_, logits_, targets_, N, m_.vocab_size, d.Vl, dloss);
-  else
-    ops_.softmax_cross_entropy(losses_, logits_, targets_, N, m_.vocab_size, d.Vl, dloss);
+  Tensor head_dw;
   if (s.backward_due) {
-    // The head's backward now, while the logits (now their gradient) are at hand: only the
-    // gradient of the last block's output is kept for backward(slot).
     if (tied) hooks_->acquire_grads(embeddings);
     hooks_->acquire_grads(final_norm);
-    tp_->column_backward(dbtc_, role_tensor(head_role, head_layer, true), Tensor{}, logits_, lnf_, head_w, N, C, d.Vl);
+    head_dw = role_tensor(head_role, head_layer, true);
+  }
+  // The head in chunks of rows (core/model/head_chunks.h): each chunk's logits, its cross-entropy
+  // (the logits become their gradient in place) and its backward, before the next chunk. Only
+  // the gradient of the last block's output is kept for backward(slot).
+  tp_->column_chunked(logits_, s.backward_due ? dbtc_ : Tensor{}, head_dw, lnf_, head_w, N, C, d.Vl, head_rows_,
+                      [&](int r0, int n, Tensor logits) {
+                        const Tensor losses = losses_.slice(size_t(r0), size_t(n));
+                        const Tensor targets = targets_.slice(size_t(r0), size_t(n));
+                        if (vocab_ce_)
+                          vocab_ce_->forward_backward(losses, logits, targets, n, m_.vocab_size, d.Vl, dloss);
+                        else
+                          ops_.softmax_cross_entropy(losses, logits, targets, n, m_.vocab_size, d.Vl, dloss);
+                      });
+  if (s.backward_due) {
     ops_.zero(in.dres);
     norm_backward(in.dres, role_tensor(ParamRole::final_norm, final_norm, true),
                   role_tensor(ParamRole::final_norm_bias, final_norm, true), dbtc_, x,
@@ -472,11 +488,12 @@ void DecoderStage::backward(MicroSlot at) {
     // starts from zeros.
     const int F = mlp_local(l);
     if (F > 0) {
-      tp_->row_backward(dfch_gelu_, g.fcprojw, g.fcprojb, dres, a.fch_gelu, p.fcprojw, N, F, C);
-      if (arch_.mlp == MlpKind::gelu)
-        ops_.gelu_backward(dfch_, a.fch, dfch_gelu_, size_t(N) * F);
-      else
+      if (arch_.mlp == MlpKind::gelu) {  // the GELU's backward inside the projection's (every mode)
+        tp_->row_backward_dgelu(dfch_, g.fcprojw, g.fcprojb, dres, a.fch_gelu, p.fcprojw, a.fch, N, F, C);
+      } else {
+        tp_->row_backward(dfch_gelu_, g.fcprojw, g.fcprojb, dres, a.fch_gelu, p.fcprojw, N, F, C);
         ops_.swiglu_backward(dfch_, a.fch, dfch_gelu_, N, F);
+      }
       tp_->column_backward(dln, g.fcw, g.fcb, dfch_, a.ln2, p.fcw, N, C, up_local(l));
     } else {
       ops_.zero(dln);

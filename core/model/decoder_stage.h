@@ -32,7 +32,8 @@
 // The head's backward runs at the end of the training forward: the logits' gradient (written in
 // place by the fused cross-entropy) goes through the LM head and the final norm at once, and
 // only the gradient of the last block's output is kept per micro-batch ([B*T, C] instead of
-// the [B*T, padded_vocab] logits).
+// the [B*T, padded_vocab] logits). The head runs in chunks of rows (core/model/head_chunks.h:
+// logits, cross-entropy, backward, then the next chunk), so one chunk's logits exist at a time.
 //
 // Activation recompute (recompute.mode), per block, what forward keeps for backward:
 //   none       ln1 (+ mean, rstd), qkv, atty, lse, res2, ln2 (+ mean, rstd), fch, fch_gelu,
@@ -52,6 +53,11 @@
 // residual, which Ops::residual_layernorm_forward (and residual_rmsnorm_forward) guarantees
 // gives the same bits. The rebuilt
 // buffers live in the one shared set.
+// GPT-2's GELU backward runs inside the MLP projection's input-gradient matmul
+// (Ops::matmul_backward_input_dgelu, reading the kept fch) in every mode. Its forward stays
+// apart (fc matmul, then gelu_forward): a fused forward's fch_gelu is the GELU of the unrounded
+// sum, which selective recompute could not rebuild from the stored fch bit for bit, and every
+// mode must give the same bits.
 //
 // Fused residual adds: every residual add that a norm follows in this stage runs as one
 // Ops::residual_layernorm_forward (residual_rmsnorm_forward): res2 = x + attproj with ln_2, and res3 = res2 + fcproj with
@@ -164,8 +170,9 @@ class DecoderStage {
   void set_hooks(LayerHooks* hooks) { hooks_ = hooks ? hooks : &no_hooks_; }
 
   // Logits of the last forward, [B*T, padded_vocab / tp] (this rank's vocabulary rows; the
-  // head; valid when it ran with dloss == 0).
-  Tensor logits() const { return logits_; }
+  // head; valid when it ran with dloss == 0 and in one chunk: B*T rows of logits within
+  // head_chunks.h's budget, as for the small models that read them).
+  Tensor logits() const;
   const StageDims& dims() const { return d_; }
   // Bytes of activation memory (every slot, the shared buffers, backward scratch, the context-
   // parallel attention's scratch, and the tensor-parallel layers' and vocab-parallel cross-
@@ -256,6 +263,7 @@ class DecoderStage {
   LayerActs shared_;  // everything no slot keeps (and the projections before their residual add)
   Tensor output_;     // the last block's output
   Tensor pos_, pos_rows_, targets_, lnf_, lnf_mean_, lnf_rstd_, logits_, losses_;
+  int head_rows_ = 0;  // rows of logits the head computes at once (core/model/head_chunks.h)
   // backward scratch
   Tensor dbtc_, dqkv_, dfch_, dfch_gelu_;
   // sequence parallel: every token's embedding (and, in backward, its gradient) before the

@@ -12,10 +12,11 @@
 //    gradient accumulation over micro-batches needs no extra pass) and input gradients (so
 //    the residual stream's gradient is the plain sum of both branches). The caller zeroes
 //    gradient buffers when a fresh sum starts. A null gradient pointer means "not needed".
-//    Exceptions, on the model's hot path: matmul_backward, gelu_backward and swiglu_backward
-//    OVERWRITE their input gradient (dinp, dgate_up). Inside a block each such gradient has one
-//    producer, so a "+=" would only cost a memset of the buffer and a read of the zeros back
-//    (cuBLASLt's beta = 1): about a tenth of a GPT-2 124M training step.
+//    Exceptions, on the model's hot path: matmul_backward, matmul_backward_input_dgelu,
+//    gelu_backward and swiglu_backward OVERWRITE their input gradient (dinp, dpre, dgate_up).
+//    Inside a block each such gradient has one producer, so a "+=" would only cost a memset of
+//    the buffer and a read of the zeros back (cuBLASLt's beta = 1): about a tenth of a GPT-2
+//    124M training step.
 //  - Tensors hold the backend's dtypes: activations and weights in the compute dtype,
 //    LayerNorm statistics, log-sum-exps, losses, master weights and optimizer moments in f32,
 //    token ids in i32.
@@ -126,6 +127,24 @@ class Ops {
   // may be null.
   virtual void matmul_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, int N,
                                int IC, int OC) = 0;
+  // The linear layer and GPT-2's GELU in one op, so that a backend can fuse the GELU into the
+  // product (CudaOps: cuBLASLt's GELU epilogues, in bf16). Each equals the composition given:
+  // exactly on CpuOps (it is that composition), within the dtype's rounding on CUDA. The fused
+  // forward applies the GELU to the fp32 sum before rounding, so in bf16 `out` may differ from
+  // gelu_forward(out_pre) by a rounding: code that rebuilds `out` from `out_pre` later (selective
+  // recompute) and must get the same bits uses the two ops instead: the trainer does, in every
+  // recompute mode (decoder_stage.h); kernel_bench times the fused forward against the pair.
+  // Every tensor of both ops is in the activation dtype (no f32 output, unlike matmul_forward).
+  //   out_pre[N, OC] = inp[N, IC] @ w[OC, IC]^T + bias[OC] (bias may be null), out[N, OC] =
+  //   gelu(out_pre); both overwritten: matmul_forward(out_pre, ...) then gelu_forward(out, out_pre).
+  virtual void matmul_gelu_forward(Tensor out, Tensor out_pre, Tensor inp, Tensor w, Tensor bias, int N, int IC,
+                                   int OC) = 0;
+  // The input gradient of a linear layer whose input was gelu(pre), through the GELU:
+  //   dpre[N, IC] = gelu'(pre[N, IC]) * (dout[N, OC] @ w[OC, IC])   (overwritten, like
+  //   matmul_backward's dinp): matmul_backward(dpre, null, null, dout, null, w) then
+  //   gelu_backward(dpre, pre, dpre). The layer's dw and dbias stay with matmul_backward.
+  virtual void matmul_backward_input_dgelu(Tensor dpre, Tensor dout, Tensor w, Tensor pre, int N, int IC,
+                                           int OC) = 0;
 
   // ---- causal self-attention -------------------------------------------------------------
   // Grouped-query attention (Llama): NH query heads of HS = C / NH channels share NKV key/value
@@ -175,7 +194,7 @@ class Ops {
   // ---- elementwise -------------------------------------------------------------------
   // GELU, tanh approximation (GPT-2): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
   virtual void gelu_forward(Tensor out, Tensor inp, size_t n) = 0;
-  // dinp = gelu'(inp) * dout (overwritten)
+  // dinp = gelu'(inp) * dout (overwritten; dinp may be dout itself: each element reads its own)
   virtual void gelu_backward(Tensor dinp, Tensor inp, Tensor dout, size_t n) = 0;
   // out = a + b (out may alias a)
   virtual void add(Tensor out, Tensor a, Tensor b, size_t n) = 0;

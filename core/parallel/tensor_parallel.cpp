@@ -1,5 +1,6 @@
 #include "core/parallel/tensor_parallel.h"
 
+#include <algorithm>
 #include <string>
 
 namespace pt {
@@ -38,13 +39,15 @@ void TensorParallel::reduce_scatter_tokens(Tensor shard, Tensor full, int N, int
   tp_.reduce_scatter(full.slice(0, n * tp_.size()), shard.slice(0, n));
 }
 
+Tensor TensorParallel::all_rows(Tensor t, int N, int cols) {
+  if (!sp_) return t;
+  const Tensor full = scratch(kGathered, size_t(N) * cols, t.dtype);
+  gather_tokens(full, t, N, cols);
+  return full;
+}
+
 void TensorParallel::column_forward(Tensor out, Tensor inp, Tensor w, Tensor bias, int N, int IC, int OC_local) {
-  Tensor x = inp;
-  if (sp_) {
-    x = scratch(kGathered, size_t(N) * IC, inp.dtype);
-    gather_tokens(x, inp, N, IC);
-  }
-  ops_.matmul_forward(out, x, w, bias, N, IC, OC_local);
+  ops_.matmul_forward(out, all_rows(inp, N, IC), w, bias, N, IC, OC_local);
 }
 
 void TensorParallel::column_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, int N,
@@ -56,15 +59,34 @@ void TensorParallel::column_backward(Tensor dinp, Tensor dw, Tensor dbias, Tenso
     if (dinp && tp_.size() > 1) tp_.all_reduce(dinp.slice(0, size_t(N) * IC));
     return;
   }
-  Tensor x = inp;
-  if (dw) {  // the weight gradient needs every token's input again (not kept from forward)
-    x = scratch(kGathered, size_t(N) * IC, inp.dtype);
-    gather_tokens(x, inp, N, IC);
-  }
+  // The weight gradient needs every token's input again (not kept from forward).
+  const Tensor x = dw ? all_rows(inp, N, IC) : inp;
   // The share covers every token; each rank keeps the sum over its own tokens' rows.
   const Tensor partial = dinp ? scratch(kPartial, size_t(N) * IC, dout.dtype) : Tensor{};
   ops_.matmul_backward(partial, dw, dbias, dout, x, w, N, IC, OC_local);
   if (dinp) reduce_scatter_tokens(dinp, partial, N, IC);
+}
+
+void TensorParallel::column_chunked(Tensor out_chunk, Tensor dinp, Tensor dw, Tensor inp, Tensor w, int N, int IC,
+                                    int OC_local, int chunk_rows, const std::function<void(int, int, Tensor)>& visit) {
+  check(chunk_rows > 0, "TensorParallel::column_chunked: chunk_rows must be positive");
+  const Tensor x = all_rows(inp, N, IC);
+  // The input gradient of every token: this rank's share, summed over the group at the end
+  // (straight into dinp without SP; under SP each rank keeps its own rows' sum).
+  const Tensor dx = !dinp ? Tensor{} : sp_ ? scratch(kPartial, size_t(N) * IC, inp.dtype) : dinp;
+  for (int r0 = 0; r0 < N; r0 += chunk_rows) {
+    const int n = std::min(chunk_rows, N - r0);
+    const Tensor out = out_chunk.slice(0, size_t(n) * OC_local);
+    const Tensor xr = x.slice(size_t(r0) * IC, size_t(n) * IC);
+    ops_.matmul_forward(out, xr, w, Tensor{}, n, IC, OC_local);
+    visit(r0, n, out);
+    if (dx || dw)
+      ops_.matmul_backward(dx ? dx.slice(size_t(r0) * IC, size_t(n) * IC) : Tensor{}, dw, Tensor{}, out, xr, w, n, IC,
+                           OC_local);
+  }
+  if (!dinp || tp_.size() == 1) return;
+  if (sp_) reduce_scatter_tokens(dinp, dx, N, IC);
+  else tp_.all_reduce(dinp.slice(0, size_t(N) * IC));
 }
 
 void TensorParallel::row_forward(Tensor out, Tensor inp, Tensor w, Tensor bias, int N, int IC_local, int OC) {
@@ -82,13 +104,16 @@ void TensorParallel::row_forward(Tensor out, Tensor inp, Tensor w, Tensor bias, 
 
 void TensorParallel::row_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, int N,
                                   int IC_local, int OC) {
-  Tensor dy = dout;
-  if (sp_) {
-    dy = scratch(kGathered, size_t(N) * OC, dout.dtype);
-    gather_tokens(dy, dout, N, OC);
-  }
   // dy is the full output gradient on every rank, so dbias comes out whole (and equal) on each.
+  const Tensor dy = all_rows(dout, N, OC);
   ops_.matmul_backward(dinp, dw, dbias, dy, inp, w, N, IC_local, OC);
+}
+
+void TensorParallel::row_backward_dgelu(Tensor dpre, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w,
+                                        Tensor pre, int N, int IC_local, int OC) {
+  const Tensor dy = all_rows(dout, N, OC);
+  ops_.matmul_backward_input_dgelu(dpre, dy, w, pre, N, IC_local, OC);
+  ops_.matmul_backward(Tensor{}, dw, dbias, dy, inp, w, N, IC_local, OC);
 }
 
 }  // namespace pt

@@ -22,6 +22,7 @@
 //
 // All reductions go through Comm (f32 sums). Scratch is grown on demand and reused.
 #pragma once
+#include <functional>
 #include "core/dist/comm.h"
 #include "core/ops/ops.h"
 
@@ -55,6 +56,17 @@ class TensorParallel {
   // Any gradient may be null.
   void column_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, int N, int IC,
                        int OC_local);
+  // The column-parallel layer (no bias) in chunks of `chunk_rows` rows, for a consumer that
+  // turns each chunk's output into its gradient before the next chunk is computed (the LM head
+  // and its cross-entropy: the whole [N, OC_local] output never exists). For each chunk of rows
+  // [r0, r0 + n): out_chunk [n, OC_local] = x[r0, r0 + n) @ w^T, then visit(r0, n, out_chunk),
+  // which may overwrite out_chunk with d(loss)/d(out); then, when dinp or dw is set, the chunk's
+  // backward: dw += out_chunk^T @ x rows, and the input gradient of those rows. dinp
+  // [outer_rows(N), IC] is overwritten with the input gradient summed over the group, as
+  // column_backward's. out_chunk holds at least chunk_rows * OC_local elements. Under SP the
+  // input is all-gathered once and the input gradient reduce-scattered once, after the last chunk.
+  void column_chunked(Tensor out_chunk, Tensor dinp, Tensor dw, Tensor inp, Tensor w, int N, int IC, int OC_local,
+                      int chunk_rows, const std::function<void(int r0, int n, Tensor out)>& visit);
   // out [outer_rows(N), OC] = sum over ranks of inp @ w^T, + bias; inp [N, IC_local],
   // w [OC, IC_local], bias [OC] (replicated) or null.
   void row_forward(Tensor out, Tensor inp, Tensor w, Tensor bias, int N, int IC_local, int OC);
@@ -62,6 +74,11 @@ class TensorParallel {
   // under SP).
   void row_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, int N, int IC_local,
                     int OC);
+  // The same for a layer whose input was inp = gelu(pre), pre [N, IC_local] (the column-parallel
+  // layer's pre-activation, this rank's features): the input gradient comes out through the
+  // GELU, dpre [N, IC_local] = gelu'(pre) * (dout @ w) (overwritten; Ops::matmul_backward_input_dgelu).
+  void row_backward_dgelu(Tensor dpre, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, Tensor pre, int N,
+                          int IC_local, int OC);
 
   // The sequence-parallel collectives by themselves: full [N, C] <- every rank's shard
   // [N/tp, C]; shard [N/tp, C] <- this rank's rows of the sum over ranks of full [N, C].
@@ -71,6 +88,9 @@ class TensorParallel {
  private:
   enum Slot { kGathered, kPartial, kSlots };
   Tensor scratch(Slot slot, size_t n, DType dtype);
+  // A tensor of N rows of `cols` as the layer multiplies it: `t` itself, or under SP every
+  // rank's rows of it gathered into the kGathered slot.
+  Tensor all_rows(Tensor t, int N, int cols);
 
   Ops& ops_;
   Comm& tp_;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "core/model/head_chunks.h"
 #include "core/model/moe_layer.h"
 #include "core/parallel/tensor_parallel.h"
 #include "core/parallel/vocab_parallel_ce.h"
@@ -145,9 +146,9 @@ size_t decoder_activation_bytes(const StageDims& d, CpImpl cp_impl, DType comput
     if (d.learned_positions) shared_i32 += d.T + rows;
     if (d.sp) shared_act += N * d.C;           // every token's embedding before the reduce-scatter
   }
-  if (layers.head) {  // targets; final norm and its statistics; logits; per-token losses
+  if (layers.head) {  // targets; final norm and its statistics; one chunk's logits; per-token losses
     shared_i32 += N;
-    shared_act += RC + N * d.Vl;
+    shared_act += RC + size_t(head_chunk_rows(static_cast<int>(N), d.Vl, compute)) * d.Vl;
     shared_f32 += stats * rows + N;
   }
   const size_t S = static_cast<size_t>(slots.activations), IO = static_cast<size_t>(slots.io);
