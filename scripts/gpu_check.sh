@@ -19,7 +19,8 @@
 #
 # Environment: BUILD_DIR, OUT, JOBS, GPU_BIN (prebuilt folder; default .gpubin when present;
 # GPU_BIN= builds here; with MPI here mpi_gpu_parity is built here all the same), TEST_LIMIT (240 s
-# per test), TORCH_LIMIT (400 s), TRAIN_LIMIT (180 s), MPI_LIMIT (300 s: mpi_gpu_parity, np 2 and 4),
+# per test), TORCH_LIMIT (400 s), TORCH_BACKENDS (the reference's backends: "cpu:fp32 cuda:fp32
+# cuda:bf16"; "cuda:bf16" alone is the short check), TRAIN_LIMIT (180 s), MPI_LIMIT (300 s: mpi_gpu_parity, np 2 and 4),
 # PICOTRAIN_NCCL_LIB (else the libnccl.so.2 of PyTorch's pip wheels), SANITIZE (gpu_attention; empty
 # skips step 5), SANITIZE_LIMIT (150 s per tool and test), SANITIZE_ARGS (test arguments under it; ~[flash]).
 # Writes to $OUT: summary.txt, build.log, tests/<test>.log, torch.log, train.log, metrics.jsonl.
@@ -107,6 +108,7 @@ fi
 # reference (section 3) runs at the same time. OMP threads are split between them (CpuOps is
 # their reference).
 TEST_LIMIT=${TEST_LIMIT:-240} TORCH_LIMIT=${TORCH_LIMIT:-400} TRAIN_LIMIT=${TRAIN_LIMIT:-180} MPI_LIMIT=${MPI_LIMIT:-300}
+TORCH_BACKENDS=${TORCH_BACKENDS:-"cpu:fp32 cuda:fp32 cuda:bf16"}
 t0=$(now)
 if [ $rc -eq 0 ]; then
   mkdir -p "$OUT/tests"
@@ -126,13 +128,13 @@ fi
 # Mixtral a misrouted token) fails.
 t0=$(now)
 if [ $rc -eq 0 ]; then
-  OMP_NUM_THREADS=$threads TORCH_REFERENCE_BACKENDS="cpu:fp32 cuda:fp32 cuda:bf16" timeout "$TORCH_LIMIT" test/torch_reference.sh \
+  OMP_NUM_THREADS=$threads TORCH_REFERENCE_BACKENDS="$TORCH_BACKENDS" timeout "$TORCH_LIMIT" test/torch_reference.sh \
     "$PICOTRAIN" "$REFERENCE_DUMP" "$ROOT" >"$OUT/torch.log" 2>&1
   prc=$?
   # The bf16 row of the worst gradient: "cuda bf16  grad NAME (worst)  REL_L2 ..."
   worst=$(awk '$1 == "cuda" && $2 == "bf16" && $5 == "(worst)" { print $4 " " $6; exit }' "$OUT/torch.log")
   if [ $prc -eq 0 ]; then
-    record "torch reference" ok "$(elapsed "$t0")" "cpu, cuda fp32, cuda bf16 within bounds (bf16 worst grad: $worst)"
+    record "torch reference" ok "$(elapsed "$t0")" "$TORCH_BACKENDS within bounds (bf16 worst grad: $worst)"
   elif [ $prc -eq 77 ]; then
     record "torch reference" FAIL "$(elapsed "$t0")" "no python3 with torch and numpy"
   else
