@@ -341,8 +341,8 @@ void bench_model(Bench& b, Ops& ops, const ModelShape& m) {
   buf.clear();
 
   // ---- the matmuls: forward and backward of each of the five shapes (bf16 in, f32 gradients).
-  // The fc forward and the fc projection's backward run with the GELU fused into them (the "fc +
-  // gelu" rows below), so their plain rows count 0 calls: they stay for comparison.
+  // The fc forward and the fc projection's backward are counted with their GELU (the "fc + gelu"
+  // rows below), so their plain rows count 0 calls: they stay for comparison.
   struct Mm {
     const char* name;
     int IC, OC;
@@ -385,10 +385,12 @@ void bench_model(Bench& b, Ops& ops, const ModelShape& m) {
   }
   buf.clear();
 
-  // ---- GELU, alone (comparison rows) and with the matmuls it is fused into: the fc forward
+  // ---- GELU, alone (comparison rows) and with the matmuls it can be fused into: the fc forward
   // (matmul_gelu_forward) and the fc projection's backward (matmul_backward_input_dgelu, then dW
-  // and dbias), each next to the pair it replaces at the same shapes. CudaOps falls back to the
-  // pair where cuBLASLt refuses the epilogue, and then both rows time the same work.
+  // and dbias), each next to the pair it replaces at the same shapes. The trainer runs the
+  // forward apart (decoder_stage.h: selective recompute must rebuild fch_gelu bit for bit) and
+  // the backward fused; the step model counts those two rows. CudaOps falls back to the pair
+  // where cuBLASLt refuses the epilogue, and then both rows time the same work.
   {
     const size_t n = size_t(N) * F;
     Tensor x = buf.rand(n, bf, 2), y = buf.zeros(n, bf), dy = buf.rand(n, bf, 1), dx = buf.zeros(n, bf);
@@ -401,9 +403,9 @@ void bench_model(Bench& b, Ops& ops, const ModelShape& m) {
     Tensor dwproj = buf.zeros(size_t(C) * F, f32), dbproj = buf.zeros(C, f32);
     const double fl = 2.0 * N * C * F;
     const std::string mshape = "N=" + std::to_string(N) + " C=" + std::to_string(C) + " 4C=" + std::to_string(F);
-    b.run({sec, "fc + gelu forward, fused", mshape, true, fl, "2*N*C*4C", A * L},
+    b.run({sec, "fc + gelu forward, fused", mshape, true, fl, "2*N*C*4C", 0},
           [&] { ops.matmul_gelu_forward(y, x, ln, wfc, bfc, N, C, F); });
-    b.run({sec, "fc + gelu forward, apart", mshape, true, fl, "2*N*C*4C", 0}, [&] {
+    b.run({sec, "fc + gelu forward, apart", mshape, true, fl, "2*N*C*4C", A * L}, [&] {
       ops.matmul_forward(x, ln, wfc, bfc, N, C, F);
       ops.gelu_forward(y, x, n);
     });
