@@ -137,6 +137,8 @@ if [ $rc -eq 0 ]; then
     record "torch reference" ok "$(elapsed "$t0")" "$TORCH_BACKENDS within bounds (bf16 worst grad: $worst)"
   elif [ $prc -eq 77 ]; then
     record "torch reference" FAIL "$(elapsed "$t0")" "no python3 with torch and numpy"
+  elif [ $prc -eq 124 ]; then  # its log holds the expected "over the bound" lines of the negative checks
+    record "torch reference" FAIL "$(elapsed "$t0")" "killed after TORCH_LIMIT=${TORCH_LIMIT} s at: $(grep '^== ' "$OUT/torch.log" | tail -1 | cut -c1-120)"
   else
     record "torch reference" FAIL "$(elapsed "$t0")" "rc $prc: $(grep -E 'over the bound|FAILED|error:' "$OUT/torch.log" | head -3 | tr '\n' ' ' | cut -c1-160)"
   fi
