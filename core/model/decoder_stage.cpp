@@ -128,7 +128,7 @@ DecoderStage::DecoderStage(const ModelSection& model, ParamStore& store, Ops& op
   dbtc_ = alloc_act(std::max(RC, AC), act);  // a residual-row gradient, or the attention output's
   dqkv_ = alloc_act(QKV, act);
   dfch_ = alloc_act(UC, act);
-  dfch_gelu_ = alloc_act(FC, act);
+  if (d.act_out_grad) dfch_gelu_ = alloc_act(FC, act);
   if (d.sp) ln_grads_ = alloc_act((arch_.norm_has_bias() ? 2 : 1) * size_t(d.C), f32);
 
   if (mp.tp) {

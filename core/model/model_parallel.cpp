@@ -45,6 +45,7 @@ StageDims StageDims::make(const ModelSection& m, int B, int seq_len, int tp, boo
   d.cp = cp;
   d.norm_mean = a.norm == NormKind::layernorm;
   d.learned_positions = a.positions == PositionKind::learned;
+  d.act_out_grad = a.mlp != MlpKind::gelu;
   d.experts = a.n_experts;
   d.top_k = a.top_k;
   d.expert_hidden = a.expert_hidden;

@@ -56,6 +56,9 @@ struct StageDims {
   // What the architecture's blocks keep besides the widths above (the memory plan counts them):
   bool norm_mean = true;          // LayerNorm keeps a mean per row and has a bias; RMSNorm neither
   bool learned_positions = true;  // a position embedding (else RoPE, which every stage applies)
+  // A buffer for the gradient of the MLP activation's output (dfch_gelu): SwiGLU's backward takes
+  // it; GELU's runs inside the projection's input-gradient matmul and needs none.
+  bool act_out_grad = false;
   // Mixture of experts (0 experts: dense): the routed experts' shape, which every rank holds
   // whole, and which blocks are sparse (Architecture::sparse_block).
   int experts = 0, top_k = 0, expert_hidden = 0, moe_every = 1;

@@ -133,9 +133,10 @@ size_t decoder_activation_bytes(const StageDims& d, CpImpl cp_impl, DType comput
   const size_t per_set_act = L * kept + (L - 1) * RC, per_io_act = 2 * RC;
   const size_t per_set_f32 = L * kept_f32, per_set_i32 = layers.embedding ? N : 0;
   // The shared set: the two projections and the stage's output (RC each), the backward scratch
-  // (a norm's or the attention output's gradient, dqkv, dfch and the activation's input
-  // gradient), and what the slots do not keep.
-  size_t shared_act = 3 * RC + std::max(RC, AC) + QKV + UC + FC, shared_f32 = 0, shared_i32 = 0;
+  // (a norm's or the attention output's gradient, dqkv, dfch and, for SwiGLU, the gradient of
+  // the activation's output), and what the slots do not keep.
+  size_t shared_act = 3 * RC + std::max(RC, AC) + QKV + UC + (d.act_out_grad ? FC : 0), shared_f32 = 0,
+         shared_i32 = 0;
   if (recompute == Recompute::selective) shared_act += rebuilt, shared_f32 += rebuilt_f32;
   if (recompute == Recompute::full) shared_act += rebuilt + matmul_in, shared_f32 += rebuilt_f32;
   if (d.sp) shared_f32 += (d.norm_mean ? 2 : 1) * static_cast<size_t>(d.C);  // a norm's partial weight gradients
