@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <type_traits>
 
@@ -141,6 +142,16 @@ __device__ __forceinline__ T block_sum(T v, T* shared) {
 #pragma unroll
   for (int w = 1; w < kWarps; ++w) total += shared[w];
   return total;
+}
+
+// Whether rows of C elements of T at every pointer in `ptrs` can be moved in 16-byte chunks: C a
+// multiple of the chunk and every pointer 16-byte aligned (else a kernel takes its scalar path).
+template <typename T>
+bool vec16_ok(int C, std::initializer_list<const void*> ptrs) {
+  if (C % (16 / sizeof(T)) != 0) return false;
+  for (const void* p : ptrs)
+    if (!is_aligned(p, 16)) return false;
+  return true;
 }
 
 // Calls f(T{}, G{}) with the element types of the (activation, parameter-gradient) dtype pair:

@@ -1,6 +1,7 @@
-// Host launchers for the token and position embeddings (cuda/embedding.cu). Activations and the
-// tables are `dtype` (f32 or bf16); gradient tables are `grad_dtype` (f32 or bf16; the model
-// keeps f32 parameter gradients). Same conventions as the other launchers.
+// Host launchers for the token and position embeddings (cuda/embedding.cu; the token table's
+// backward is cuda/embedding_backward.cu). Activations and the tables are `dtype` (f32 or bf16);
+// gradient tables are `grad_dtype` (f32 or bf16; the model keeps f32 parameter gradients). Same
+// conventions as the other launchers.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -16,7 +17,7 @@ void embedding_forward(DType dtype, void* out, const int32_t* tokens, const void
 // Scratch bytes embedding_backward needs for N tokens of C channels (the sorted tokens and fp32
 // partial sums for rows hit more than 32 times: about N*C bytes in all).
 size_t embedding_backward_scratch_bytes(int N, int C, int vocab_local);
-// dwte[tokens[n] - vocab_start, :] += dout[n, :] for in-range tokens; deterministic (see the .cu).
+// dwte[tokens[n] - vocab_start, :] += dout[n, :] for in-range tokens; deterministic (see embedding_backward.cu).
 // vocab_local is at most 262144 (a larger table throws before anything is launched).
 void embedding_backward(DType dtype, DType grad_dtype, void* dwte, const void* dout, const int32_t* tokens, int N,
                         int C, int vocab_start, int vocab_local, void* scratch, size_t scratch_bytes,

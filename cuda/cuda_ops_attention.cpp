@@ -1,0 +1,218 @@
+// CudaOps's attention and mixture-of-experts ops (see cuda_ops.h): causal attention (the flash
+// kernels in bf16, the tiled ones otherwise), its blocks for context parallelism, and the
+// experts' routing, permutation and combination. Each checks its arguments (cuda_ops_args.h),
+// then calls its kernels' launcher. Host code only, compiled by g++ against the CUDA runtime headers.
+#include <string>
+
+#include "cuda/attention.h"
+#include "cuda/cuda_common.h"
+#include "cuda/cuda_ops.h"
+#include "cuda/cuda_ops_args.h"
+#include "cuda/moe.h"
+
+namespace pt {
+
+using namespace cuda_ops_args;
+
+// ---- attention -----------------------------------------------------------------------------------
+
+namespace {
+int head_size(const char* op, int C, int NH) {
+  check(NH > 0 && C % NH == 0, where(op) + ": n_heads=" + std::to_string(NH) + " must be positive and divide C=" +
+                                   std::to_string(C));
+  return C / NH;
+}
+// The head size of grouped-query attention: NH query heads of C / NH channels sharing NKV
+// key/value heads, NKV dividing NH.
+int gqa_head_size(const char* op, int C, int NH, int NKV) {
+  const int HS = head_size(op, C, NH);
+  check(NKV > 0 && NH % NKV == 0, where(op) + ": n_kv_heads=" + std::to_string(NKV) +
+                                      " must be positive and divide n_heads=" + std::to_string(NH));
+  return HS;
+}
+}  // namespace
+
+void CudaOps::attention_forward(Tensor out, Tensor lse, Tensor qkv, int B, int T, int C, int NH, int NKV) {
+  check_dims("attention_forward", {B, T, C});
+  const int HS = gqa_head_size("attention_forward", C, NH, NKV);
+  const size_t BT = size_t(B) * T, W = size_t(NH + 2 * NKV) * HS;  // W: the packed q | k | v row
+  const DType dt = need_act(qkv, BT * W, "attention_forward", "qkv");
+  need(out, BT * C, dt, "attention_forward", "out");
+  need(lse, size_t(B) * NH * T, DType::f32, "attention_forward", "lse");
+  float* L = static_cast<float*>(lse.data);
+  if (gpu::flash_attention_supported(dt, HS, qkv.data, out.data, nullptr))
+    gpu::flash_attention_forward_bf16(out.data, L, qkv.data, B, T, NH, NKV, HS, stream_);
+  else
+    gpu::attention_forward_tiled(dt, out.data, L, qkv.data, B, T, NH, NKV, HS, stream_);
+}
+
+void CudaOps::attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B, int T, int C,
+                                 int NH, int NKV) {
+  check_dims("attention_backward", {B, T, C});
+  const int HS = gqa_head_size("attention_backward", C, NH, NKV);
+  if (!dqkv) return;
+  const size_t BT = size_t(B) * T, W = size_t(NH + 2 * NKV) * HS;
+  const DType dt = need_act(qkv, BT * W, "attention_backward", "qkv");
+  need(dqkv, BT * W, dt, "attention_backward", "dqkv");
+  need(dout, BT * C, dt, "attention_backward", "dout");
+  need(out, BT * C, dt, "attention_backward", "out");
+  need(lse, size_t(B) * NH * T, DType::f32, "attention_backward", "lse");
+  const bool flash = gpu::flash_attention_supported(dt, HS, qkv.data, dout.data, dqkv.data);
+  // One scratch request for D and the flash kernel's workspace (a second request could move the first).
+  const size_t d_bytes = (size_t(B) * NH * T * sizeof(float) + 255) / 256 * 256;
+  const size_t ws_bytes = flash ? gpu::flash_attention_backward_workspace_bytes(B, T, NH, NKV, HS) : 0;
+  char* space = static_cast<char*>(scratch(d_bytes + ws_bytes));
+  float* D = reinterpret_cast<float*>(space);
+  gpu::attention_row_dot(dt, D, dout.data, out.data, B, T, NH, HS, stream_);
+  const float* L = static_cast<const float*>(lse.data);
+  if (flash)
+    gpu::flash_attention_backward_bf16(dqkv.data, dout.data, qkv.data, L, D, B, T, NH, NKV, HS, space + d_bytes,
+                                       stream_);
+  else
+    gpu::attention_backward_tiled(dt, dqkv.data, dout.data, qkv.data, L, D, B, T, NH, NKV, HS, stream_);
+}
+
+void CudaOps::attention_block_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, int B, int Tq, int Tk,
+                                      int C, int NH, int NKV, int q_pos0, int k_pos0, bool causal) {
+  const char* op = "attention_block_forward";
+  check_dims(op, {B, Tq, Tk, C});
+  const int HS = gqa_head_size(op, C, NH, NKV);
+  const size_t nk = size_t(B) * Tk * NKV * HS;
+  const DType dt = need_act(q, size_t(B) * Tq * C, op, "q");
+  need(k, nk, dt, op, "k");
+  need(v, nk, dt, op, "v");
+  need(out, size_t(B) * Tq * C, dt, op, "out");
+  need(lse, size_t(B) * NH * Tq, DType::f32, op, "lse");
+  gpu::attention_block_forward_tiled(dt, out.data, static_cast<float*>(lse.data), q.data, k.data, v.data, B, Tq, Tk,
+                                     NH, NKV, HS, q_pos0, k_pos0, causal, stream_);
+}
+
+void CudaOps::attention_block_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v,
+                                       Tensor out, Tensor lse, int B, int Tq, int Tk, int C, int NH, int NKV,
+                                       int q_pos0, int k_pos0, bool causal) {
+  const char* op = "attention_block_backward";
+  check_dims(op, {B, Tq, Tk, C});
+  const int HS = gqa_head_size(op, C, NH, NKV);
+  if (!dq && !dk && !dv) return;
+  const size_t nq = size_t(B) * Tq * C, nk = size_t(B) * Tk * NKV * HS;
+  const DType dt = need_act(q, nq, op, "q");
+  need(k, nk, dt, op, "k");
+  need(v, nk, dt, op, "v");
+  need(dout, nq, dt, op, "dout");
+  need(out, nq, dt, op, "out");
+  need(lse, size_t(B) * NH * Tq, DType::f32, op, "lse");
+  if (dq) need(dq, nq, dt, op, "dq");
+  if (dk) need(dk, nk, dt, op, "dk");
+  if (dv) need(dv, nk, dt, op, "dv");
+  float* D = static_cast<float*>(scratch(size_t(B) * NH * Tq * sizeof(float)));
+  gpu::attention_row_dot(dt, D, dout.data, out.data, B, Tq, NH, HS, stream_);
+  gpu::attention_block_backward_tiled(dt, dq.data, dk.data, dv.data, dout.data, q.data, k.data, v.data,
+                                      static_cast<const float*>(lse.data), D, B, Tq, Tk, NH, NKV, HS, q_pos0,
+                                      k_pos0, causal, stream_);
+}
+
+void CudaOps::merge_attention_partials(Tensor out_acc, Tensor lse_acc, Tensor out_part, Tensor lse_part, int B, int T,
+                                       int C, int NH) {
+  const char* op = "merge_attention_partials";
+  check_dims(op, {B, T, C});
+  const int HS = head_size(op, C, NH);
+  const DType dt = need_act(out_acc, size_t(B) * T * C, op, "out_acc");
+  need(out_part, size_t(B) * T * C, dt, op, "out_part");
+  need(lse_acc, size_t(B) * NH * T, DType::f32, op, "lse_acc");
+  need(lse_part, size_t(B) * NH * T, DType::f32, op, "lse_part");
+  gpu::merge_attention_partials_gpu(dt, out_acc.data, static_cast<float*>(lse_acc.data), out_part.data,
+                                    static_cast<const float*>(lse_part.data), B, T, NH, HS, stream_);
+}
+
+// ---- mixture of experts ----------------------------------------------------------------------
+// slot_of lives on the device, so that it is a permutation of [0, N k) is the host routing plan's
+// promise (core/model/moe_layer.h), not checked here; the kernels skip a slot out of range.
+
+void CudaOps::moe_router_forward(Tensor probs, Tensor topk_expert, Tensor topk_weight, Tensor logits, int N, int E,
+                                 int k) {
+  const char* op = "moe_router_forward";
+  check_dims(op, {N, E, k});
+  check(k >= 1 && k <= E,
+        where(op) + ": top-k of " + std::to_string(k) + " from " + std::to_string(E) + " experts");
+  const size_t NE = size_t(N) * E, NK = size_t(N) * k;
+  const DType dt = need_act(logits, NE, op, "logits");
+  need(probs, NE, DType::f32, op, "probs");
+  need(topk_expert, NK, DType::i32, op, "topk_expert");
+  need(topk_weight, NK, DType::f32, op, "topk_weight");
+  gpu::moe_router_forward(dt, static_cast<float*>(probs.data), static_cast<int32_t*>(topk_expert.data),
+                          static_cast<float*>(topk_weight.data), logits.data, N, E, k, stream_);
+}
+
+void CudaOps::moe_router_backward(Tensor dlogits, Tensor probs, Tensor topk_expert, Tensor topk_weight,
+                                  Tensor dtopk_weight, Tensor dprobs_all, int N, int E, int k) {
+  const char* op = "moe_router_backward";
+  check_dims(op, {N, E, k});
+  if (!dlogits) return;
+  const size_t NE = size_t(N) * E, NK = size_t(N) * k;
+  const DType dt = need_act(dlogits, NE, op, "dlogits");
+  need(probs, NE, DType::f32, op, "probs");
+  need(topk_expert, NK, DType::i32, op, "topk_expert");
+  need(topk_weight, NK, DType::f32, op, "topk_weight");
+  need(dtopk_weight, NK, DType::f32, op, "dtopk_weight");
+  need(dprobs_all, E, DType::f32, op, "dprobs_all");
+  gpu::moe_router_backward(dt, dlogits.data, static_cast<const float*>(probs.data),
+                           static_cast<const int32_t*>(topk_expert.data), static_cast<const float*>(topk_weight.data),
+                           static_cast<const float*>(dtopk_weight.data), static_cast<const float*>(dprobs_all.data), N,
+                           E, k, stream_);
+}
+
+void CudaOps::moe_permute(Tensor out, Tensor x, Tensor slot_of, int N, int C, int k) {
+  const char* op = "moe_permute";
+  check_dims(op, {N, C, k});
+  const size_t NC = size_t(N) * C;
+  const DType dt = need_act(x, NC, op, "x");
+  need(out, NC * k, dt, op, "out");
+  need(slot_of, size_t(N) * k, DType::i32, op, "slot_of");
+  gpu::moe_permute(dt, out.data, x.data, static_cast<const int32_t*>(slot_of.data), N, C, k, stream_);
+}
+
+void CudaOps::moe_permute_backward(Tensor dx, Tensor dout, Tensor slot_of, int N, int C, int k) {
+  const char* op = "moe_permute_backward";
+  check_dims(op, {N, C, k});
+  if (!dx) return;
+  const size_t NC = size_t(N) * C;
+  const DType dt = need_act(dx, NC, op, "dx");
+  need(dout, NC * k, dt, op, "dout");
+  need(slot_of, size_t(N) * k, DType::i32, op, "slot_of");
+  gpu::moe_permute_backward(dt, dx.data, dout.data, static_cast<const int32_t*>(slot_of.data), N, C, k, stream_);
+}
+
+void CudaOps::moe_combine(Tensor y, Tensor expert_out, Tensor topk_weight, Tensor slot_of, int N, int C, int k) {
+  const char* op = "moe_combine";
+  check_dims(op, {N, C, k});
+  const size_t NC = size_t(N) * C, NK = size_t(N) * k;
+  const DType dt = need_act(y, NC, op, "y");
+  need(expert_out, NK * C, dt, op, "expert_out");
+  need(topk_weight, NK, DType::f32, op, "topk_weight");
+  need(slot_of, NK, DType::i32, op, "slot_of");
+  gpu::moe_combine(dt, y.data, expert_out.data, static_cast<const float*>(topk_weight.data),
+                   static_cast<const int32_t*>(slot_of.data), N, C, k, stream_);
+}
+
+void CudaOps::moe_combine_backward(Tensor dexpert_out, Tensor dtopk_weight, Tensor dy, Tensor expert_out,
+                                   Tensor topk_weight, Tensor slot_of, int N, int C, int k) {
+  const char* op = "moe_combine_backward";
+  check_dims(op, {N, C, k});
+  if (!dexpert_out && !dtopk_weight) return;
+  const size_t NC = size_t(N) * C, NK = size_t(N) * k;
+  const DType dt = need_act(dy, NC, op, "dy");
+  need(slot_of, NK, DType::i32, op, "slot_of");
+  if (dexpert_out) {
+    need(dexpert_out, NK * C, dt, op, "dexpert_out");
+    need(topk_weight, NK, DType::f32, op, "topk_weight");
+  }
+  if (dtopk_weight) {
+    need(dtopk_weight, NK, DType::f32, op, "dtopk_weight");
+    need(expert_out, NK * C, dt, op, "expert_out");
+  }
+  gpu::moe_combine_backward(dt, dexpert_out.data, static_cast<float*>(dtopk_weight.data), dy.data, expert_out.data,
+                            static_cast<const float*>(topk_weight.data), static_cast<const int32_t*>(slot_of.data), N,
+                            C, k, stream_);
+}
+
+}  // namespace pt
