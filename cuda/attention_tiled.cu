@@ -263,11 +263,8 @@ __global__ void __launch_bounds__(256) row_dot_kernel(float* D, const T* dout, c
 // Opts the kernel in to `bytes` of dynamic shared memory, or throws naming the head size.
 template <typename K>
 void set_shared(K kernel, size_t bytes, int HS) {
-  if (bytes > static_cast<size_t>(max_dynamic_shared_bytes()))
-    throw RuntimeError("attention: head size " + std::to_string(HS) + " needs " + std::to_string(bytes) +
-                       " bytes of shared memory per block in the CUDA-core kernels, more than this GPU's " +
-                       std::to_string(max_dynamic_shared_bytes()));
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  use_dynamic_shared(kernel, bytes,
+                     [&] { return "attention: head size " + std::to_string(HS) + " in the CUDA-core kernels"; });
 }
 
 Layout make_layout(int T, int NH, int NKV, int HS) {

@@ -101,7 +101,7 @@ int launch_column_partials(float* partial, const T* dout, int N, int C, cudaStre
     const dim3 grid(static_cast<unsigned>(ceil_div(C, kWarpSize * VEC)), static_cast<unsigned>(split.chunks));
     column_partials_kernel<T, VEC><<<grid, kColumnThreads, 0, stream>>>(partial, dout, N, C, split.rows_per_chunk);
   };
-  if (is_aligned(dout, 16) && C % kVec == 0) {
+  if (vec16_ok<T>(C, {dout})) {
     launch(std::integral_constant<int, kVec>{});
   } else {
     launch(std::integral_constant<int, 1>{});

@@ -220,8 +220,7 @@ template <typename T, int kThreads>
 void launch_on_chip(float* losses, T* x, const int32_t* targets, int N, int V, int Vp, float dloss, int smem,
                     cudaStream_t stream) {
   auto kernel = cross_entropy_on_chip_kernel<T, kThreads>;
-  if (smem > 48 * 1024)  // above the default dynamic shared-memory limit: opt in (cheap, idempotent)
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  use_dynamic_shared(kernel, smem, [] { return "softmax_cross_entropy"; });  // the caller checked the limit
   kernel<<<N, kThreads, smem, stream>>>(losses, x, targets, V, Vp, dloss);
 }
 
@@ -230,7 +229,7 @@ void launch(float* losses, void* logits, const int32_t* targets, int N, int V, i
             cudaStream_t stream) {
   constexpr int VEC = 16 / sizeof(T);
   T* x = static_cast<T*>(logits);
-  const bool chunked = Vp % VEC == 0 && is_aligned(logits, 16);
+  const bool chunked = vec16_ok<T>(Vp, {logits});
   const int chunks = Vp / VEC;
   // Training on chip: 512 threads (two rows per SM) while they can hold the row, else 1024.
   const int threads = chunks <= 512 * kMaxChunks ? 512 : 1024;

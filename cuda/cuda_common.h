@@ -197,4 +197,17 @@ inline unsigned grid_stride_blocks(size_t n, size_t per_block, size_t cap = 6553
 // The most dynamic shared memory one block of the current device may use (after opting in).
 int max_dynamic_shared_bytes();
 
+// Lets `kernel` launch with `bytes` of dynamic shared memory: above the 48 KB every kernel may use
+// without asking, it opts in, or throws "<describe()> needs N bytes of shared memory per block,
+// more than this GPU's M" when the device allows less (describe() runs only then).
+template <typename Kernel, typename Describe>
+void use_dynamic_shared(Kernel kernel, size_t bytes, Describe describe) {
+  if (bytes <= size_t(48) * 1024) return;
+  const int limit = max_dynamic_shared_bytes();
+  if (bytes > static_cast<size_t>(limit))
+    throw RuntimeError(std::string(describe()) + " needs " + std::to_string(bytes) +
+                       " bytes of shared memory per block, more than this GPU's " + std::to_string(limit));
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+}
+
 }  // namespace pt

@@ -381,11 +381,7 @@ template <int HS>
 void launch_backward(void* dqkv, const void* dout, const void* qkv, const float* lse, const float* D, int B, int T,
                      int NH, int NKV, void* workspace, cudaStream_t stream) {
   const size_t smem = backward_smem_bytes<HS>();
-  check(smem <= static_cast<size_t>(max_dynamic_shared_bytes()),
-        "flash attention backward: " + std::to_string(smem) +
-            " bytes of shared memory exceed this GPU's per-block limit");
-  CUDA_CHECK(cudaFuncSetAttribute(flash_backward_kernel<HS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(smem)));
+  use_dynamic_shared(flash_backward_kernel<HS>, smem, [] { return "flash attention backward"; });
   const Workspace ws = workspace_layout(B, T, NH, NKV, HS);
   float* dq_acc = static_cast<float*>(workspace);
   float* dkv_acc = dq_acc + ws.dq_floats;

@@ -252,10 +252,7 @@ __global__ void __launch_bounds__(kFwdThreads, 2)
 template <int HS>
 void launch_forward(void* out, float* lse, const void* qkv, int B, int T, int NH, int NKV, cudaStream_t stream) {
   const size_t smem = forward_smem_bytes<HS>();
-  check(smem <= static_cast<size_t>(max_dynamic_shared_bytes()),
-        "flash attention: " + std::to_string(smem) + " bytes of shared memory exceed this GPU's per-block limit");
-  CUDA_CHECK(cudaFuncSetAttribute(flash_forward_kernel<HS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(smem)));
+  use_dynamic_shared(flash_forward_kernel<HS>, smem, [] { return "flash attention"; });
   const dim3 grid(static_cast<unsigned>(ceil_div(T, kFwdBlockM)), static_cast<unsigned>(B * NH));
   const float scale_log2 = kLog2e / std::sqrt(static_cast<float>(HS));
   flash_forward_kernel<HS><<<grid, kFwdThreads, smem, stream>>>(

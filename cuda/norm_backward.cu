@@ -175,15 +175,14 @@ int warps_for(int C, int vec, int sums) {
   return static_cast<int>(std::min<size_t>(kMaxWarps, kMaxSharedBytes / per_warp));
 }
 
+// One launch of norm_backward_kernel: `warps` warps a block, `sums` accumulated gradients.
 template <typename T, int VEC, bool kLayerNorm>
-void launch_rows(T* dinp, float* partial_w, float* partial_b, const T* dout, const T* inp, const T* w,
-                 const float* mean, const float* rstd, int N, int C, int warps, cudaStream_t stream) {
-  const NormSplit split(N);
-  const int sums = (partial_w ? 1 : 0) + (kLayerNorm && partial_b ? 1 : 0);
+void launch_rows(const char* op, const NormSplit& split, int warps, int sums, T* dinp, float* partial_w,
+                 float* partial_b, const T* dout, const T* inp, const T* w, const float* mean, const float* rstd, int N,
+                 int C, cudaStream_t stream) {
   const size_t smem = size_t(warps) * padded_channels(C, VEC) * sizeof(float) * sums;
   auto kernel = norm_backward_kernel<T, VEC, kLayerNorm>;
-  if (smem > 48 * 1024)  // above the default dynamic shared-memory limit: opt in (cheap, idempotent)
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  use_dynamic_shared(kernel, smem, [&] { return op; });
   kernel<<<split.blocks, warps * kWarpSize, smem, stream>>>(dinp, partial_w, partial_b, dout, inp, w, mean, rstd, N, C,
                                                             split.rows_per_block);
   CUDA_CHECK_LAUNCH();
@@ -203,14 +202,14 @@ void norm_backward(const char* op, bool layernorm, DType dtype, DType grad_dtype
   }
   cudaStream_t s = as_stream(stream);
   const NormSplit split(N);
-  float* partial_w = dw ? static_cast<float*>(scratch) : nullptr;
-  float* partial_b = db ? static_cast<float*>(scratch) + size_t(split.blocks) * C : nullptr;
+  const int sums = (dw ? 1 : 0) + (db ? 1 : 0);
+  // The blocks' partial sums of dw (pw) and db (pb), [blocks][C] each, in scratch.
+  float* pw = dw ? static_cast<float*>(scratch) : nullptr;
+  float* pb = db ? static_cast<float*>(scratch) + size_t(split.blocks) * C : nullptr;
   dispatch_act(op, dtype, [&](auto tag) {
     using T = decltype(tag);
     constexpr int V = 16 / sizeof(T);
-    const bool vec = C % V == 0 && is_aligned(dout, 16) && is_aligned(inp, 16) &&
-                     (dinp == nullptr || (is_aligned(dinp, 16) && is_aligned(w, 16)));
-    const int sums = (dw ? 1 : 0) + (db ? 1 : 0);
+    const bool vec = vec16_ok<T>(C, {dout, inp}) && (dinp == nullptr || vec16_ok<T>(C, {dinp, w}));
     const int warps = warps_for(C, vec ? V : 1, sums);
     check(warps > 0, std::string(op) + ": C=" + std::to_string(C) +
                          " channels are too many for the weight-gradient accumulators in shared memory");
@@ -218,18 +217,19 @@ void norm_backward(const char* op, bool layernorm, DType dtype, DType grad_dtype
     const T* dy = static_cast<const T*>(dout);
     const T* x = static_cast<const T*>(inp);
     const T* wt = static_cast<const T*>(w);
+    // RMSNorm comes with no db (pb null) and no mean.
     if (layernorm) {
-      if (vec) launch_rows<T, V, true>(d, partial_w, partial_b, dy, x, wt, mean, rstd, N, C, warps, s);
-      else launch_rows<T, 1, true>(d, partial_w, partial_b, dy, x, wt, mean, rstd, N, C, warps, s);
+      if (vec) launch_rows<T, V, true>(op, split, warps, sums, d, pw, pb, dy, x, wt, mean, rstd, N, C, s);
+      else launch_rows<T, 1, true>(op, split, warps, sums, d, pw, pb, dy, x, wt, mean, rstd, N, C, s);
     } else {
-      if (vec) launch_rows<T, V, false>(d, partial_w, nullptr, dy, x, wt, nullptr, rstd, N, C, warps, s);
-      else launch_rows<T, 1, false>(d, partial_w, nullptr, dy, x, wt, nullptr, rstd, N, C, warps, s);
+      if (vec) launch_rows<T, V, false>(op, split, warps, sums, d, pw, pb, dy, x, wt, mean, rstd, N, C, s);
+      else launch_rows<T, 1, false>(op, split, warps, sums, d, pw, pb, dy, x, wt, mean, rstd, N, C, s);
     }
   });
   if (grads) {
     dispatch_act_grad(op, dtype, grad_dtype, [&](auto, auto grad) {
       using G = decltype(grad);
-      launch_column_finalize<G>(static_cast<G*>(dw), static_cast<G*>(db), partial_w, partial_b, split.blocks, C, s);
+      launch_column_finalize<G>(static_cast<G*>(dw), static_cast<G*>(db), pw, pb, split.blocks, C, s);
     });
   }
 }
