@@ -20,8 +20,10 @@
 # no packet to or from it can leave them. Deleting the namespaces deletes the links and the bridge.
 # Clusters of different NAMEs may coexist: each host's address is only seen inside its namespace.
 #
-# Exit codes: 0 ok, 77 this machine cannot make namespaces (not root, no `ip netns`: the reason
-# is printed; tests pass 77 on as "skipped"), 1 anything else.
+# Exit codes: 0 ok (`run`: CMD's own), 77 this machine cannot make namespaces (not root, or root
+# without CAP_SYS_ADMIN and CAP_NET_ADMIN as in an unprivileged container; no iproute2 `ip`: the
+# reason is printed; tests pass 77 on as "skipped"), 1 anything else: where namespaces can be
+# made, a set-up that fails (`ip netns add` refused, a link not made...) is an error, never a skip.
 set -euo pipefail
 
 SUBNET=10.213.19
@@ -30,10 +32,15 @@ readonly SUBNET
 die() { echo "netns_cluster: $*" >&2; exit 1; }
 cannot() { echo "netns_cluster: cannot make test hosts here: $*" >&2; exit 77; }
 
+# Only what this machine lacks makes it unable (77); whatever fails after these checks is a fault.
 check_can() {
   [[ $(id -u) -eq 0 ]] || cannot "needs root (network namespaces and veth links), running as uid $(id -u)"
+  local caps
+  caps=$((16#$(awk '/^CapEff:/ {print $2}' /proc/self/status)))
+  (((caps >> 21) & 1 && (caps >> 12) & 1)) ||
+    cannot "root without CAP_SYS_ADMIN and CAP_NET_ADMIN (an unprivileged container)"
   command -v ip >/dev/null || cannot "no 'ip' command (apt-get install iproute2)"
-  ip netns list >/dev/null 2>&1 || cannot "'ip netns' does not work: $(ip netns list 2>&1 | head -1)"
+  ip netns list >/dev/null 2>&1 || cannot "this 'ip' has no netns (apt-get install iproute2): $(ip netns list 2>&1 | head -1)"
 }
 
 host_ns() { echo "$1-h$2"; }
@@ -65,9 +72,9 @@ up() {
   check_can
   down "$name"  # idempotent after a crash: start from nothing
   sw=$(switch_ns "$name")
-  # A failure half-way removes what was made before reporting it.
-  trap 'down "$name"' ERR
-  ip netns add "$sw" || cannot "'ip netns add' failed (no CAP_SYS_ADMIN in this container?)"
+  # A failure half-way removes what was made before reporting it (exit 1, `ip` says why above).
+  trap 'down "$name"; die "making host namespaces failed"' ERR
+  ip netns add "$sw"
   ip -n "$sw" link add br0 type bridge
   ip -n "$sw" link set br0 up
   for ((i = 0; i < n; i++)); do

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # scripts/netns_cluster.sh itself: it refuses clearly without root (exit 77), makes hosts that
-# reach each other and nothing in the root namespace, always removes them, and cleans up after
-# a run that was killed before it could. Skipped (77) where network namespaces cannot be made.
+# reach each other and nothing in the root namespace, always removes them, cleans up after a run
+# that was killed before it could, and fails (exit 1, not 77) when a set-up step fails where
+# namespaces can be made. Skipped (77) only where the script says this machine cannot make them
+# (not root, no iproute2); any other failure of the script fails this test.
 set -euo pipefail
 S=$1/scripts/netns_cluster.sh
 NAME=cluster-hosts-test
@@ -51,4 +53,19 @@ hosts=$("$S" run "$NAME" 2 sh -c "ip netns list | grep -c '^$NAME-'")
 "$S" down "$NAME"
 "$S" down "$NAME"  # nothing to remove: no error
 [[ $(ip netns list | grep -c "^$NAME-") -eq 0 ]] || fail "down left namespaces"
-echo "netns_cluster.sh: refuses without root, isolates, cleans up (also after a crash)"
+
+# A machine that can make namespaces but whose `ip netns add` fails (an `ip` in front of the real
+# one refuses it) is broken, not one to skip: exit 1 with the reason, and nothing left behind.
+shim=$(mktemp -d)
+printf '#!/bin/sh\n[ "$1 $2" = "netns add" ] && { echo "refused by the test" >&2; exit 2; }\nexec %s "$@"\n' \
+  "$(command -v ip)" >"$shim/ip"
+chmod +x "$shim/ip"
+set +e
+out=$(PATH="$shim:$PATH" "$S" run "$NAME" 2 true 2>&1)
+code=$?
+set -e
+rm -r "$shim"
+[[ $code -eq 1 && $out == *"refused by the test"* && $out == *"making host namespaces failed"* ]] ||
+  fail "with 'ip netns add' failing: exit $code, '$out'"
+[[ $(ip netns list | grep -c "^$NAME-") -eq 0 ]] || fail "a failed set-up left namespaces"
+echo "netns_cluster.sh: refuses without root, isolates, cleans up (also after a crash), fails a broken set-up"

@@ -1,5 +1,6 @@
-// Helpers shared by the CudaOps tests (test/gpu_*.cpp): host bf16 rounding, random data, tensors
-// that free themselves, poison, and the relative-L2 comparison with a message naming the output.
+// Helpers shared by the CudaOps tests (test/gpu_*.cpp): whether a GPU test binary runs, skips or
+// fails (also mpi_gpu_parity's), host bf16 rounding, random data, tensors that free themselves,
+// poison, and the relative-L2 comparison with a message naming the output.
 //
 // Tolerances (relative L2 error ||gpu - ref|| / ||ref||), the bounds issue 8 states:
 //  - fp32 mode: 1e-5 for every output;
@@ -14,6 +15,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -28,6 +31,20 @@ namespace pt::gputest {
 
 using pt::test::count_nonfinite;
 using pt::test::relative_l2;
+
+// ---- run, skip or fail ------------------------------------------------------------------------
+// Returns when a GPU is usable. Otherwise ends the process: 77 (ctest: skipped) on a machine
+// without a GPU or driver, 1 when CUDA is there but fails (cuda_presence), so that a broken GPU
+// machine fails its GPU tests instead of reporting them skipped. `tests` names what would run.
+inline void exit_unless_gpu(const char* tests) {
+  const CudaPresence gpu = cuda_presence();
+  if (gpu.state == CudaPresence::State::present) return;
+  const bool absent = gpu.state == CudaPresence::State::absent;
+  std::fprintf(absent ? stdout : stderr, absent ? "no GPU (%s): skipping %s\n" : "CUDA is broken (%s): %s FAILED\n",
+               gpu.detail.c_str(), tests);
+  std::fflush(absent ? stdout : stderr);
+  std::exit(absent ? 77 : 1);
+}
 
 // ---- host bf16, round to nearest even (the kernels' __float2bfloat16_rn) --------------------
 inline uint16_t bf16_bits(float f) {

@@ -12,6 +12,7 @@
 #include <cstdlib>
 
 #include "core/dist/process_groups.h"
+#include "gpu_test_support.h"
 #include "mpi_trainer_parity.h"
 
 using namespace pt;
@@ -20,13 +21,9 @@ using namespace pt::test;
 namespace {
 
 // Before main, so before MPI starts: without a GPU every rank exits 77, which mpirun passes on
-// and ctest reads as "skipped" (SKIP_RETURN_CODE).
+// and ctest reads as "skipped" (SKIP_RETURN_CODE); with a broken CUDA every rank exits 1.
 const bool kHasGpu = [] {
-  if (!cuda_available()) {
-    std::printf("no CUDA device: skipping the multi-rank GPU tests\n");
-    std::fflush(stdout);
-    std::exit(77);
-  }
+  gputest::exit_unless_gpu("the multi-rank GPU tests");
   return true;
 }();
 

@@ -319,7 +319,30 @@ std::unique_ptr<Ops> make_ops(Device device, DType compute_dtype);
 // CPU, bf16 on CUDA.
 std::unique_ptr<Ops> make_ops(Device device);
 
-// True when the CUDA backend is built in and a GPU is visible.
+// Whether this process can use a GPU. "absent" (a machine without a GPU or a driver: GPU tests
+// skip) is kept apart from "broken" (a GPU machine whose CUDA fails: GPU tests must fail, never
+// read as skipped).
+struct CudaPresence {
+  enum class State { present, absent, broken };
+  State state;
+  std::string detail;  // present: the device count; absent: why; broken: the CUDA error
+};
+
+// The cudaError_t values the rule below names (checked against the CUDA headers in CUDA builds).
+inline constexpr int kCudaSuccess = 0;
+inline constexpr int kCudaErrorInsufficientDriver = 35;
+inline constexpr int kCudaErrorNoDevice = 100;
+
+// The rule, over cudaGetDeviceCount's result (`error`, its name and text, `device_count`) and
+// whether the driver's library libcuda.so.1 loads. Absent: no error and 0 devices; no device
+// (cudaErrorNoDevice, also what CUDA_VISIBLE_DEVICES= gives); "insufficient driver" with no
+// libcuda.so.1, which is how the runtime reports that no driver is installed. Broken: anything
+// else, "insufficient driver" from a driver that is installed (older than the runtime) included.
+CudaPresence classify_cuda_presence(int error, const std::string& error_text, int device_count,
+                                    bool driver_library_loads);
+// The rule applied to this process (absent when CUDA is not built in).
+CudaPresence cuda_presence();
+// True when the CUDA backend is built in and a GPU is usable (cuda_presence() is present).
 bool cuda_available();
 
 }  // namespace pt

@@ -14,7 +14,8 @@
 # daemons' logs otherwise; `down` is safe to run twice, or after a crash. Needs root (the daemons
 # run as root here), and the packages of scripts/setup.sh --cluster.
 # Exit codes: 0 done, 1 failed (the reason on stderr), 2 bad usage, 77 cannot run here (not
-# root, or Slurm/munge missing): tests skip then.
+# root, or Slurm/munge not installed): tests skip then. Where both are there, a set-up that fails
+# (no munge key, a daemon that does not start, ...) is 1: a broken machine is not skipped.
 set -euo pipefail
 
 usage() { sed -n '5,7p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
@@ -65,7 +66,7 @@ for tool in munged slurmctld slurmd sbatch srun scontrol sinfo; do
     exit 77
   }
 done
-[ -r /etc/munge/munge.key ] || { echo "local_cluster.sh: no /etc/munge/munge.key (reinstall munge)" >&2; exit 77; }
+[ -r /etc/munge/munge.key ] || { echo "local_cluster.sh: no /etc/munge/munge.key (reinstall munge)" >&2; exit 1; }
 
 mkdir -p "$DIR"
 DIR=$(cd "$DIR" && pwd)
