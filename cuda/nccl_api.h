@@ -86,6 +86,12 @@ const std::string& load_error();
 // The loaded API; throws RuntimeError with load_error() when NCCL is not there.
 const Api& api();
 
+// Test-only: from now on try_load() and api() return `table` (nullptr: load the library as
+// before). test/nccl_double.cpp installs its in-process NCCL of several ranks this way, so the
+// real NcclComm runs over it without NCCL or a GPU; nothing else calls this. Call it while no
+// NCCL call is in flight.
+void install_for_testing(const Api* table);
+
 // "2.21.5" from ncclGetVersion's code.
 std::string version_string(int code);
 

@@ -97,9 +97,16 @@ if [ "$MPI_FLAG" = ON ] && [ -n "$GPU_BIN" ]; then
   MPI_BUILD_PID=$!
 fi
 # NCCL on one rank (gpu_nccl_comm): PyTorch's pip wheel carries a libnccl.so.2 when the system has none.
+# This machine is expected to have NCCL: PICOTRAIN_REQUIRE_NCCL=1 makes the test fail (not warn and
+# pass) when it does not load, and a library that cannot be found at all is a failed row of its own.
+export PICOTRAIN_REQUIRE_NCCL=1
 if [ -z "${PICOTRAIN_NCCL_LIB:-}" ] && ! ldconfig -p 2>/dev/null | grep -q 'libnccl.so.2 '; then
   nccl=$(find_gpu_library libnccl.so.2)
-  [ -n "$nccl" ] && export PICOTRAIN_NCCL_LIB=$nccl && echo "gpu_check: NCCL from $nccl"
+  if [ -n "$nccl" ]; then
+    export PICOTRAIN_NCCL_LIB=$nccl && echo "gpu_check: NCCL from $nccl"
+  else
+    record "nccl library" FAIL 0 "no libnccl.so.2 (ldconfig, CUDA folders, PyTorch): pip install nvidia-nccl-cu12 or set PICOTRAIN_NCCL_LIB"
+  fi
 fi
 
 # ---- 2. GPU tests (and 3. the PyTorch reference beside them) -----------------------------------------

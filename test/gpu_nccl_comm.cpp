@@ -3,12 +3,15 @@
 // is known exactly (the identity, a copy, a block move), which checks the wiring: the dtypes and
 // counts handed to NCCL, the in-place cases, and the ordering against the compute stream (each
 // result is read by a download queued right after the call, with no explicit synchronisation),
-// and that live communicators report no asynchronous error.
+// and that live communicators report no asynchronous error. One rank cannot tell a sum from a
+// copy: the results between ranks are nccl_comm_ranks.cpp's subject (an NCCL double, no GPU).
 //
-// NCCL is loaded at run time: without it (no PICOTRAIN_NCCL_LIB and no libnccl.so.2 on the
-// loader's path) the test says so and checks nothing; with PICOTRAIN_NCCL_LIB set it must load.
+// NCCL is loaded at run time. Where it is expected (PICOTRAIN_NCCL_LIB names it, or
+// PICOTRAIN_REQUIRE_NCCL=1: scripts/gpu_check.sh sets both) a library that does not load fails
+// the test; elsewhere (a GPU machine without NCCL) the test says so and checks nothing.
 #include <catch2/catch.hpp>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "core/dist/local_comm.h"
@@ -22,8 +25,10 @@ namespace {
 
 bool nccl_ready() {
   if (nccl::try_load()) return true;
-  const char* env = std::getenv(nccl::kLibraryEnv);
-  if (env && *env) FAIL(nccl::load_error());
+  const char* lib = std::getenv(nccl::kLibraryEnv);
+  const char* required = std::getenv("PICOTRAIN_REQUIRE_NCCL");
+  if ((lib && *lib) || (required && std::string(required) == "1"))
+    FAIL("NCCL is required here (PICOTRAIN_NCCL_LIB or PICOTRAIN_REQUIRE_NCCL=1) but " << nccl::load_error());
   WARN("NCCL not loaded, nothing checked: " << nccl::load_error());
   return false;
 }
