@@ -1,7 +1,8 @@
 // picotrain plan: its layouts are exactly the divisor combinations the config rules accept
-// (against a brute-force enumeration), its memory figures are the ones the trainer prints for
-// the same layout (one rank, dp2 ZeRO-1 and pp2 under mpirun), its step time follows its model,
-// and the command line says what it does.
+// (against a brute-force enumeration), its memory figures are what the trainer really allocates
+// (measured by the CPU backend in this process, and by rank 0 of dp2 ZeRO-1/3 and pp2 runs under
+// mpirun) and what it prints at start-up, its FLOPs per token are the ones counted here by hand
+// from the architectures, its step time follows its model, and the command line says what it does.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -14,10 +15,12 @@
 #include <nlohmann/json.hpp>
 
 #include "core/common/error.h"
+#include "core/cpu/cpu_ops.h"
 #include "core/data/shard.h"
 #include "core/metrics/flops.h"
 #include "core/plan/plan.h"
 #include "core/train/pp_bubble.h"
+#include "core/train/trainer.h"
 #include "run_test_support.h"
 
 using namespace pt;
@@ -77,6 +80,19 @@ std::vector<std::string> memory_lines(const std::string& log) {
   for (std::string line; std::getline(in, line);)
     if (line.rfind("memory    |", 0) == 0 && line.rfind("memory    | step ", 0) != 0) out.push_back(line);
   return out;
+}
+
+// The bytes in "peak 12.34 MiB" of the trainer's measured `memory    | step N: ...` line.
+double measured_peak_bytes(const std::string& log) {
+  std::istringstream in(log);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("memory    | step ", 0) != 0) continue;
+    const size_t at = line.find("peak ");
+    REQUIRE(at != std::string::npos);
+    return std::stod(line.substr(at + 5)) * 1048576.0;
+  }
+  FAIL("no measured memory line in the log");
+  throw;
 }
 
 }  // namespace
@@ -143,6 +159,64 @@ TEST_CASE("plan's memory per GPU is the trainer's start-up account (one rank)", 
   }
 }
 
+// The trainer printing the plan (above) says nothing of whether the plan is right. Here the
+// CPU backend measures what the real Trainer allocates for a step, and `picotrain plan`'s
+// figure for the same layout must be that many bytes. The tolerance is zero, both ways: CpuOps
+// counts the bytes each alloc asks for (not its 64-byte padding), the trainer sizes its buffers
+// from the shapes without consulting the plan, and on one rank it allocates every one of them at
+// start-up (none comes and goes within a step), so the plan, which claims to count exactly
+// those buffers, has no rounding to hide behind: a byte more or less is a buffer it misses or
+// invents. Both sides are f32 (the CPU backend's only float
+// dtype): the bf16 plan's split of params and master weights is not measured here.
+// test/test_zero.cpp and test/mpi_zero.cpp hold the ZeRO stages' buffers to the same account;
+// here the architectures, recompute modes and micro-batch counts, through `plan`'s own path.
+TEST_CASE("plan's memory per GPU is what the trainer allocates (CPU backend, one rank)", "[plan]") {
+  const TempConfig cfg("measured");
+  std::ifstream in(cfg.path);
+  const nlohmann::json j = nlohmann::json::parse(in);
+  // The file's GPT-2 or a Llama of its size, each with two micro-batches of 2 sequences a step
+  // (gradient accumulation).
+  const std::string accum2 = "batch.global_batch_tokens=" + std::to_string(4 * 48);
+  const auto gpt2 = [&](std::vector<std::string> sets) {
+    sets.push_back(accum2);
+    return sets;
+  };
+  const auto llama = [&](std::vector<std::string> sets) {
+    sets.insert(sets.end(), {"model.arch=llama", "model.n_kv_heads=2", accum2});
+    return sets;
+  };
+  struct Case {
+    const char* what;
+    std::vector<std::string> sets;
+  };
+  const std::vector<Case> cases = {
+      {"GPT-2, no recompute", gpt2({"recompute.mode=none"})},
+      {"GPT-2, selective recompute", gpt2({"recompute.mode=selective"})},
+      {"GPT-2, full recompute", gpt2({"recompute.mode=full"})},
+      {"GPT-2, one micro-batch of 8 sequences", {"batch.micro_batch_size=8", "batch.global_batch_tokens=384"}},
+      {"Llama (RMSNorm, SwiGLU, RoPE, GQA, untied head), no recompute", llama({"recompute.mode=none"})},
+      {"Llama, selective recompute", llama({"recompute.mode=selective"})},
+      {"Llama with 4 routed experts (top 2) and a shared one, selective recompute",
+       llama({"recompute.mode=selective", "moe.n_experts=4", "moe.top_k=2", "moe.expert_hidden=32",
+              "moe.n_shared_experts=1"})},
+  };
+  for (size_t i = 0; i < cases.size(); i++) {
+    std::vector<std::string> sets = cases[i].sets;
+    sets.push_back("run.out_dir=" + (cfg.dir / ("run" + std::to_string(i))).string());
+    const MemoryPlan plan = find_layout(make_plan(cfg.path, sets, 1, Hardware{}), "dp1 tp1 pp1 cp1").memory[0].plan;
+    CpuOps ops;
+    World world;
+    Trainer trainer(config_from_json(j, sets, 1), world, ops);
+    ops.reset_peak_memory();  // as Trainer::run() does before its measured step
+    trainer.step();
+    trainer.step();
+    const size_t peak = ops.memory_use().peak;
+    INFO(cases[i].what << "\nplan: " << plan.describe() << "\nmeasured peak " << peak << " bytes, plan total "
+                       << plan.total() << " bytes");
+    CHECK(peak == plan.total());
+  }
+}
+
 #ifdef PICOTRAIN_MPIEXEC
 TEST_CASE("plan's memory per GPU is the trainer's for dp2 ZeRO-1 and pp2 (mpirun -np 2)", "[plan]") {
   const TempConfig cfg("mem2");
@@ -168,6 +242,14 @@ TEST_CASE("plan's memory per GPU is the trainer's for dp2 ZeRO-1 and pp2 (mpirun
     const std::vector<std::string> lines = memory_lines(run.output);
     REQUIRE(lines.size() == l.memory.size());
     for (size_t s = 0; s < lines.size(); s++) CHECK_THAT(lines[s], Contains(l.memory[s].plan.describe()));
+    // What rank 0 (of stage 0) measured after its first step, printed in MiB to 2 decimals: the
+    // plan must not count less (beyond that rounding), nor more than 5%. Only ZeRO-3's plan counts
+    // more (2.16 MiB planned, 2.08 measured): it holds the gathered embeddings at the peak, which
+    // training has released by then (by exactly their bucket: test/mpi_zero.cpp).
+    const double measured = measured_peak_bytes(run.output), planned = l.memory[0].plan.total();
+    const double rounding = 0.005 * 1048576;
+    CHECK(measured <= planned + rounding);
+    CHECK(planned <= 1.05 * measured + rounding);
   }
 }
 #endif
@@ -214,6 +296,68 @@ TEST_CASE("plan's step time: compute from FLOPs, the bubble formula, links by no
   for (size_t i = 1; i < plan.layouts.size(); i++) {
     const auto &a = plan.layouts[i - 1], &b = plan.layouts[i];
     if (a.fits == b.fits && a.time.tp_crosses_nodes == b.time.tp_crosses_nodes) CHECK(a.time.step_s <= b.time.step_s);
+  }
+}
+
+namespace {
+
+// One block of GPT-2 as OpenAI (and llm.c) build it, d channels: ln_1's weight and bias, c_attn
+// (q|k|v: 3d x d and 3d biases), attn.c_proj (d x d + d), ln_2, c_fc (4d x d + 4d), mlp.c_proj
+// (d x 4d + d).
+double gpt2_block_params(double d) {
+  return 2 * d + (3 * d * d + 3 * d) + (d * d + d) + 2 * d + (4 * d * d + 4 * d) + (4 * d * d + d);
+}
+
+}  // namespace
+
+// flops_per_token against both formulas done by hand for three published models, their
+// parameters counted here from the architectures (not from the ParamTable), each count checked
+// against the published one. Every term is an integer below 2^53, so the doubles are exact.
+//   palm: 6 N + 12 L d T, N = every parameter but the lookups (the position embedding and an
+//         untied token embedding); a tied embedding is counted once, as the LM head. No causal
+//         discount.
+//   llmc: 6 P + 6 L d T, P = every parameter (the padded vocabulary's rows included); the
+//         attention term halved for the causal mask.
+TEST_CASE("flops_per_token of GPT-2 124M, GPT-2 1.5B and Llama 3 8B, counted by hand", "[plan][flops]") {
+  struct Model {
+    const char* config;
+    double L, d, T;     // layers, channels, the sequence length trained on
+    double params;      // P, counted by hand
+    double lookups;     // the parameters palm leaves out of N
+    double published;   // P as the model's authors give it (llm.c's, with GPT-2's padded vocabulary)
+  };
+  // GPT-2: 50257 tokens padded to 50304 (a multiple of 128), 1024 learned positions, tied head.
+  const auto gpt2 = [](const char* config, double L, double d, double published) {
+    const double params = 50304 * d             // wte, also the LM head
+                          + 1024 * d            // wpe
+                          + L * gpt2_block_params(d)
+                          + 2 * d;              // ln_f's weight and bias
+    return Model{config, L, d, 1024, params, 1024 * d, published};
+  };
+  // Llama 3 8B: 32 heads of 128 channels, 8 K/V heads (k_proj, v_proj: 1024 x 4096), SwiGLU of
+  // 14336, 128256 tokens (a multiple of 128 already), RMSNorm (a weight only), no biases, RoPE
+  // (no position parameters), an untied LM head.
+  const double d = 4096, kv = 8 * 128, ffn = 14336, vocab = 128256;
+  const double llama_block = d                  // input_layernorm
+                             + d * d            // q_proj
+                             + 2 * kv * d       // k_proj, v_proj
+                             + d * d            // o_proj
+                             + d                // post_attention_layernorm
+                             + 3 * ffn * d;     // gate_proj, up_proj, down_proj
+  const double llama_params = vocab * d         // embed_tokens (a lookup)
+                              + 32 * llama_block
+                              + d               // the final norm
+                              + vocab * d;      // lm_head
+  for (const Model& m : {gpt2("gpt2-124m.json", 12, 768, 124475904), gpt2("gpt2-1.5b.json", 48, 1600, 1557686400),
+                         Model{"llama3-8b.json", 32, d, 8192, llama_params, vocab * d, 8030261248}}) {
+    INFO(m.config);
+    CHECK(m.params == m.published);  // the hand count is the model's
+    const RunConfig c = load_config(std::string(PICOTRAIN_SOURCE_DIR) + "/configs/" + m.config, {}, 1);
+    REQUIRE(c.batch.seq_len == m.T);
+    const ParamTable table = build_param_table(c.model);
+    CHECK(flops_per_token(table, c.model, c.batch.seq_len, "palm") ==
+          6 * (m.params - m.lookups) + 12 * m.L * m.d * m.T);
+    CHECK(flops_per_token(table, c.model, c.batch.seq_len, "llmc") == 6 * m.params + 6 * m.L * m.d * m.T);
   }
 }
 
