@@ -23,7 +23,7 @@
 # cuda:bf16"; "cuda:bf16" alone is the short check), TRAIN_LIMIT (180 s), MPI_LIMIT (300 s: mpi_gpu_parity, np 2 and 4),
 # PICOTRAIN_NCCL_LIB (else the libnccl.so.2 of PyTorch's pip wheels), SANITIZE (gpu_attention; empty
 # skips step 5), SANITIZE_LIMIT (150 s per tool and test), SANITIZE_ARGS (test arguments under it; ~[flash]).
-# Writes to $OUT: summary.txt, build.log, tests/<test>.log, torch.log, train.log, metrics.jsonl.
+# Writes to $OUT: summary.txt, build.log, tests/<test>.log, torch.log, train.log, metrics.jsonl, report.json.
 # Exit status: 0 when every step passed, 1 otherwise.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -217,16 +217,19 @@ for split, n in (("train", 3_000_000), ("val", 300_000)):
         f.write(tok.tobytes())
 print("wrote synthetic shards to", out)
 EOF
-  # It only measures (the loss falls, the throughput): no checkpoint, not even the final one.
+  # It only measures (the loss falls, the throughput): no checkpoint, not even the final one. The
+  # corruption check runs every 5 steps: the CUDA forward must give the same bits when replayed
+  # in evaluation (a mismatch ends the run and fails this check).
   timeout "$TRAIN_LIMIT" "$PICOTRAIN" train --device cuda --config configs/gpt2-124m.json \
     --set run.out_dir="$RUN" --set "data.train=$DATA/synthetic_train_*.bin" --set "data.val=$DATA/synthetic_val_*.bin" \
     --set batch.micro_batch_size=8 --set batch.global_batch_tokens=65536 --set schedule.total_steps=20 \
     --set schedule.warmup_steps=2 --set data.val_every_steps=10 --set data.val_tokens=65536 \
     --set logging.every_steps=1 --set parallel.zero_stage=0 --set checkpoint.every_steps=0 \
-    --set checkpoint.final=false >>"$OUT/train.log" 2>&1
+    --set checkpoint.final=false --set run.replay_every_steps=5 >>"$OUT/train.log" 2>&1
   trc=$?
   metrics=$(find "$RUN" -name 'metrics.jsonl' 2>/dev/null | head -1)
   [ -n "$metrics" ] && cp "$metrics" "$OUT/metrics.jsonl"
+  [ -n "$metrics" ] && cp "$(dirname "$metrics")/report.json" "$OUT/report.json" 2>/dev/null || true
   detail=$(python3 - "$OUT/metrics.jsonl" <<'EOF' 2>&1
 import json, math, sys
 try:
@@ -243,9 +246,14 @@ tail = steps[len(steps) // 2:]  # steady state: skip the warm-up steps
 tps = sum(r.get("tokens_per_s", 0) for r in tail) / len(tail)
 mfu = sum(r.get("mfu", 0) for r in tail) / len(tail)
 val = [r["val_loss"] for r in rows if "val_loss" in r]
-print("loss %.3f -> %.3f over %d steps, %.0f tok/s, MFU %.1f%%%s" % (
+try:  # the corruption check's count and cost (report.json beside metrics.jsonl)
+    rel = json.load(open(sys.argv[1].replace("metrics.jsonl", "report.json")))["reliability"]
+    replay = ", %d replay checks %.3f s" % (rel["replay_checks"], rel["replay_seconds"])
+except (OSError, KeyError, ValueError):
+    replay = ""
+print("loss %.3f -> %.3f over %d steps, %.0f tok/s, MFU %.1f%%%s%s" % (
     first["loss"], last["loss"], last.get("step", len(steps)), tps, 100 * mfu,
-    ", val %.3f" % val[-1] if val else ""))
+    ", val %.3f" % val[-1] if val else "", replay))
 sys.exit(0 if ok else 1)
 EOF
 )

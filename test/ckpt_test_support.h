@@ -135,9 +135,11 @@ struct ResumeRuns {
 // Run A: `total` steps straight (run directory "straight"). Run B: `at` steps, save_checkpoint,
 // destroy the trainer and its backend; then a new trainer on a new backend with
 // checkpoint.resume=auto (run directory "run": B's checkpoint stays there, fx.step_dir(at)) steps
-// on to `total`. `sets` go to every run's config (e.g. the compute dtype).
+// on to `total`. `sets` go to every run's config (e.g. the compute dtype); `prepare` (optional)
+// is called on each trainer before it steps (e.g. to inject faults).
 inline ResumeRuns run_straight_and_resumed(const CkptFixture& fx, const OpsFactory& make_ops, int at, int total,
-                                           const std::vector<std::string>& sets = {}) {
+                                           const std::vector<std::string>& sets = {},
+                                           const std::function<void(Trainer&)>& prepare = {}) {
   const World world;
   ResumeRuns r;
   r.at = at;
@@ -145,6 +147,7 @@ inline ResumeRuns run_straight_and_resumed(const CkptFixture& fx, const OpsFacto
   {
     const std::unique_ptr<Ops> ops = make_ops();
     Trainer a(fx.config(sets, "straight"), world, *ops);
+    if (prepare) prepare(a);
     for (int i = 0; i < total; i++) r.straight.push_back(a.step());
     r.straight_state = full_state(a, *ops);
     r.straight_cursor = a.cursor();
@@ -152,6 +155,7 @@ inline ResumeRuns run_straight_and_resumed(const CkptFixture& fx, const OpsFacto
   {
     const std::unique_ptr<Ops> ops = make_ops();
     Trainer b(fx.config(sets), world, *ops);
+    if (prepare) prepare(b);
     for (int i = 0; i < at; i++) r.split.push_back(b.step());
     r.saved = b.save_checkpoint();
   }  // the first process is gone: only the checkpoint carries the state over
@@ -162,6 +166,7 @@ inline ResumeRuns run_straight_and_resumed(const CkptFixture& fx, const OpsFacto
   r.resumed_steps_done = c.steps_done();
   r.resumed_from = c.checkpointer().resumed_from();
   if (r.resumed_steps_done != at) return r;  // check_bit_exact_resume reports it
+  if (prepare) prepare(c);
   for (int i = at; i < total; i++) r.split.push_back(c.step());
   r.resumed_state = full_state(c, *ops);
   r.resumed_cursor = c.cursor();

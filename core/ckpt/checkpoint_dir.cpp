@@ -67,14 +67,14 @@ void write_latest(const std::string& dir, int step) {
   write_file_atomic((fs::path(dir) / "latest").string(), step_dir_name(step) + "\n");
 }
 
-std::vector<int> steps_to_prune(const std::vector<int>& committed, int keep_latest, int keep_every) {
+std::vector<int> steps_to_prune(const std::vector<int>& committed, int keep_latest, int keep_every, int keep_step) {
   std::vector<int> out;
   const size_t n = committed.size();
   const size_t keep_from = n > static_cast<size_t>(keep_latest) ? n - keep_latest : 0;
   for (size_t i = 0; i < keep_from; i++) {
     const int step = committed[i];
     const bool milestone = keep_every > 0 && step % keep_every == 0;
-    if (!milestone) out.push_back(step);
+    if (!milestone && step != keep_step) out.push_back(step);
   }
   return out;
 }

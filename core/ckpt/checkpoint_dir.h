@@ -39,7 +39,9 @@ DirScan scan_checkpoint_dir(const std::string& dir);
 void write_latest(const std::string& dir, int step);
 
 // Retention: of the committed steps (ascending), those to delete. Kept: the newest
-// `keep_latest`, and every milestone (a multiple of keep_every, when keep_every > 0).
-std::vector<int> steps_to_prune(const std::vector<int>& committed, int keep_latest, int keep_every);
+// `keep_latest`, every milestone (a multiple of keep_every, when keep_every > 0), and `keep_step`
+// (the newest checkpoint whose steps were all finite; -1: none).
+std::vector<int> steps_to_prune(const std::vector<int>& committed, int keep_latest, int keep_every,
+                                int keep_step = -1);
 
 }  // namespace pt::ckpt

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -48,6 +49,32 @@ void check_shape(const CheckpointReader& r, const std::string& name, const std::
   if (t->shape != shape)
     throw CorruptCheckpoint(r.dir() + "/" + kManifestFile + ": tensor " + name + " has shape " +
                             nlohmann::json(t->shape).dump() + ", the model's is " + nlohmann::json(shape).dump());
+}
+
+// A checkpoint is never committed with a NaN or an infinity in it: resuming it could only train
+// on garbage. The save fails (on every rank, through the writers' agreement) and the checkpoints
+// already on disk stay. `begin`: the local element `data` starts at.
+void check_finite(const std::string& tensor, size_t begin, const float* data, size_t n, int step) {
+  for (size_t i = 0; i < n; i++)
+    if (!std::isfinite(data[i]))
+      throw RuntimeError("the training state of step " + std::to_string(step) + " holds a non-finite value (" +
+                         std::to_string(data[i]) + " at element " + std::to_string(begin + i) + " of this rank's " +
+                         tensor + "): not saved, so that no checkpoint resumes into garbage; the checkpoints "
+                         "already on disk are kept");
+}
+
+// The newest committed step whose checkpoint says every step since the one before it was
+// finite (HealthRecord::skipped_since_save == 0); -1 when none does. Its manifest is read;
+// one that cannot be is not counted as clean.
+int newest_clean_step(const std::string& dir, const std::vector<int>& committed) {
+  for (auto it = committed.rbegin(); it != committed.rend(); ++it) {
+    try {
+      if (CheckpointReader((fs::path(dir) / step_dir_name(*it)).string()).manifest().health.skipped_since_save == 0)
+        return *it;
+    } catch (const RuntimeError&) {
+    }
+  }
+  return -1;
 }
 
 }  // namespace
@@ -135,6 +162,11 @@ std::optional<TrainState> Checkpointer::restore(ParamStore& store, Ops& ops, uin
                      "checkpoint.resume to a copy you trust");
 }
 
+std::optional<TrainState> Checkpointer::reload(ParamStore& store, Ops& ops, uint64_t train_tokens) {
+  if (path_on_disk_.empty()) return std::nullopt;
+  return load_everywhere(path_on_disk_, store, ops, train_tokens);
+}
+
 TrainState Checkpointer::load_everywhere(const std::string& dir, ParamStore& store, Ops& ops, uint64_t train_tokens) {
   if (!several_ranks()) return load(dir, store, ops, train_tokens);
   TrainState st;
@@ -206,6 +238,7 @@ TrainState Checkpointer::load(const std::string& dir, ParamStore& store, Ops& op
   TrainState st;
   st.step = m.step;
   st.cursor = train_tokens ? m.cursor % train_tokens : m.cursor;
+  st.health = m.health;
   return st;
 }
 
@@ -226,6 +259,7 @@ std::string Checkpointer::save(const TrainState& state, ParamStore& store, Ops& 
   meta.total_steps = cfg_.schedule.total_steps;
   meta.next_lr = lr_at(cfg_.optim, cfg_.schedule, state.step);
   meta.seed = cfg_.run.seed;
+  meta.health = state.health;
   meta.model = model_shape_json(cfg_.model);
   const auto& par = cfg_.parallel;
   meta.layout = {{"world_size", cfg_.world_size}, {"dp", par.dp},   {"tp", par.tp}, {"pp", par.pp},
@@ -247,6 +281,7 @@ std::string Checkpointer::save(const TrainState& state, ParamStore& store, Ops& 
           if (!not_saved.empty() && not_saved[piece.param]) continue;
           const ParamSpec& p = part.table->specs()[piece.param];
           const float* data = host.data() + piece.shard_offset;  // local element piece.begin
+          check_finite(s + "/" + p.name, piece.begin, data, piece.numel(), state.step);
           for (const GlobalSpan& g : global_spans(p.tp, piece.begin, piece.end))
             w.add_strided_chunk(s + "/" + p.name, p.global_shape, state_file(s, rank), g.global_begin, g.run,
                                 g.stride, data + (g.local_begin - piece.begin), g.numel);
@@ -320,7 +355,10 @@ std::string Checkpointer::save_with_ranks(const Manifest& meta, bool writes,
 void Checkpointer::prune() {
   const std::string& dir = cfg_.checkpoint.dir;
   const DirScan s = scan_checkpoint_dir(dir);
-  for (int step : steps_to_prune(s.committed, cfg_.checkpoint.keep_latest, cfg_.checkpoint.keep_every)) {
+  // A run that skipped non-finite steps keeps the last checkpoint from before the trouble,
+  // however many saves follow it.
+  const int clean = newest_clean_step(dir, s.committed);
+  for (int step : steps_to_prune(s.committed, cfg_.checkpoint.keep_latest, cfg_.checkpoint.keep_every, clean)) {
     // Renamed aside first, so a crash mid-delete never leaves a half-deleted step directory
     // that still looks complete; the trash is removed here or by the next save.
     const std::string victim = (fs::path(dir) / step_dir_name(step)).string();

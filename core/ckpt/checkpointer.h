@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "core/ckpt/manifest.h"
 #include "core/config/run_config.h"
 #include "core/dist/comm.h"
 #include "core/model/param_store.h"
@@ -34,11 +35,11 @@
 namespace pt::ckpt {
 
 class CheckpointWriter;
-struct Manifest;
 
 struct TrainState {
   int step = 0;          // optimizer steps done
   uint64_t cursor = 0;   // global token cursor of the next step
+  HealthRecord health;   // skipped steps, rollbacks, the spike window (manifest.h)
 };
 
 class Checkpointer {
@@ -73,8 +74,12 @@ class Checkpointer {
   bool due(int step) const;
   // Writes and commits the checkpoint of `state`, then prunes; returns its directory.
   // Throws RuntimeError naming the path and errno text on a write failure (earlier checkpoints
-  // stay as they were).
+  // stay as they were), and naming the tensor when the state holds a NaN or an infinity: a
+  // checkpoint is never committed with a non-finite value.
   std::string save(const TrainState& state, ParamStore& store, Ops& ops, uint64_t train_tokens);
+  // Loads the checkpoint on disk (path_on_disk(): the newest this session saved or resumed
+  // from) into `store` again, on every rank: the loss-spike rollback. nullopt when there is none.
+  std::optional<TrainState> reload(ParamStore& store, Ops& ops, uint64_t train_tokens);
 
   // The step whose checkpoint is on disk (saved or resumed from); -1 when none.
   int step_on_disk() const { return step_on_disk_; }

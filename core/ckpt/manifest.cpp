@@ -57,6 +57,12 @@ nlohmann::ordered_json manifest_to_json(const Manifest& m) {
   j["data"] = {{"cursor", m.cursor}, {"train_tokens", m.train_tokens}};
   j["schedule"] = {{"step", m.step}, {"total_steps", m.total_steps}, {"next_lr", m.next_lr}};
   j["rng"] = {{"seed", m.seed}};
+  const HealthRecord& h = m.health;
+  j["health"] = {{"skipped_steps", h.skipped_steps},
+                 {"skipped_in_a_row", h.skipped_in_a_row},
+                 {"skipped_since_save", h.skipped_since_save},
+                 {"rollbacks", h.rollbacks},
+                 {"recent_losses", h.recent_losses}};
   j["model"] = m.model;
   const std::string shape_text = m.model.dump();
   j["model_hash"] = checksum_hex(checksum64(shape_text.data(), shape_text.size()));
@@ -115,6 +121,14 @@ Manifest manifest_from_json(const std::string& text, const std::string& path) {
   m.total_steps = get<int>(schedule, "total_steps", path);
   m.next_lr = get<double>(schedule, "next_lr", path);
   m.seed = get<uint64_t>(get<json>(j, "rng", path), "seed", path);
+  if (j.contains("health")) {  // absent in checkpoints written before the run's guards
+    const json h = get<json>(j, "health", path);
+    m.health.skipped_steps = get<int>(h, "skipped_steps", path);
+    m.health.skipped_in_a_row = get<int>(h, "skipped_in_a_row", path);
+    m.health.skipped_since_save = get<int>(h, "skipped_since_save", path);
+    m.health.rollbacks = get<int>(h, "rollbacks", path);
+    m.health.recent_losses = get<std::vector<double>>(h, "recent_losses", path);
+  }
   m.model = get<json>(j, "model", path);
   m.layout = get<json>(j, "layout", path);
   m.config = get<json>(j, "config", path);

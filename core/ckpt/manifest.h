@@ -73,6 +73,18 @@ struct FileEntry {
   uint64_t bytes = 0;  // the exact file size: a truncated or extended file is corrupt
 };
 
+// The run's health as of a checkpoint (core/train/run_guard.h decides with it), saved so that a
+// resumed run skips, rolls back and counts exactly as the uninterrupted one would. A manifest
+// written before it existed reads as all zero: a clean run.
+struct HealthRecord {
+  int skipped_steps = 0;       // steps skipped as non-finite over the whole run (AdamW counts the others)
+  int skipped_in_a_row = 0;    // of them, the run of skips ending at this step
+  int skipped_since_save = 0;  // since the previous checkpoint; 0: every step up to this one was finite
+  int rollbacks = 0;           // loss-spike rollbacks so far
+  std::vector<double> recent_losses;  // the spike detector's window, oldest first
+  bool operator==(const HealthRecord&) const = default;
+};
+
 struct Manifest {
   int step = 0;             // optimizer steps done
   uint64_t cursor = 0;      // global token cursor of the next step
@@ -80,6 +92,7 @@ struct Manifest {
   int total_steps = 0;      // schedule length when saved
   double next_lr = 0;       // learning rate the next step runs at (schedule position, for humans)
   uint64_t seed = 0;        // run.seed; no random stream is consumed during training yet
+  HealthRecord health;
   nlohmann::json model;     // the model-shape keys (model_shape_json)
   nlohmann::json layout;    // world size and parallel degrees of the writer (informational)
   nlohmann::json config;    // the writer's full resolved config

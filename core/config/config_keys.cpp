@@ -249,7 +249,14 @@ std::vector<ConfigKey> build_table() {
       .add("name", &RunSection::name, not_empty)
       .add("out_dir", &RunSection::out_dir)  // "": runs/<name>
       .add("seed", &RunSection::seed)        // uint64: negative values are rejected when read
-      .add("hang_timeout_s", &RunSection::hang_timeout_s, hang_timeout_rule);
+      .add("hang_timeout_s", &RunSection::hang_timeout_s, hang_timeout_rule)
+      .add("max_skipped_steps", &RunSection::max_skipped_steps, at_least(0))
+      .add("spike", &RunSection::spike, at_least(0.0))
+      .add("spike_window", &RunSection::spike_window, at_least(2))
+      .add("spike_skip_steps", &RunSection::spike_skip_steps, at_least(0))
+      .add("spike_max_rollbacks", &RunSection::spike_max_rollbacks, at_least(1))
+      .add("replay_every_steps", &RunSection::replay_every_steps, at_least(0))
+      .add("replay_mismatch", &RunSection::replay_mismatch, one_of({"stop", "warn"}));
 
   SectionKeys(k, "model", &RunConfig::model)
       .add("arch", &ModelSection::arch, one_of({"gpt2", "llama"}))

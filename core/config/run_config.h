@@ -23,6 +23,21 @@ struct RunSection {
   // Seconds without progress after which a rank ends itself (core/train/progress_watchdog.h);
   // 0: never; -1: 600 when the run has several ranks, never for one.
   double hang_timeout_s = -1;
+  // The run's guards (core/train/run_guard.h). A step whose loss or gradient norm is not finite
+  // is skipped (nothing updated); this many skipped in a row end the run. 0: the guard is off.
+  int max_skipped_steps = 5;
+  // Loss-spike rollback (PaLM's recipe), 0: off. A loss this many standard deviations above the
+  // mean of the last spike_window losses reloads the newest checkpoint and skips the batches
+  // from it up to the spike and spike_skip_steps more; spike_max_rollbacks ends the run.
+  double spike = 0;
+  int spike_window = 100;
+  int spike_skip_steps = 200;
+  int spike_max_rollbacks = 3;
+  // Corruption check, 0: off. Every replay_every_steps steps each rank runs its first
+  // micro-batch's forward again and compares the bits; a mismatch ends the run ("stop") or is
+  // logged and counted ("warn").
+  int replay_every_steps = 0;
+  std::string replay_mismatch = "stop";
 };
 
 // arch "gpt2" (OpenAI GPT-2 exactly) or "llama" (Hugging Face's LlamaForCausalLM exactly). The

@@ -57,6 +57,10 @@ std::string MetricsLog::step_line(const StepMetrics& m) const {
     std::snprintf(buf, sizeof buf, " | bubble %.1f%% wait %.1f ms", 100.0 * *m.pp_bubble, *m.pp_wait_ms);
     line += buf;
   }
+  if (m.skipped_steps) {
+    std::snprintf(buf, sizeof buf, " | skipped %d", *m.skipped_steps);
+    line += buf;
+  }
   if (m.moe_aux && m.moe_max_load) {
     std::snprintf(buf, sizeof buf, " | aux %.4f load %.2f", *m.moe_aux, *m.moe_max_load);
     line += buf;
@@ -92,6 +96,7 @@ void MetricsLog::log(const StepMetrics& m) {
   if (m.pp_wait_ms) j["pp_wait_ms"] = *m.pp_wait_ms;
   if (m.moe_aux) j["moe_aux"] = *m.moe_aux;
   if (m.moe_max_load) j["moe_max_load"] = *m.moe_max_load;
+  if (m.skipped_steps) j["skipped_steps"] = *m.skipped_steps;
   jsonl_ << j.dump() << '\n';
   jsonl_.flush();
   check(jsonl_.good(), "writing " + path_ + " failed (disk full?)");

@@ -36,6 +36,8 @@ struct StepMetrics {
   // load over an even share (1 = even), each the mean over sparse blocks and micro-batches.
   std::optional<double> moe_aux;
   std::optional<double> moe_max_load;
+  // Once the run has skipped a non-finite step (core/train/run_guard.h): how many so far.
+  std::optional<int> skipped_steps;
 };
 
 class MetricsLog {

@@ -160,6 +160,9 @@ class DecoderStage {
   Tensor input(int io_slot) const;
   // After forward, the activation to send (no head); valid until the next forward or backward.
   Tensor output() const;
+  // The hidden state the last forward ended with: the final norm's output with the head (what
+  // the LM head reads), else output(). The corruption check fingerprints it (run.replay_every_steps).
+  Tensor last_hidden() const { return layers_.head ? lnf_ : output_; }
   // Where the received gradient of the output goes (no head).
   Tensor grad_output(int io_slot) const;
   // After backward, the gradient of the input to send back (no embedding); valid until the I/O

@@ -49,7 +49,7 @@ double mean_of(const std::vector<const json*>& records, const char* field) {
 json loss_section(const std::vector<json>& metrics) {
   json j = {{"final_train", nullptr}, {"final_train_step", nullptr}, {"final_val", nullptr}, {"final_val_step", nullptr}};
   for (const json& r : metrics) {
-    if (r.contains("loss")) j["final_train"] = r["loss"], j["final_train_step"] = r["step"];
+    if (r.contains("loss") && r["loss"].is_number()) j["final_train"] = r["loss"], j["final_train_step"] = r["step"];
     if (r.contains("val_loss")) j["final_val"] = r["val_loss"], j["final_val_step"] = r["step"];
   }
   return j;
@@ -133,7 +133,13 @@ json build_report(const RunSummary& s, const std::vector<json>& metrics, const S
                       {"crashed_sessions", sessions.crashed},
                       {"stalls", stalls},
                       {"stall_rule", "a step slower than 3 x the median step of its session"},
-                      {"median_step_ms", s.median_step_ms}};
+                      {"median_step_ms", s.median_step_ms},
+                      {"skipped_steps", s.skipped_steps},
+                      {"rollbacks", s.rollbacks},
+                      {"replay_checks", s.replay_checks},
+                      {"replay_mismatches", s.replay_mismatches},
+                      {"replay_seconds", s.replay_s},
+                      {"guard_events", s.guard_events}};
   r["loss"] = loss_section(metrics);
   r["sample"] = {{"prompt", s.sample_prompt}, {"text", s.sample_text}, {"note", s.sample_note}};
   return r;
@@ -266,6 +272,14 @@ std::string report_markdown(const json& r) {
             num(rel["median_step_ms"]));
   for (const auto& st : rel["stalls"]) md += format("; step %d: %.1f ms", st["step"].get<int>(), num(st["ms"]));
   md += ".\n\n";
+  if (rel.contains("skipped_steps")) {  // reports written before the run's guards have none
+    md += format("Guards: %d non-finite step(s) skipped, %d loss-spike rollback(s), %d corruption check(s) "
+                 "(%.2f s) with %d mismatch(es).\n",
+                 rel["skipped_steps"].get<int>(), rel["rollbacks"].get<int>(), rel["replay_checks"].get<int>(),
+                 num(rel["replay_seconds"]), rel["replay_mismatches"].get<int>());
+    for (const auto& e : rel["guard_events"]) md += "- " + text(e) + "\n";
+    md += "\n";
+  }
 
   md += "## Loss\n\n| | |\n|---|---|\n";
   md += loss["final_train"].is_null() ? "| final train loss | none logged |\n"

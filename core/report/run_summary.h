@@ -78,6 +78,14 @@ struct RunSummary {
   CommStats comm;
   std::vector<Stall> stalls;
   double median_step_ms = 0;
+  // The run's guards this session (core/train/run_guard.h): one line per skipped non-finite
+  // step, spike rollback and replay mismatch, and the corruption check's count and cost.
+  int skipped_steps = 0;
+  int rollbacks = 0;
+  std::vector<std::string> guard_events;
+  int replay_checks = 0;
+  int replay_mismatches = 0;
+  double replay_s = 0;
   // The report's text sample (or why there is none).
   std::string sample_prompt;
   std::string sample_text;

@@ -41,11 +41,13 @@ void update_shard(Ops& ops, ParamStore& store, const OptimSection& o, double lr,
 }  // namespace
 
 OptimizerStats adamw_step(Ops& ops, ParamStore& store, const OptimSection& o, double lr, int t, Comm* shard_group,
-                          const NormScope& scope, const ExpertOptimizerPart* experts) {
+                          const NormScope& scope, const ExpertOptimizerPart* experts, NonFiniteGuard guard) {
   OptimizerStats s;
   // A stage's parameters lie in that stage only, except a tied copy, which is left out here and
   // counted where its original lives.
   double sum_sq = shard_sum_squares(ops, store, shard_group, scope.not_counted);
+  if (guard.loss_nonfinite) sum_sq = std::nan("");
+
   if (experts) {
     double expert_sq = shard_sum_squares(ops, *experts->store, experts->shard_group, experts->not_counted);
     if (experts->ep_group) experts->ep_group->all_reduce(&expert_sq, 1);
@@ -54,6 +56,10 @@ OptimizerStats adamw_step(Ops& ops, ParamStore& store, const OptimSection& o, do
   if (scope.pipeline) scope.pipeline->all_reduce(&sum_sq, 1);
   if (scope.tensor) scope.tensor->all_reduce(&sum_sq, 1);
   s.grad_norm = std::sqrt(sum_sq);
+  if (guard.enabled && !std::isfinite(s.grad_norm)) {
+    s.updated = false;
+    return s;
+  }
   if (o.grad_clip > 0 && s.grad_norm > o.grad_clip) s.clip_scale = o.grad_clip / s.grad_norm;
   update_shard(ops, store, o, lr, t, s.clip_scale);
   if (experts) update_shard(ops, *experts->store, o, lr, t, s.clip_scale);

@@ -12,8 +12,19 @@
 namespace pt {
 
 struct OptimizerStats {
-  double grad_norm = 0;   // before clipping
+  double grad_norm = 0;   // before clipping; NaN when a rank's loss was not finite (NonFiniteGuard)
   double clip_scale = 1;  // the factor gradients were multiplied by (1: not clipped)
+  bool updated = true;    // false: the guard skipped the update (nothing was changed)
+};
+
+// The non-finite guard's part in the step (core/train/run_guard.h). `enabled`: a global gradient
+// norm that is not finite skips the update on every rank, leaving the weights, the master
+// weights and the Adam moments untouched. `loss_nonfinite`: this rank saw a non-finite loss; it
+// makes this rank's squared norm NaN, which the norm's own reductions carry to every rank (the
+// norm is agreed everywhere, so the flag costs no collective of its own).
+struct NonFiniteGuard {
+  bool enabled = false;
+  bool loss_nonfinite = false;
 };
 
 // Beyond the shard group, where the rest of the global gradient norm lives: the other pipeline
@@ -39,11 +50,12 @@ struct ExpertOptimizerPart {
   std::vector<bool> not_counted;  // like NormScope's, by index into the experts' table
 };
 
-// t: the 1-based AdamW step (bias correction). Reads store.grad_shard() (reduced by GradSync).
+// t: the 1-based AdamW step (bias correction: the updates done so far, plus one). Reads
+// store.grad_shard() (reduced by GradSync).
 // shard_group: the ranks the shard is split over, whose squared norms add up to the global one
 // (nullptr, or any group when the store holds one shard: nothing to add).
 OptimizerStats adamw_step(Ops& ops, ParamStore& store, const OptimSection& optim, double lr, int t,
                           Comm* shard_group = nullptr, const NormScope& scope = {},
-                          const ExpertOptimizerPart* experts = nullptr);
+                          const ExpertOptimizerPart* experts = nullptr, NonFiniteGuard guard = {});
 
 }  // namespace pt

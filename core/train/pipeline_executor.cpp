@@ -1,5 +1,6 @@
 #include "core/train/pipeline_executor.h"
 
+#include "core/ckpt/checksum.h"
 #include <algorithm>
 #include <set>
 #include <utility>
@@ -136,6 +137,7 @@ PipelineExecutor::PipelineExecutor(const RunConfig& cfg, int pp_rank, ParamStore
       B_(cfg.batch.micro_batch_size),
       T_(cfg.batch.seq_len / mp.cp_size()),
       store_(store),
+      ops_(ops),
       tied_hooks_(std::make_unique<TiedEmbeddingHooks>()) {
   chunk_layers_ = pipeline_chunks(cfg.model, cfg.parallel, pp_rank);
   actions_ = pipeline_schedule(kind_, pp_, v_, m_, pp_rank);
@@ -156,6 +158,7 @@ PipelineExecutor::PipelineExecutor(const RunConfig& cfg, int pp_rank, ParamStore
   // the last stage's own, like the final norm).
   tied_hooks_->hold_embeddings = pp_ > 1 && cfg.model.tied() && (has_embedding() || has_head());
   for (auto& ch : chunks_) ch->set_hooks(tied_hooks_.get());
+  fingerprints_.assign(chunks_.size(), 0);
 }
 
 PipelineExecutor::~PipelineExecutor() = default;
@@ -244,6 +247,7 @@ PipelineStepStats PipelineExecutor::train_step(const int32_t* inputs, const int3
         const StageLayers& layers = ch.layers();
         const int32_t* tgt = layers.head ? targets + mb * N : nullptr;
         st.loss_sum += ch.forward(slots.forward(a.chunk, mb), layers.embedding ? inputs + mb * N : nullptr, tgt, dloss);
+        if (record_ && mb == 0) fingerprints_[static_cast<size_t>(a.chunk)] = forward_fingerprint(ops_, ch);
         if (tgt) st.tokens += static_cast<double>(std::count_if(tgt, tgt + N, [](int32_t t) { return t >= 0; }));
         output_unsent = !layers.head;
         break;
@@ -269,18 +273,28 @@ PipelineStepStats PipelineExecutor::train_step(const int32_t* inputs, const int3
   return st;
 }
 
-double PipelineExecutor::forward_only(const int32_t* inputs, const int32_t* targets) {
+double PipelineExecutor::forward_only(const int32_t* inputs, const int32_t* targets,
+                                      std::vector<uint64_t>* fingerprints) {
   check(pp_group_ != nullptr, "PipelineExecutor: forward_only before connect");
   const int stages = pp_ * v_;
   double loss = 0;
+  if (fingerprints) fingerprints->clear();
   for (int c = 0; c < v_; c++) {
     DecoderStage& ch = *chunks_[static_cast<size_t>(c)];
     const int vs = c * pp_ + rank_;
     if (vs > 0) pp_group_->recv(ch.input(0), (vs - 1) % pp_);
     loss += ch.forward(MicroSlot{}, inputs, targets, 0.0f);
+    if (fingerprints) fingerprints->push_back(forward_fingerprint(ops_, ch));
     if (vs + 1 < stages) pp_group_->send(ch.output(), (vs + 1) % pp_);
   }
   return loss;
+}
+
+uint64_t forward_fingerprint(Ops& ops, const DecoderStage& chunk) {
+  const Tensor t = chunk.last_hidden();
+  std::vector<unsigned char> bytes(t.numel * dtype_size(t.dtype));
+  ops.download(bytes.data(), t.dtype, t, t.numel);
+  return ckpt::checksum64(bytes.data(), bytes.size());
 }
 
 }  // namespace pt

@@ -89,8 +89,15 @@ class PipelineExecutor {
   PipelineStepStats train_step(const int32_t* inputs, const int32_t* targets, float dloss,
                                StepTimeline* timeline = nullptr);
   // Evaluation of one micro-batch through the pipeline (each chunk in turn, no schedule):
-  // the summed per-token losses on the head's rank, 0 elsewhere.
-  double forward_only(const int32_t* inputs, const int32_t* targets);
+  // the summed per-token losses on the head's rank, 0 elsewhere. `fingerprints` (optional):
+  // receives each of this rank's chunks' forward_fingerprint, in chunk order.
+  double forward_only(const int32_t* inputs, const int32_t* targets, std::vector<uint64_t>* fingerprints = nullptr);
+
+  // The corruption check (run.replay_every_steps). While on, train_step keeps the
+  // forward_fingerprint of each chunk's forward of micro-batch 0 (recorded_fingerprints(), in
+  // chunk order); forward_only of the same micro-batch with the same weights must give the same.
+  void record_fingerprints(bool on) { record_ = on; }
+  const std::vector<uint64_t>& recorded_fingerprints() const { return fingerprints_; }
 
   bool has_embedding() const;  // this rank reads inputs
   bool has_head() const;       // this rank reads targets and computes the loss
@@ -105,6 +112,7 @@ class PipelineExecutor {
   PipeSchedule kind_;
   int pp_, v_, m_, rank_, B_, T_;
   ParamStore& store_;
+  Ops& ops_;
   Comm* pp_group_ = nullptr;
   Comm* embedding_group_ = nullptr;
   std::vector<GradSync*> syncs_;  // the dense store's, and under expert parallel the experts'
@@ -114,6 +122,13 @@ class PipelineExecutor {
   size_t last_micro_start_ = 0;  // index in actions_ where only the last micro-batch remains
   std::vector<std::unique_ptr<DecoderStage>> chunks_;
   std::unique_ptr<TiedEmbeddingHooks> tied_hooks_;
+  bool record_ = false;
+  std::vector<uint64_t> fingerprints_;  // per chunk, of micro-batch 0's forward
 };
+
+// The checksum of the bits of a chunk's last_hidden() after a forward (read back from the
+// device): every block's output and the final norm's feed into it, so a flipped bit in any of
+// them changes it.
+uint64_t forward_fingerprint(Ops& ops, const DecoderStage& chunk);
 
 }  // namespace pt

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 
 #include "core/ckpt/stop_signal.h"
 #include "core/common/build_info.h"
@@ -25,7 +27,6 @@ namespace pt {
 
 namespace {
 using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 // Adds the time since `t0` to `parts` under `part` and restarts `t0`: start-up's account.
 void lap(std::vector<std::pair<std::string, double>>& parts, const char* part, Clock::time_point& t0) {
@@ -90,9 +91,11 @@ Trainer::Trainer(const RunConfig& cfg, const World& world, Ops& ops)
     executor_->connect(*groups_.pp, groups_.embedding.get());
     executor_->set_grad_runtime(hooks_.get(), syncs);
     lap(startup_parts_, "model", t0);
+    guard_ = std::make_unique<RunGuard>(cfg.run);
     if (const auto st = ckpt_->restore(*store_, ops, train_data_->total_tokens())) {
       step_ = st->step;
       cursor_ = st->cursor;
+      guard_ = std::make_unique<RunGuard>(cfg.run, st->health);
       lap(startup_parts_, "resume", t0);
     }
   } catch (...) {
@@ -227,6 +230,11 @@ StepResult Trainer::step() {
   // The step's micro-batches, read by the stages that need them (the first and the last): this
   // rank's T / cp tokens of each sequence.
   const size_t n = static_cast<size_t>(B) * (T / cfg_.parallel.cp);
+  const int this_step = step_ + 1;
+  StepResult r;
+  r.first_token = cursor_;
+  const int replay_every = cfg_.run.replay_every_steps;
+  const bool replay_due = replay_every > 0 && this_step % replay_every == 0;
   const auto data_start = Clock::now();  // the report's data wait
   if (executor_->has_embedding() || executor_->has_head())
     for (int micro = 0; micro < accum; micro++) {
@@ -238,7 +246,14 @@ StepResult Trainer::step() {
   timeline_.start(StepPhase::backward);
   grad_sync_->start_step();
   if (expert_sync_) expert_sync_->start_step();
-  const PipelineStepStats ps = executor_->train_step(inputs_.data(), targets_.data(), dloss, &timeline_);
+  executor_->record_fingerprints(replay_due);
+  const float step_dloss = faults_.nan_gradient.erase(this_step) ? std::nanf("") : dloss;
+  PipelineStepStats ps = executor_->train_step(inputs_.data(), targets_.data(), step_dloss, &timeline_);
+  if (faults_.inf_loss.erase(this_step)) ps.loss_sum = std::numeric_limits<double>::infinity();
+  if (const auto f = faults_.loss_scale.find(this_step); f != faults_.loss_scale.end()) {
+    ps.loss_sum *= f->second;
+    faults_.loss_scale.erase(f);
+  }
   timeline_.enter(StepPhase::grad_sync);
   grad_sync_->finish_step();
   if (expert_sync_) expert_sync_->finish_step();
@@ -253,16 +268,26 @@ StepResult Trainer::step() {
   }
   double sums[5] = {ps.loss_sum, ps.tokens, moe.aux_sum, moe.max_load_sum, moe.layer_batches};
   groups_.dp_cp->all_reduce(sums, 5);  // the token-weighted mean over dp x cp
-  StepResult r;
   cursor_ = (cursor_ + static_cast<uint64_t>(sequences_per_step()) * T) % train_data_->total_tokens();
+  if (replay_due) replay_check(r);  // before the update: a mismatch ends the run with nothing applied
 
   r.lr = lr_at(cfg_.optim, cfg_.schedule, step_);
   timeline_.enter(StepPhase::optimizer);
-  const OptimizerStats s =
-      adamw_step(ops_, *store_, cfg_.optim, r.lr, step_ + 1, groups_.shard.get(), norm_scope_,
-                 expert_store_ ? &expert_optim_ : nullptr);
-  gather_->gather_updated();  // ZeRO-1/2: every rank's updated piece back into the full params
-  if (expert_gather_) expert_gather_->gather_updated();
+  // The non-finite guard: a NaN or infinite loss (on the head's ranks, already agreed over dp x
+  // cp) or gradient norm skips the update on every rank. AdamW's bias correction counts the
+  // updates done, so a skipped step leaves no trace in the optimizer.
+  NonFiniteGuard nonfinite;
+  nonfinite.enabled = guard_->guards_nonfinite();
+  nonfinite.loss_nonfinite = nonfinite.enabled && !std::isfinite(sums[0]);
+  const OptimizerStats s = adamw_step(ops_, *store_, cfg_.optim, r.lr, guard_->updates(step_) + 1, groups_.shard.get(),
+                                      norm_scope_, expert_store_ ? &expert_optim_ : nullptr, nonfinite);
+  r.skipped = !s.updated;
+  if (r.skipped) r.skip_ends_run = guard_->record_skip();
+  else guard_->record_update();
+  if (!r.skipped) {
+    gather_->gather_updated();  // ZeRO-1/2: every rank's updated piece back into the full params
+    if (expert_gather_) expert_gather_->gather_updated();
+  }
   r.grad_norm = s.grad_norm;
   r.phases = timeline_.finish();
   if (pp > 1) {
@@ -420,7 +445,8 @@ std::string Trainer::save_checkpoint() {
   const ProgressWatchdog::LongWork save(watchdog_.get(), "the save of the checkpoint of step " + std::to_string(step_),
                                         cfg_.checkpoint.save_timeout_s, "checkpoint.save_timeout_s");
   const auto t0 = Clock::now();
-  const std::string path = ckpt_->save({step_, cursor_}, *store_, ops_, train_data_->total_tokens());
+  const std::string path = ckpt_->save({step_, cursor_, guard_->record()}, *store_, ops_, train_data_->total_tokens());
+  guard_->saved();
   const double seconds = seconds_since(t0);
   time_.checkpoint += seconds;
   time_.checkpoints++;
@@ -576,6 +602,21 @@ void Trainer::run() {
       timed_seconds += dt;
       timed_steps++;
     }
+    if (r.replayed) {
+      summary.replay_checks++;
+      summary.replay_s += r.replay_s;
+      if (!r.replay_mismatches.empty()) {
+        summary.replay_mismatches++;
+        summary.guard_events.push_back(format("step %d: the corruption check's replay differed on %zu rank(s)", step_,
+                                              r.replay_mismatches.size()));
+      }
+    }
+    // A skipped step is counted (and may end the run); a spike rolls back to the newest
+    // checkpoint, whose steps are then logged again.
+    if (guard_step(r, summary)) {
+      if (log) log.emplace(metrics_path, lg.flops_formula, step_);
+      continue;
+    }
     const double avg_dt = timed_steps > 0 ? timed_seconds / timed_steps : dt;
 
     const bool last = step_ == total;
@@ -616,6 +657,7 @@ void Trainer::run() {
       m.moe_aux = r.moe_aux;
       m.moe_max_load = r.moe_max_load;
     }
+    if (guard_->record().skipped_steps > 0) m.skipped_steps = guard_->record().skipped_steps;
     if (log) log->log(m);
   }
   if (watchdog_) watchdog_->beat("the end of the run (final checkpoint, sample and report)");

@@ -19,7 +19,9 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
+#include <set>
 #include <optional>
 #include <vector>
 
@@ -44,6 +46,7 @@
 #include "core/train/param_gather.h"
 #include "core/train/pipeline_executor.h"
 #include "core/train/progress_watchdog.h"
+#include "core/train/run_guard.h"
 #include "core/train/zero_hooks.h"
 
 namespace pt {
@@ -62,6 +65,24 @@ struct StepResult {
   double moe_max_load = 0;
   // This rank's device time by phase (core/metrics/step_timeline.h); the step has synchronised.
   PhaseTimes phases;
+  // The non-finite guard skipped the update (loss or grad_norm is not finite): nothing changed.
+  bool skipped = false;
+  bool skip_ends_run = false;  // it was run.max_skipped_steps-th in a row: run() ends the run
+  uint64_t first_token = 0;  // the step's data: the global token cursor it read from
+  // The corruption check ran (run.replay_every_steps): the world ranks whose replay differed.
+  bool replayed = false;
+  double replay_s = 0;
+  std::vector<int> replay_mismatches;
+};
+
+// Faults for tests (never a config key): each names the 1-based steps it hits on the rank whose
+// Trainer it is set on, to prove that the run's guards catch them. Each hits once: a step
+// trained again after a rollback runs clean.
+struct InjectedFaults {
+  std::set<int> nan_gradient;         // the loss gradient is NaN, so every gradient is
+  std::set<int> inf_loss;             // the loss sum is +Inf
+  std::map<int, double> loss_scale;   // the loss sum times this (a loss spike)
+  std::set<int> flip_replay_bit;      // the corruption check's second run differs in one bit
 };
 
 class Trainer {
@@ -109,6 +130,9 @@ class Trainer {
   // check which tokens each DP rank saw.
   using BatchObserver = std::function<void(int micro, const int32_t* inputs, const int32_t* targets, size_t n)>;
   void set_batch_observer(BatchObserver observer) { batch_observer_ = std::move(observer); }
+  void inject_faults(InjectedFaults faults) { faults_ = std::move(faults); }
+  // The run's guards' state: skipped steps, rollbacks, the spike window (what checkpoints save).
+  const ckpt::HealthRecord& health() const { return guard_->record(); }
 
  private:
   // The part of construction each rank can do alone (checks, allocation, data, resume); see
@@ -120,6 +144,15 @@ class Trainer {
   // true when a signal asked the run to stop.
   bool checkpoint_if_due(bool run_finished);
   int64_t sequences_per_step() const;
+  // The corruption check of the step just computed (before its update): micro-batch 0's forward
+  // again, compared bit for bit on every rank; fills r's replay fields (collective).
+  void replay_check(StepResult& r);
+  // After step(): counts a skipped step (and ends the run after run.max_skipped_steps in a row)
+  // or checks the loss for a spike and rolls back to the newest checkpoint. Returns true when it
+  // rolled back (the step counter and the cursor moved). Collective when run.spike is on.
+  bool guard_step(const StepResult& r, RunSummary& summary);
+  // Where a step's data lies, for the log: "tokens A..B of the training set (cursor A)".
+  std::string describe_step_data(uint64_t first_token) const;
   // Reads the B sequences from first_sequence at the cursor and keeps this rank's context-
   // parallel part of each (B x T/cp); `micro` >= 0: a training micro-batch (for the observer).
   void read_batch(DataLoader& data, uint64_t cursor, int64_t first_sequence, int micro, int32_t* inputs,
@@ -151,6 +184,8 @@ class Trainer {
   NormScope norm_scope_;  // the gradient norm over the pipeline's stages
   StepTimeline timeline_;  // step()'s device time by phase
   BatchObserver batch_observer_;
+  InjectedFaults faults_;
+  std::unique_ptr<RunGuard> guard_;  // made in setup_local, restored with the checkpoint
   std::vector<int32_t> inputs_, targets_;  // host staging for one step's micro-batches (this rank's tokens)
   std::vector<int32_t> global_inputs_, global_targets_;  // one whole micro-batch (context parallel)
   std::unique_ptr<CpSplit> cp_split_;
