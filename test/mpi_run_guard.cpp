@@ -3,6 +3,8 @@
 // ONE rank through the trainer's test-only hook:
 //   - a NaN in one rank's gradient and an infinite loss on another: every rank skips the same
 //     step, no rank's weights change, and a resume after it is bit-exact;
+//   - a loss spike: every rank rolls back to the same checkpoint (rank 0's verdict), and a run
+//     resumed from a checkpoint written after the rollback ends with the same weights;
 //   - a flipped bit in one rank's corruption-check replay: every rank ends the step with an error
 //     naming that rank, before the update; clean runs under every layout pass the check.
 #include <mpi.h>
@@ -122,5 +124,50 @@ TEST_CASE("the corruption check: clean under every layout; one rank's flipped bi
     CHECK_THROWS_WITH(t.step(), Contains("rank " + std::to_string(faulty) + " (host ") &&
                                     !Contains("rank 0 (host") && Contains("the step was not applied"));
     CHECK(same_bits(t.gather_master(), before));
+  }
+}
+
+TEST_CASE("a loss spike rolls every rank back to the same checkpoint, and a resume after it is bit-exact",
+          "[mpi][guard]") {
+  const World world = whole_world();
+  for (const Layout& base : layouts(world.size)) {
+    INFO(base.describe());
+    Layout l = base;
+    l.checkpoints = (checkpoint_dir("spike") / std::to_string(world.size)).string();
+    RunConfig cfg = parity_config(l, data().dir);
+    cfg.run.spike = 4;
+    cfg.run.spike_window = 4;
+    cfg.run.spike_skip_steps = 2;
+    cfg.checkpoint.every_steps = 2;
+    cfg.checkpoint.keep_latest = 10;
+    std::vector<float> straight;
+    uint64_t cursor = 0;
+    {
+      CpuOps ops;
+      Trainer t(cfg, world, ops);
+      // The spike is in every rank's loss, as a real one would be (the head's ranks' matters).
+      InjectedFaults f;
+      f.loss_scale = {{8, 10.0}};
+      t.inject_faults(f);
+      t.run();
+      CHECK(t.steps_done() == kSteps);
+      CHECK(t.health().rollbacks == 1);
+      straight = t.gather_master();
+      cursor = t.cursor();
+    }
+    // 10 steps trained on 14 batches' worth of data: 7 and 8 before the rollback, 2 more skipped.
+    CHECK(cursor == 14u * kSequencesPerStep * kT);
+    RunConfig resumed = cfg;
+    resumed.checkpoint.resume = l.checkpoints + "/step_00000008";
+    CpuOps ops;
+    Trainer t(resumed, world, ops);
+    REQUIRE(t.steps_done() == 8);
+    CHECK(t.health().rollbacks == 1);
+    for (int step = 8; step < kSteps; step++) t.step();
+    CHECK(same_bits(t.gather_master(), straight));
+    CHECK(t.cursor() == cursor);
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (world.rank == 0) std::filesystem::remove_all(l.checkpoints);
+    MPI_Barrier(MPI_COMM_WORLD);
   }
 }
