@@ -94,7 +94,7 @@ TEST_CASE("shard round trip", "[data][shard]") {
   CHECK(out == std::vector<int32_t>{50256, 65535, 7});
 
   SECTION("an empty shard is valid") {
-    write_shard(path, {});
+    write_shard(path, std::span<const uint16_t>{});
     CHECK(TokenShard(path, 256).size() == 0);
   }
   SECTION("a moved shard keeps its mapping") {
@@ -113,10 +113,15 @@ TEST_CASE("malformed shards name the file and the problem", "[data][shard]") {
     const std::string msg = runtime_error_of([&] { TokenShard(path, 50257); });
     CHECK_THAT(msg, Contains(path) && Contains("bad magic 1234") && Contains("expected 20240520"));
   }
-  SECTION("wrong version") {
-    patch_header(path, 1, 7);
+  SECTION("unknown version") {
+    patch_header(path, 1, 2);
     const std::string msg = runtime_error_of([&] { TokenShard(path, 50257); });
-    CHECK_THAT(msg, Contains(path) && Contains("version 7"));
+    CHECK_THAT(msg, Contains(path) && Contains("unsupported shard version 2") && Contains("uint32"));
+  }
+  SECTION("uint16 tokens labelled version 7 (uint32) are too few bytes") {
+    patch_header(path, 1, kShardVersion32);
+    CHECK_THAT(runtime_error_of([&] { TokenShard(path, 50257); }),
+               Contains(path) && Contains("truncated") && Contains("header says 1000 tokens (5024 bytes)"));
   }
   SECTION("truncated file") {
     fs::resize_file(path, 1500);
@@ -164,7 +169,7 @@ TEST_CASE("the stream concatenates shards and wraps around", "[data][stream]") {
   TempDir dir;
   // Stream = 0..9 | (empty) | 10..14 | 15..29
   write_shard(dir.file("s_000.bin"), iota_tokens(10, 0));
-  write_shard(dir.file("s_001.bin"), {});
+  write_shard(dir.file("s_001.bin"), std::span<const uint16_t>{});
   write_shard(dir.file("s_002.bin"), iota_tokens(5, 10));
   write_shard(dir.file("s_003.bin"), iota_tokens(15, 15));
   TokenStream stream(dir.file("s_*.bin"), 256);
@@ -216,6 +221,39 @@ TEST_CASE("loader: wrap-around at the end of the stream", "[data][loader]") {
   loader.load(14 + 20ull * 1'000'000'000'000ull, 0, x2.data(), y2.data());
   CHECK(x2 == x);
   CHECK(y2 == y);
+}
+
+TEST_CASE("version-7 shards hold uint32 tokens (Llama 3's vocabulary): written, read and checked", "[data][shard]") {
+  TempDir dir;
+  const std::string path = dir.file("l_train_000000.bin");
+  const std::vector<uint32_t> tokens = {0, 65535, 65536, 128000, 128255, 7};
+  write_shard(path, tokens);
+  CHECK(fs::file_size(path) == kShardHeaderBytes + 4 * tokens.size());
+  TokenShard shard(path, 128256);
+  CHECK(shard.version() == kShardVersion32);
+  REQUIRE(shard.size() == tokens.size());
+  CHECK(std::vector<uint32_t>(shard.tokens32().begin(), shard.tokens32().end()) == tokens);
+  CHECK_THROWS(shard.tokens());  // not uint16
+  std::vector<int32_t> out(3);
+  shard.read(2, 3, out.data());
+  CHECK(out == std::vector<int32_t>{65536, 128000, 128255});
+  // An id past the model's vocabulary is refused, naming the file, the id and its index.
+  CHECK_THAT(runtime_error_of([&] { TokenShard(path, 128000).read(0, 6, std::vector<int32_t>(6).data()); }),
+             Contains(path) && Contains("token 128000 at index 3") && Contains("model.vocab_size=128000"));
+}
+
+TEST_CASE("loader: a data set may mix version-1 and version-7 shards", "[data][loader]") {
+  TempDir dir;
+  write_shard(dir.file("v_train_000000.bin"), iota_tokens(7, 0));
+  const std::vector<uint32_t> wide = {7, 8, 9, 70000, 11, 12};
+  write_shard(dir.file("v_train_000001.bin"), wide);
+  DataLoader loader(dir.file("v_train_*.bin"), 128256, 1, 12);
+  REQUIRE(loader.total_tokens() == 13);
+  std::vector<int32_t> x(12), y(12);
+  loader.load(0, 0, x.data(), y.data());
+  const std::vector<int32_t> all = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 70000, 11, 12};
+  CHECK(x == std::vector<int32_t>(all.begin(), all.begin() + 12));
+  CHECK(y == std::vector<int32_t>(all.begin() + 1, all.end()));
 }
 
 TEST_CASE("loader: multi-shard concatenation", "[data][loader]") {

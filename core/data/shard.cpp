@@ -41,16 +41,15 @@ void write_all(int fd, const void* data, size_t bytes, const std::string& path) 
   }
 }
 
-}  // namespace
-
-void write_shard(const std::string& path, std::span<const uint16_t> tokens) {
-  if (tokens.size() > kMaxShardTokens)
-    throw RuntimeError(path + ": " + std::to_string(tokens.size()) + " tokens do not fit one shard (at most " +
+// Both versions: the header, then the tokens' bytes as they are in memory (little-endian).
+void write_shard_bytes(const std::string& path, int32_t version, const void* data, uint64_t count, size_t width) {
+  if (count > kMaxShardTokens)
+    throw RuntimeError(path + ": " + std::to_string(count) + " tokens do not fit one shard (at most " +
                        std::to_string(kMaxShardTokens) + ")");
   int32_t header[kShardHeaderInts] = {};
   header[0] = kShardMagic;
-  header[1] = kShardVersion;
-  header[2] = static_cast<int32_t>(tokens.size());
+  header[1] = version;
+  header[2] = static_cast<int32_t>(count);
 
   const std::string tmp = path + ".tmp";
   {
@@ -58,7 +57,7 @@ void write_shard(const std::string& path, std::span<const uint16_t> tokens) {
     f.fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (f.fd < 0) throw RuntimeError(tmp + ": cannot create: " + errno_text());
     write_all(f.fd, header, sizeof(header), tmp);
-    write_all(f.fd, tokens.data(), tokens.size_bytes(), tmp);
+    write_all(f.fd, data, count * width, tmp);
     // fsync before the rename: otherwise a crash could leave the new name pointing at missing data.
     if (::fsync(f.fd) != 0) throw RuntimeError(tmp + ": fsync failed: " + errno_text());
     const int fd = std::exchange(f.fd, -1);
@@ -66,6 +65,21 @@ void write_shard(const std::string& path, std::span<const uint16_t> tokens) {
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0)
     throw RuntimeError(tmp + ": cannot rename to " + path + ": " + errno_text());
+}
+
+// The bytes one token takes in a shard of `version` (0: a version this build does not read).
+size_t token_width(int32_t version) {
+  return version == kShardVersion ? sizeof(uint16_t) : version == kShardVersion32 ? sizeof(uint32_t) : 0;
+}
+
+}  // namespace
+
+void write_shard(const std::string& path, std::span<const uint16_t> tokens) {
+  write_shard_bytes(path, kShardVersion, tokens.data(), tokens.size(), sizeof(uint16_t));
+}
+
+void write_shard(const std::string& path, std::span<const uint32_t> tokens) {
+  write_shard_bytes(path, kShardVersion32, tokens.data(), tokens.size(), sizeof(uint32_t));
 }
 
 TokenShard::TokenShard(const std::string& path, int vocab_size) : path_(path), vocab_size_(vocab_size) {
@@ -95,22 +109,24 @@ TokenShard::TokenShard(const std::string& path, int vocab_size) : path_(path), v
     if (header[0] != kShardMagic)
       throw RuntimeError(path + ": bad magic " + std::to_string(header[0]) + " (expected " +
                          std::to_string(kShardMagic) + "; is this an llm.c token shard?)");
-    if (header[1] != kShardVersion)
+    const size_t width = token_width(header[1]);
+    if (width == 0)
       throw RuntimeError(path + ": unsupported shard version " + std::to_string(header[1]) + " (expected " +
-                         std::to_string(kShardVersion) + ", uint16 GPT-2 tokens; llm.c's version 7 holds uint32 " +
-                         "Llama-3 tokens, which picotrain does not read)");
+                         std::to_string(kShardVersion) + ", uint16 tokens, or " + std::to_string(kShardVersion32) +
+                         ", uint32 tokens)");
     if (header[2] < 0)
       throw RuntimeError(path + ": corrupt header: negative token count " + std::to_string(header[2]));
 
     const auto count = static_cast<uint64_t>(header[2]);
-    const uint64_t expected = kShardHeaderBytes + count * sizeof(uint16_t);
+    const uint64_t expected = kShardHeaderBytes + count * width;
     const std::string says = "header says " + std::to_string(count) + " tokens (" + std::to_string(expected) +
                              " bytes) but the file has " + std::to_string(file_bytes) + " bytes";
     if (file_bytes < expected) throw RuntimeError(path + ": truncated: " + says);
     if (file_bytes > expected) throw RuntimeError(path + ": too long: " + says + " (trailing data?)");
 
-    const auto* first = reinterpret_cast<const uint16_t*>(static_cast<const char*>(map_) + kShardHeaderBytes);
-    tokens_ = std::span<const uint16_t>(first, count);
+    version_ = header[1];
+    size_ = count;
+    data_ = static_cast<const char*>(map_) + kShardHeaderBytes;
   } catch (...) {
     unmap();
     throw;
@@ -124,7 +140,9 @@ TokenShard::TokenShard(TokenShard&& other) noexcept
       vocab_size_(other.vocab_size_),
       map_(std::exchange(other.map_, nullptr)),
       map_bytes_(std::exchange(other.map_bytes_, 0)),
-      tokens_(std::exchange(other.tokens_, {})) {}
+      version_(std::exchange(other.version_, 0)),
+      size_(std::exchange(other.size_, 0)),
+      data_(std::exchange(other.data_, nullptr)) {}
 
 TokenShard& TokenShard::operator=(TokenShard&& other) noexcept {
   if (this != &other) {
@@ -133,7 +151,9 @@ TokenShard& TokenShard::operator=(TokenShard&& other) noexcept {
     vocab_size_ = other.vocab_size_;
     map_ = std::exchange(other.map_, nullptr);
     map_bytes_ = std::exchange(other.map_bytes_, 0);
-    tokens_ = std::exchange(other.tokens_, {});
+    version_ = std::exchange(other.version_, 0);
+    size_ = std::exchange(other.size_, 0);
+    data_ = std::exchange(other.data_, nullptr);
   }
   return *this;
 }
@@ -142,22 +162,42 @@ void TokenShard::unmap() noexcept {
   if (map_ != nullptr) ::munmap(map_, map_bytes_);
   map_ = nullptr;
   map_bytes_ = 0;
-  tokens_ = {};
+  version_ = 0;
+  size_ = 0;
+  data_ = nullptr;
 }
+
+std::span<const uint16_t> TokenShard::tokens() const {
+  check(version_ == kShardVersion, path_ + ": a version-" + std::to_string(version_) + " shard holds uint32 tokens");
+  return {static_cast<const uint16_t*>(data_), size_};
+}
+
+std::span<const uint32_t> TokenShard::tokens32() const {
+  check(version_ == kShardVersion32, path_ + ": a version-" + std::to_string(version_) + " shard holds uint16 tokens");
+  return {static_cast<const uint32_t*>(data_), size_};
+}
+
+namespace {
+// Copies n tokens of `src` (the shard's width) into out, each checked against vocab.
+template <class T>
+void copy_checked(const T* src, uint64_t offset, uint64_t n, uint32_t vocab, int32_t* out, const std::string& path) {
+  for (uint64_t i = 0; i < n; ++i) {
+    if (src[i] >= vocab)
+      throw RuntimeError(path + ": token " + std::to_string(src[i]) + " at index " + std::to_string(offset + i) +
+                         " is >= model.vocab_size=" + std::to_string(vocab) +
+                         " (was the shard made with a different tokenizer?)");
+    out[i] = static_cast<int32_t>(src[i]);
+  }
+}
+}  // namespace
 
 void TokenShard::read(uint64_t offset, uint64_t n, int32_t* out) const {
   check(offset <= size() && n <= size() - offset,
         path_ + ": read of " + std::to_string(n) + " tokens at " + std::to_string(offset) + " is past the end (" +
             std::to_string(size()) + " tokens)");
-  const uint16_t* src = tokens_.data() + offset;
   const auto vocab = static_cast<uint32_t>(vocab_size_);
-  for (uint64_t i = 0; i < n; ++i) {
-    if (src[i] >= vocab)
-      throw RuntimeError(path_ + ": token " + std::to_string(src[i]) + " at index " + std::to_string(offset + i) +
-                         " is >= model.vocab_size=" + std::to_string(vocab_size_) +
-                         " (was the shard made with a different tokenizer?)");
-    out[i] = src[i];
-  }
+  if (version_ == kShardVersion32) copy_checked(tokens32().data() + offset, offset, n, vocab, out, path_);
+  else copy_checked(tokens().data() + offset, offset, n, vocab, out, path_);
 }
 
 }  // namespace pt
