@@ -1,6 +1,8 @@
-// Shared by the checkpoint tests (test_ckpt_*.cpp, gpu_resume.cpp): a temporary run directory
-// with a shard of random tokens, a tiny GPT-2 config around it, the experts of the tiny models
-// with experts, readers of a trainer's state, and the straight-vs-resumed runs with their bit-exact comparison on any backend.
+// Shared by the checkpoint tests (test_ckpt_*.cpp, test_hf_*.cpp, test_run_guard.cpp,
+// gpu_resume.cpp): a temporary run directory with a shard of random tokens, a tiny GPT-2 config
+// around it, the experts of the tiny models with experts, a few trained steps saved, readers of
+// a trainer's and a checkpoint's state and of a file's bytes, and the straight-vs-resumed runs
+// with their bit-exact comparison on any backend.
 #pragma once
 #include <unistd.h>
 
@@ -10,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <memory>
 #include <random>
 #include <string>
@@ -19,7 +22,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/ckpt/checkpoint_reader.h"
 #include "core/config/run_config.h"
+#include "core/cpu/cpu_ops.h"
 #include "core/data/shard.h"
 #include "core/train/trainer.h"
 
@@ -109,6 +114,30 @@ inline std::vector<float> full_state(Trainer& t, Ops& ops) {
     out.insert(out.end(), host.begin(), host.end());
   }
   return out;
+}
+
+// `steps` steps of `cfg` on the CPU backend, then a checkpoint in its checkpoint.dir: weights
+// that are not the initial ones, for the export and import tests. Returns the master weights.
+inline std::vector<float> train_and_save(const RunConfig& cfg, int steps) {
+  CpuOps ops;
+  const World world;
+  Trainer t(cfg, world, ops);
+  for (int i = 0; i < steps; i++) t.step();
+  t.save_checkpoint();
+  return master_weights(t);
+}
+
+// The master weights of a checkpoint (a step directory or a checkpoint directory), table order.
+inline std::vector<float> checkpoint_weights(const std::string& dir, const ParamTable& table) {
+  ckpt::CheckpointReader r(ckpt::resolve_checkpoint_path(dir, "test"));
+  std::vector<float> w(table.total_numel());
+  for (const auto& p : table.specs()) r.read_all("master/" + p.name, p.numel, w.data() + p.offset);
+  return w;
+}
+
+inline std::vector<char> file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
 // Byte equality of two states (CHECK(same_bytes(a, b)) rather than CHECK(a == b): a failure

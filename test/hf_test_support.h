@@ -1,5 +1,5 @@
 // Shared by the Hugging Face folder tests (test_hf_export.cpp, test_hf_llama.cpp,
-// test_hf_mixtral.cpp): a file's raw bytes, a checkpoint's weights in table order, weights-only
+// test_hf_mixtral.cpp; a file's bytes and a checkpoint's weights are in ckpt_test_support.h): weights-only
 // checkpoints of random weights, what export_hf and import_hf say, and rewriting a folder's
 // model.safetensors and config.json with an edit, to make the malformed and foreign folders the
 // importer must refuse. For the Llama family (LlamaForCausalLM, MixtralForCausalLM): the tiny
@@ -34,22 +34,9 @@ using Catch::Matchers::Contains;
 using json = nlohmann::json;
 using ojson = nlohmann::ordered_json;
 
-inline std::vector<char> file_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
 inline void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary | std::ios::trunc)
       .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
-
-// The master weights of a checkpoint (a step directory or a checkpoint directory), table order.
-inline std::vector<float> checkpoint_weights(const std::string& dir, const ParamTable& table) {
-  ckpt::CheckpointReader r(ckpt::resolve_checkpoint_path(dir, "test"));
-  std::vector<float> w(table.total_numel());
-  for (const auto& p : table.specs()) r.read_all("master/" + p.name, p.numel, w.data() + p.offset);
-  return w;
 }
 
 // Weights that differ in every element (the norms too, which start at 1), padded vocabulary rows

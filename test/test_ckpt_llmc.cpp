@@ -18,11 +18,6 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-std::vector<char> file_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
 // The logits of one forward pass of the model `weights` (table order) on fixed tokens.
 std::vector<float> logits_of(const ModelSection& m, const std::vector<float>& weights) {
   CpuOps ops;
@@ -42,13 +37,6 @@ std::vector<float> logits_of(const ModelSection& m, const std::vector<float>& we
   return out;
 }
 
-std::vector<float> checkpoint_weights(const std::string& dir, const ParamTable& table) {
-  CheckpointReader r(resolve_checkpoint_path(dir, "test"));
-  std::vector<float> w(table.total_numel());
-  for (const auto& p : table.specs()) r.read_all("master/" + p.name, p.numel, w.data() + p.offset);
-  return w;
-}
-
 }  // namespace
 
 TEST_CASE("llm.c round trip: export, import, identical logits", "[ckpt]") {
@@ -56,15 +44,7 @@ TEST_CASE("llm.c round trip: export, import, identical logits", "[ckpt]") {
   CkptFixture fx("ckpt_llmc", 200);
   const RunConfig cfg = fx.config();
   REQUIRE(cfg.model.padded_vocab == 256);
-  std::vector<float> trained;
-  {
-    CpuOps ops;
-    const World world;
-    Trainer t(cfg, world, ops);
-    for (int i = 0; i < 3; i++) t.step();  // weights that are not the initial ones
-    t.save_checkpoint();
-    trained = master_weights(t);
-  }
+  const std::vector<float> trained = train_and_save(cfg, 3);
   const ParamTable table = build_param_table(cfg.model);
   const std::string bin = (fx.dir / "model.bin").string();
   CHECK(export_llmc(fx.ckpt_dir(), bin, LlmcDtype::f32) == fx.step_dir(3));

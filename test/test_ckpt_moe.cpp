@@ -126,11 +126,7 @@ TEST_CASE("a dense checkpoint is refused by a config with experts", "[ckpt]") {
   const World world;
   CpuOps ops;
   const std::vector<std::string> dense = {"model.arch=llama", "model.n_heads=4"};
-  {
-    Trainer t(fx.config(dense), world, ops);
-    t.step();
-    t.save_checkpoint();
-  }
+  train_and_save(fx.config(dense), 1);
   CHECK_THROWS_WITH(Trainer(fx.config(with(kMoe, {"checkpoint.resume=auto"})), world, ops),
                     Contains("moe.n_experts=4 but the checkpoint " + fx.step_dir(1) + " holds a dense model"));
 }

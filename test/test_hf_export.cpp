@@ -54,15 +54,7 @@ TEST_CASE("Hugging Face folder: export, the bytes by hand, import back bit for b
   CkptFixture fx("hf_export", 200);
   const RunConfig cfg = fx.config();
   REQUIRE(cfg.model.padded_vocab == 256);
-  std::vector<float> trained;
-  {
-    CpuOps ops;
-    const World world;
-    Trainer t(cfg, world, ops);
-    for (int i = 0; i < 3; i++) t.step();  // weights that are not the initial ones
-    t.save_checkpoint();
-    trained = master_weights(t);
-  }
+  const std::vector<float> trained = train_and_save(cfg, 3);
   const ParamTable table = build_param_table(cfg.model);
   const std::string hf = (fx.dir / "hf").string();
   CHECK(export_hf(fx.ckpt_dir(), hf, HfDtype::f32) == fx.step_dir(3));
@@ -379,13 +371,7 @@ TEST_CASE("Hugging Face tables: a parameter without a rule, or a rule without a 
 
 TEST_CASE("picotrain convert --format hf: export and import from the command line", "[ckpt][hf][cli]") {
   CkptFixture fx("hf_cli", 200);
-  {
-    CpuOps ops;
-    const World world;
-    Trainer t(fx.config(), world, ops);
-    t.step();
-    t.save_checkpoint();
-  }
+  train_and_save(fx.config(), 1);
   const std::string bin = PICOTRAIN_BIN, ckpt = fx.ckpt_dir(), hf = (fx.dir / "hf").string();
   Launch l = run_command(bin + " convert --from " + ckpt + " --to " + hf + " --format hf");
   INFO(l.output);

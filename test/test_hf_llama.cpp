@@ -166,15 +166,7 @@ TEST_CASE("Llama and Mixtral Hugging Face folders: a trained model out and back 
   const std::vector<std::string> sets = GENERATE(values<std::vector<std::string>>({kHfLlama, kHfMixtral}));
   INFO(sets.back());
   CkptFixture fx("hf_llama_trained", 200);
-  std::vector<float> trained;
-  {
-    CpuOps ops;
-    const World world;
-    Trainer t(fx.config(sets), world, ops);
-    for (int i = 0; i < 2; i++) t.step();
-    t.save_checkpoint();
-    trained = master_weights(t);
-  }
+  const std::vector<float> trained = train_and_save(fx.config(sets), 2);
   const std::string hf = (fx.dir / "hf").string(), imported = (fx.dir / "imported").string();
   CHECK(export_hf(fx.ckpt_dir(), hf, HfDtype::f32) == fx.step_dir(2));
   import_hf(hf, imported);
