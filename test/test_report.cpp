@@ -409,6 +409,24 @@ TEST_CASE("checkpoint.final=false: no final checkpoint, and the done line and th
              Contains("## Trained model") && Contains("was not saved: checkpoint.final=false"));
 }
 
+TEST_CASE("an MFU above 100% is never printed without a warning that the peak is wrong", "[report]") {
+  CkptFixture fx("report_mfu_high");
+  const std::string cfg = write_config(fx, 3);
+  // A peak no device is below: every step's MFU is far above 100%.
+  const Launch l = run_command(std::string(PICOTRAIN_BIN) + " train --config " + cfg +
+                               " --set logging.peak_tflops=1e-9 --set checkpoint.final=false");
+  INFO(l.output);
+  REQUIRE(l.exit_code == 0);
+  CHECK_THAT(l.output, Contains("warning: step 1 ran at ") && Contains("MFU, above 100%") &&
+                           Contains("(logging.peak_tflops)") && Contains("set logging.peak_tflops"));
+  const size_t first = l.output.find("above 100%");
+  CHECK(l.output.find("above 100%", first + 1) == std::string::npos);  // once, not every step
+  // A plausible peak: no warning.
+  const Launch ok = run_command(std::string(PICOTRAIN_BIN) + " train --config " + cfg +
+                                " --set logging.peak_tflops=1000 --set checkpoint.final=false");
+  CHECK_THAT(ok.output, !Contains("above 100%"));
+}
+
 TEST_CASE("a long piece of work logs its progress every interval, with an ETA", "[report]") {
   WorkProgress p("val", "batches", 17, 10.0);
   CHECK_FALSE(p.update(1, 2.0));   // within the first interval: nothing

@@ -567,6 +567,7 @@ void Trainer::run() {
   if (lead) print_startup_time();
   const double startup_s = seconds_since_process_start();
   bool stopped = false;
+  bool mfu_warned = false;  // the MFU-above-100% warning, once a session
   while (step_ < total) {
     if (watchdog_) watchdog_->beat("step " + std::to_string(step_ + 1));
     if ((stopped = checkpoint_if_due(false))) break;  // for the step just done
@@ -633,6 +634,13 @@ void Trainer::run() {
     m.tokens_per_s = tokens_per_step / dt;
     m.tflops_per_gpu = flops_tok * m.tokens_per_s / world_.size / 1e12;
     m.mfu = m.tflops_per_gpu / peak;
+    if (lead && m.mfu > 1 && !mfu_warned) {
+      // No device computes faster than its peak: the peak is wrong, and every MFU with it.
+      mfu_warned = true;
+      print_warning(format("step %d ran at %.1f%% MFU, above 100%%: the peak of %.4g TFLOP/s (%s) is lower than this "
+                           "device really reaches, so every MFU of this run reads high; set logging.peak_tflops to "
+                           "the device's real peak", step_, 100 * m.mfu, peak, peak_source.c_str()));
+    }
     m.tokens = static_cast<uint64_t>(tokens_per_step) * step_;
     m.eta_s = avg_dt * (total - step_);
     m.data_ms = step_data_s_ * 1e3;
