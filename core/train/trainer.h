@@ -17,6 +17,7 @@
 // stage and shared over the pipeline; the gradient norm adds up over the stages (the tied wte
 // counted once).
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -200,6 +201,8 @@ class Trainer {
   double step_data_s_ = 0;  // reading the current step's micro-batches
   // What start-up spent where (the log's start-up line): {part, seconds}, in order.
   std::vector<std::pair<std::string, double>> startup_parts_;
+  // Adds the time since `t0` to startup_parts_ under `part` and restarts `t0`.
+  void startup_lap(const char* part, std::chrono::steady_clock::time_point& t0);
   void print_startup_time() const;
   // The log's sample at the end of the run (logging.sample_every > 0; rank 0), which the report
   // shows rather than sampling the same weights again.
