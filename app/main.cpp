@@ -33,10 +33,10 @@ namespace {
 // --device of train and sample: "" picks cuda when this build has CUDA and a GPU is visible.
 constexpr const char* kDeviceHelp =
     "Backend: cpu (fp32 reference, runs anywhere) or cuda (needs a GPU and a CUDA build). Default: cuda when this "
-    "picotrain was built with CUDA and a GPU is visible, else cpu";
+    "picotrain was built with CUDA and a GPU is visible, else cpu (a GPU machine whose CUDA is broken is an error)";
 
 pt::Device resolve_device(const std::string& arg) {
-  if (arg.empty()) return pt::cuda_available() ? pt::Device::cuda : pt::Device::cpu;
+  if (arg.empty()) return pt::default_device(pt::cuda_presence());
   return arg == "cuda" ? pt::Device::cuda : pt::Device::cpu;
 }
 

@@ -29,6 +29,14 @@ TEST_CASE("'insufficient driver' is absent only when no driver library loads", "
   CHECK_THAT(mismatch.detail, Catch::Contains("cudaErrorInsufficientDriver") && Catch::Contains("35"));
 }
 
+TEST_CASE("without --device: cuda when present, cpu when absent, an error naming the fault when broken",
+          "[cuda_presence]") {
+  CHECK(pt::default_device({State::present, "1 device"}) == pt::Device::cuda);
+  CHECK(pt::default_device({State::absent, "no NVIDIA driver"}) == pt::Device::cpu);
+  CHECK_THROWS_WITH(pt::default_device({State::broken, "cudaErrorStubLibrary (cudaError 34)"}),
+                    Catch::Contains("cudaErrorStubLibrary (cudaError 34)") && Catch::Contains("--device cpu"));
+}
+
 TEST_CASE("every other CUDA error is broken and named", "[cuda_presence]") {
   // cudaErrorInitializationError 3, cudaErrorStubLibrary 34 (the toolkit's stub libcuda loaded),
   // cudaErrorDevicesUnavailable 46, cudaErrorSystemNotReady 802, cudaErrorSystemDriverMismatch 803,

@@ -45,6 +45,13 @@ CudaPresence cuda_presence() {
 
 bool cuda_available() { return cuda_presence().state == CudaPresence::State::present; }
 
+Device default_device(const CudaPresence& gpu) {
+  if (gpu.state == CudaPresence::State::broken)
+    throw ConfigError("this machine has CUDA but cannot use it (" + gpu.detail +
+                      "): fix the driver or the CUDA install, or pass --device cpu to train on the CPU");
+  return gpu.state == CudaPresence::State::present ? Device::cuda : Device::cpu;
+}
+
 std::unique_ptr<Ops> make_ops(Device device, DType compute_dtype) {
   if (device == Device::cpu) {
     if (compute_dtype != DType::f32)

@@ -344,5 +344,9 @@ CudaPresence classify_cuda_presence(int error, const std::string& error_text, in
 CudaPresence cuda_presence();
 // True when the CUDA backend is built in and a GPU is usable (cuda_presence() is present).
 bool cuda_available();
+// The backend a command runs on when --device is not given: cuda when a GPU is present, cpu when
+// none is (or CUDA is not built in). A broken one is a ConfigError naming the CUDA error: a GPU
+// machine set up wrong must not quietly train on its CPU, hundreds of times slower.
+Device default_device(const CudaPresence& gpu);
 
 }  // namespace pt
