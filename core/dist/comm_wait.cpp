@@ -22,13 +22,19 @@ std::mutex g_mu;
 Mark g_mark;
 std::vector<std::string> g_hosts;
 
-std::string rank_and_host(int world_rank) {
+// rank_and_host with g_mu held.
+std::string rank_and_host_locked(int world_rank) {
   std::string s = std::to_string(world_rank);
   if (world_rank < static_cast<int>(g_hosts.size())) s += " (host " + g_hosts[world_rank] + ")";
   return s;
 }
 
 }  // namespace
+
+std::string rank_and_host(int world_rank) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  return rank_and_host_locked(world_rank);
+}
 
 void set_rank_hosts(std::vector<std::string> hosts) {
   std::lock_guard<std::mutex> lock(g_mu);
@@ -52,12 +58,12 @@ std::string describe_comm_wait() {
   std::snprintf(waited, sizeof waited, "%.1f s", std::chrono::duration<double>(Clock::now() - g_mark.since).count());
   const std::vector<int>& m = *g_mark.members;
   std::string s = "this rank has waited " + std::string(waited) + " in " + g_mark.call;
-  if (g_mark.peer >= 0) return s + " rank " + rank_and_host(m[g_mark.peer]);
+  if (g_mark.peer >= 0) return s + " rank " + rank_and_host_locked(m[g_mark.peer]);
   s += " with rank" + std::string(m.size() > 2 ? "s " : " ");
   bool first = true;
   for (size_t i = 0; i < m.size(); i++) {
     if (static_cast<int>(i) == g_mark.self) continue;
-    s += (first ? "" : ", ") + rank_and_host(m[i]);
+    s += (first ? "" : ", ") + rank_and_host_locked(m[i]);
     first = false;
   }
   return s;

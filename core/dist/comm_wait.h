@@ -21,6 +21,8 @@ namespace pt {
 
 // The host name of every world rank (gathered once at start-up by make_process_groups).
 void set_rank_hosts(std::vector<std::string> hosts);
+// "3 (host b)": a world rank and its host, as set_rank_hosts learned it (the number alone before).
+std::string rank_and_host(int world_rank);
 
 class CommWait {
  public:

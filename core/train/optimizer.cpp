@@ -47,7 +47,6 @@ OptimizerStats adamw_step(Ops& ops, ParamStore& store, const OptimSection& o, do
   // counted where its original lives.
   double sum_sq = shard_sum_squares(ops, store, shard_group, scope.not_counted);
   if (guard.loss_nonfinite) sum_sq = std::nan("");
-
   if (experts) {
     double expert_sq = shard_sum_squares(ops, *experts->store, experts->shard_group, experts->not_counted);
     if (experts->ep_group) experts->ep_group->all_reduce(&expert_sq, 1);

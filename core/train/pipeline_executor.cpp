@@ -1,9 +1,10 @@
 #include "core/train/pipeline_executor.h"
 
-#include "core/ckpt/checksum.h"
 #include <algorithm>
 #include <set>
 #include <utility>
+
+#include "core/ckpt/checksum.h"
 
 namespace pt {
 

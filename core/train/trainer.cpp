@@ -61,7 +61,7 @@ StepResult Trainer::step() {
   const int accum = cfg_.batch.grad_accum_steps, dp = cfg_.parallel.dp, pp = cfg_.parallel.pp;
   // The loss is the token-weighted mean over the whole global batch, so each token's
   // gradient is scaled by 1 / (tokens in the global batch), whatever the split.
-  const double batch_tokens = static_cast<double>(sequences_per_step()) * T;
+  const double batch_tokens = static_cast<double>(tokens_per_step());
   const float dloss = static_cast<float>(1.0 / batch_tokens);
 
   // The step's micro-batches, read by the stages that need them (the first and the last): this
@@ -105,7 +105,7 @@ StepResult Trainer::step() {
   }
   double sums[5] = {ps.loss_sum, ps.tokens, moe.aux_sum, moe.max_load_sum, moe.layer_batches};
   groups_.dp_cp->all_reduce(sums, 5);  // the token-weighted mean over dp x cp
-  cursor_ = (cursor_ + static_cast<uint64_t>(sequences_per_step()) * T) % train_data_->total_tokens();
+  cursor_ = (cursor_ + tokens_per_step()) % train_data_->total_tokens();
   if (replay_due) replay_check(r);  // before the update: a mismatch ends the run with nothing applied
 
   r.lr = lr_at(cfg_.optim, cfg_.schedule, step_);
@@ -119,9 +119,10 @@ StepResult Trainer::step() {
   const OptimizerStats s = adamw_step(ops_, *store_, cfg_.optim, r.lr, guard_->updates(step_) + 1, groups_.shard.get(),
                                       norm_scope_, expert_store_ ? &expert_optim_ : nullptr, nonfinite);
   r.skipped = !s.updated;
-  if (r.skipped) r.skip_ends_run = guard_->record_skip();
-  else guard_->record_update();
-  if (!r.skipped) {
+  if (r.skipped) {
+    r.skip_ends_run = guard_->record_skip();
+  } else {
+    guard_->record_update();
     gather_->gather_updated();  // ZeRO-1/2: every rank's updated piece back into the full params
     if (expert_gather_) expert_gather_->gather_updated();
   }
@@ -292,7 +293,6 @@ void Trainer::run() {
   std::optional<MetricsLog> log;
   if (lead) log.emplace(metrics_path, lg.flops_formula, ckpt_->resumed_from().empty() ? -1 : step_);
   const int total = cfg_.schedule.total_steps;
-  const double tokens_per_step = static_cast<double>(sequences_per_step()) * cfg_.batch.seq_len;
   const int first_step = step_;  // > 0 when resumed
   double timed_seconds = 0;  // steps after the first (which pays for warm-up)
   int timed_steps = 0;
@@ -396,7 +396,7 @@ void Trainer::run() {
     m.lr = r.lr;
     m.grad_norm = r.grad_norm;
     m.dt_ms = dt * 1e3;
-    m.tokens_per_s = tokens_per_step / dt;
+    m.tokens_per_s = static_cast<double>(tokens_per_step()) / dt;
     m.tflops_per_gpu = flops_tok * m.tokens_per_s / world_.size / 1e12;
     m.mfu = m.tflops_per_gpu / peak;
     if (lead && m.mfu > 1 && !mfu_warned) {
@@ -406,7 +406,7 @@ void Trainer::run() {
                            "device really reaches, so every MFU of this run reads high; set logging.peak_tflops to "
                            "the device's real peak", step_, 100 * m.mfu, peak, peak_source.c_str()));
     }
-    m.tokens = static_cast<uint64_t>(tokens_per_step) * step_;
+    m.tokens = tokens_per_step() * static_cast<uint64_t>(step_);
     m.eta_s = avg_dt * (total - step_);
     m.data_ms = step_data_s_ * 1e3;
     m.comm_ms = comm * 1e3;

@@ -145,6 +145,8 @@ class Trainer {
   // true when a signal asked the run to stop.
   bool checkpoint_if_due(bool run_finished);
   int64_t sequences_per_step() const;
+  // The tokens of one global batch: sequences_per_step() x seq_len.
+  uint64_t tokens_per_step() const { return static_cast<uint64_t>(sequences_per_step()) * cfg_.batch.seq_len; }
   // The corruption check of the step just computed (before its update): micro-batch 0's forward
   // again, compared bit for bit on every rank; fills r's replay fields (collective).
   void replay_check(StepResult& r);

@@ -1,14 +1,12 @@
 // The trainer's guards against training on garbage (core/train/run_guard.h decides, this file
 // acts): the corruption check's replay inside step(), and after each step the non-finite skip's
 // log and limit and the loss-spike rollback.
-#include <unistd.h>
-
 #include <chrono>
 #include <cmath>
 
 #include "core/common/console.h"
 #include "core/common/format.h"
-#include "core/dist/coordination.h"
+#include "core/dist/comm_wait.h"
 #include "core/metrics/process_clock.h"
 #include "core/train/trainer.h"
 
@@ -30,13 +28,9 @@ void Trainer::replay_check(StepResult& r) {
     if (flags[static_cast<size_t>(rank)] > 0) r.replay_mismatches.push_back(rank);
   r.replay_s = seconds_since(t0);
   if (r.replay_mismatches.empty()) return;
-  // Name the hosts: a faulty GPU is found by its machine.
-  char host[256] = "?";
-  ::gethostname(host, sizeof host - 1);
-  const std::vector<std::string> hosts = all_gather_strings(*groups_.world, host);
+  // Name the hosts (gathered at start-up): a faulty GPU is found by its machine.
   std::string who;
-  for (int rank : r.replay_mismatches)
-    who += (who.empty() ? "" : ", ") + format("rank %d (host %s)", rank, hosts[static_cast<size_t>(rank)].c_str());
+  for (int rank : r.replay_mismatches) who += (who.empty() ? "rank " : ", rank ") + rank_and_host(rank);
   const std::string what =
       format("corruption check: step %d's first micro-batch gave other bits when its forward ran again on %s, "
              "with the same weights and data: that device computes wrongly (a faulty GPU, its memory or driver)",
@@ -53,7 +47,7 @@ void Trainer::replay_check(StepResult& r) {
 }
 
 std::string Trainer::describe_step_data(uint64_t first_token) const {
-  const uint64_t tokens = static_cast<uint64_t>(sequences_per_step()) * cfg_.batch.seq_len;
+  const uint64_t tokens = tokens_per_step();
   return format("tokens %llu..%llu of data.train (%lld sequences of %d)", static_cast<unsigned long long>(first_token),
                 static_cast<unsigned long long>(first_token + tokens - 1), static_cast<long long>(sequences_per_step()),
                 cfg_.batch.seq_len);
@@ -100,7 +94,7 @@ bool Trainer::guard_step(const StepResult& r, RunSummary& summary) {
     return false;
   }
   const int spike_step = step_;
-  const uint64_t step_tokens = static_cast<uint64_t>(sequences_per_step()) * cfg_.batch.seq_len;
+  const uint64_t step_tokens = tokens_per_step();
   const std::string spike = format("step %d: loss %.4f is %.1f standard deviations above the mean of the last %d "
                                    "(run.spike=%g)", spike_step, r.loss, *z, run.spike_window, run.spike);
   if (guard_->record().rollbacks >= run.spike_max_rollbacks)

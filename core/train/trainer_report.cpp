@@ -9,6 +9,7 @@
 
 #include "core/ckpt/stop_signal.h"
 #include "core/model/sample_run.h"
+#include "core/metrics/process_clock.h"
 #include "core/plan/stage_memory.h"
 #include "core/report/report_sample.h"
 #include "core/report/run_report.h"
@@ -65,7 +66,7 @@ void Trainer::write_session_report(RunSummary s, const std::vector<Stall>& step_
       s.sample_text = sample.text;
       s.sample_note = sample.note;
     }
-    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    const double dt = seconds_since(t0);
     time_.sample += dt;
     time_.wall += dt;
   } else {

@@ -198,7 +198,7 @@ void Trainer::print_startup() const {
               m.arch.c_str(), m.n_layers, m.d_model, m.n_heads, m.vocab_size, m.padded_vocab, m.max_seq_len,
               table_.total_numel() / 1e6);
   print_linef(out, "batch     | %d x %d tokens per micro-batch, %d accumulation steps, %lld tokens per step",
-              b.micro_batch_size, b.seq_len, b.grad_accum_steps, static_cast<long long>(sequences_per_step() * b.seq_len));
+              b.micro_batch_size, b.seq_len, b.grad_accum_steps, static_cast<long long>(tokens_per_step()));
   // The layout: degrees, every rank's coordinates and the groups (compact, long lists elided).
   const std::string layout = grid_->describe();
   for (size_t at = 0, n = 0; at < layout.size(); n++) {
