@@ -1,5 +1,5 @@
 // The run's guards over several ranks (mpirun -np 2 and 4; one rank: test_run_guard.cpp), under
-// dp (ZeRO 0 and 1), tp with sequence parallel, pp and their products, with faults injected on
+// dp (ZeRO 0 and 1), tp with sequence parallel, pp, cp (ring), expert parallel and products, with faults injected on
 // ONE rank through the trainer's test-only hook:
 //   - a NaN in one rank's gradient and an infinite loss on another: every rank skips the same
 //     step, no rank's weights change, and a resume after it is bit-exact;
@@ -28,7 +28,12 @@ const SharedShards& data() {
 
 // The layouts of `ranks` ranks the guards are checked under.
 std::vector<Layout> layouts(int ranks) {
-  if (ranks == 2) return {grid(2, 1, 1), grid(2, 1, 1).with_zero(1), grid(1, 2, 1).with_sp(), grid(1, 1, 1, 2)};
+  if (ranks == 2) {
+    Layout moe = grid(2, 1, 1).with_ep(2);  // a Llama with 4 experts, 2 on each rank
+    moe.arch = "llama";
+    moe.experts = 4;
+    return {grid(2, 1, 1), grid(2, 1, 1).with_zero(1), grid(1, 2, 1).with_sp(), grid(1, 1, 1, 2), grid(1, 1, 2), moe};
+  }
   if (ranks == 4) return {grid(2, 1, 1, 2), grid(2, 2, 1).with_sp().with_zero(1)};
   return {};
 }
