@@ -61,6 +61,7 @@
 #include "core/common/build_info.h"
 #include "core/metrics/flops.h"
 #include "core/ops/ops.h"
+#include "cuda/attention.h"
 #include "cuda/cuda_backend.h"
 
 namespace pt {
@@ -511,6 +512,22 @@ void bench_attention(Bench& b, Ops& ops, int tokens, int hidden, const std::vect
             fwd();
             bwd();
           });
+          // The Hopper forward beside whichever forward the rows above ran (PICOTRAIN_FLASH_FORWARD).
+          if (act == DType::bf16 && ops.device() == Device::cuda && gpu::flash_forward_sm90_available()) {
+            const gpu::FlashForwardPath saved = gpu::flash_forward_path();
+            gpu::set_flash_forward_path(gpu::FlashForwardPath::wgmma);
+            try {
+              b.run({"attention", "attention_forward_sm90", shape, true, fl, "4*B*NH*T^2*hd/2"}, fwd);
+              b.run({"attention", "attention_fwd+bwd_sm90", shape, true, 3.5 * fl, "3.5 x fwd"}, [&] {
+                fwd();
+                bwd();
+              });
+            } catch (...) {
+              gpu::set_flash_forward_path(saved);
+              throw;
+            }
+            gpu::set_flash_forward_path(saved);
+          }
         } catch (const std::exception& e) {
           std::fprintf(stderr, "  attention %s: not timed: %s\n", shape.c_str(), e.what());
           b.failures.push_back({"attention", shape, e.what()});

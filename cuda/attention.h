@@ -22,8 +22,25 @@ namespace pt::gpu {
 // True when the tensor-core kernels handle this call: bf16, HS 64 or 128, 16-byte aligned tensors.
 bool flash_attention_supported(DType dtype, int HS, const void* qkv, const void* out_or_dout, const void* dqkv);
 
+// Runs the Hopper kernel where flash_forward_path() says so, else the sm_80 kernel.
 void flash_attention_forward_bf16(void* out, float* lse, const void* qkv, int B, int T, int NH, int NKV, int HS,
                                   void* stream = nullptr);
+
+// The forward's Hopper kernel (flash_attention_forward_sm90.cu: wgmma, TMA, warp-specialised),
+// the same contract; it needs flash_forward_sm90_available(): a compute capability 9.0 GPU and a
+// build with sm_90a code.
+bool flash_forward_sm90_available();
+void flash_attention_forward_sm90_bf16(void* out, float* lse, const void* qkv, int B, int T, int NH, int NKV, int HS,
+                                       void* stream = nullptr);
+// Which forward kernel flash_attention_forward_bf16 runs: mma (the sm_80 kernel everywhere),
+// wgmma (the Hopper kernel; an error where it is not available) or automatic (the Hopper kernel
+// where available). From PICOTRAIN_FLASH_FORWARD=mma|wgmma|auto, read once; mma when unset, until
+// the Hopper kernel has passed gpu_attention on a GPU. Tests and benchmarks set it.
+enum class FlashForwardPath { mma, wgmma, automatic };
+FlashForwardPath flash_forward_path();
+void set_flash_forward_path(FlashForwardPath path);
+// The path's name as PICOTRAIN_FLASH_FORWARD spells it.
+const char* flash_forward_path_name(FlashForwardPath path);
 // The backward's workspace (16-byte aligned, its contents don't matter): dQ (and, under GQA, dK
 // and dV) partial sums and the counters that fix the order in which blocks add them
 // (flash_attention_backward.cu).

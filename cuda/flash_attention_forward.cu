@@ -272,6 +272,9 @@ void flash_attention_forward_bf16(void* out, float* lse, const void* qkv, int B,
   if (B <= 0 || T <= 0) return;
   check(static_cast<long long>(B) * NH <= 65535, "flash attention: B * n_heads exceeds the grid's y limit 65535");
   check(NKV > 0 && NH % NKV == 0, "flash attention: n_kv_heads must divide n_heads");
+  const FlashForwardPath path = flash_forward_path();
+  if (path == FlashForwardPath::wgmma || (path == FlashForwardPath::automatic && flash_forward_sm90_available()))
+    return flash_attention_forward_sm90_bf16(out, lse, qkv, B, T, NH, NKV, HS, stream);
   switch (HS) {
     case 64:
       return launch_forward<64>(out, lse, qkv, B, T, NH, NKV, as_stream(stream));

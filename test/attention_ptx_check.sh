@@ -7,7 +7,9 @@
 #   2. every function ptxas reports on must have 0 bytes spill stores and 0 bytes spill loads (or
 #      no more than its file's SPILL_ALLOWANCE, below, with the reason), and every kernel entry
 #      must have a report. A stack frame is allowed (a kernel may keep a local
-#      array there on purpose) but shown, as it usually means local memory.
+#      array there on purpose) but shown, as it usually means local memory;
+#   3. ptxas must not report a "Potential Performance Loss" (it serialises wgmma products when
+#      their registers may be touched while in flight).
 # Each kernel's registers, static shared memory, stack frame and spills are printed as a table, so
 # the CI log shows them. Shared memory is the static part only: the flash kernels use dynamic
 # shared memory (extern __shared__), whose size is set at launch and is not in ptxas' report.
@@ -36,6 +38,12 @@ declare -A PTX=(
   # For a Hopper-only (sm_90a) kernel: warpgroup mma and TMA tile copies.
   [wgmma]='wgmma\.mma_async\.sync\.aligned'
   [cp.async.bulk.tensor]='cp\.async\.bulk\.tensor'
+  # ... the barriers those copies complete on, waited for by phase ...
+  [mbarrier.wait]='mbarrier\.try_wait\.parity'
+  # ... and the producer/consumer register split (warp specialisation).
+  [setmaxnreg]='setmaxnreg\.(inc|dec)\.sync\.aligned\.u32'
+  # A Hopper-only kernel built for an older arch: its body is a trap (never launched there).
+  [trap]='^[[:space:]]*trap;'
 )
 
 # What is checked: one row per (file, arch), with the PTX names it must contain. A file built for
@@ -47,6 +55,8 @@ CHECKS=(
   "cuda/flash_attention_forward.cu  sm_90a   ldmatrix ldmatrix.trans cp.async cp.async.wait mma.bf16"
   "cuda/flash_attention_backward.cu sm_80    ldmatrix ldmatrix.trans cp.async cp.async.wait mma.bf16"
   "cuda/flash_attention_backward.cu sm_90a   ldmatrix ldmatrix.trans cp.async cp.async.wait mma.bf16"
+  "cuda/flash_attention_forward_sm90.cu sm_90a wgmma cp.async.bulk.tensor mbarrier.wait setmaxnreg"
+  "cuda/flash_attention_forward_sm90.cu sm_80 trap"
 )
 
 # Spill bytes (stores and loads, each) a file's kernels may have; everything else must spill
@@ -176,6 +186,12 @@ for i in "${!CHECKS[@]}"; do
     fi
   done <<<"$report"
   [[ $entries -gt 0 ]] || failures+=("$where: ptxas reported no kernel entry")
+  # ptxas serialises wgmma (waits after each product) when it cannot prove the accumulators are
+  # left alone while a product is in flight, and says so as a "Potential Performance Loss".
+  if grep -q "Potential Performance Loss" "$dir/ptxas.log"; then
+    grep "Potential Performance Loss" "$dir/ptxas.log" | head -n 3
+    failures+=("$where: ptxas reports a potential performance loss (above)")
+  fi
 
   # The PTX: --keep leaves exactly one .ptx in the row's folder (one arch). Comments are dropped so
   # that only instructions count.

@@ -15,7 +15,9 @@
 //  - kConcurrent: B*NH 64 (B 4, NH 16, T 1024; HS 64 at 1:1, HS 128 at 4:1), so that many blocks
 //    are in flight at once: the backward's dQ is summed across key blocks through fp32 scratch in
 //    an order fixed by per-tile turn counters, and a fault in that order shows only when blocks
-//    race.
+//    race;
+//  - the same cases again with the Hopper forward (flash_attention_forward_sm90.cu) forced on, where
+//    the GPU and the build have it.
 // Every output is poisoned first, dqkv too (the backward overwrites it, so an element it leaves
 // unwritten or adds to fails); the backward runs from the reference's out and lse so that only the
 // backward is measured. Determinism: each case runs the forward and the backward `runs` times
@@ -33,9 +35,12 @@
 // Runs only on a GPU machine: catch_main_gpu exits 77 (skipped) when no device is visible.
 #include <catch2/catch.hpp>
 
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "core/cpu/cpu_ops.h"
+#include "cuda/attention.h"
 #include "test/gpu_test_support.h"
 
 using namespace pt;
@@ -108,7 +113,7 @@ void check_case(const Case& k) {
   const DType mode = k.mode;
   const int B = k.B, T = k.T, NH = k.NH, NKV = k.NKV ? k.NKV : k.NH, C = NH * k.HS;
   INFO("mode " << mode_name(mode) << ", B " << B << " T " << T << " NH " << NH << " NKV " << NKV << " HS " << k.HS);
-  Ops& ops = gpu(mode);
+  Ops& ops = gputest::gpu(mode);
   Tensors g(ops), c(cpu());
   const size_t W = size_t(NH + 2 * NKV) * k.HS;  // the packed q | k | v row
   const size_t BT = size_t(B) * T, nqkv = BT * W, nout = BT * C, nlse = size_t(B) * NH * T;
@@ -185,8 +190,48 @@ TEST_CASE("flash attention is bitwise deterministic with many blocks in flight",
   for (const Case& k : kConcurrent) check_case(k);
 }
 
+// The Hopper forward (wgmma, TMA, warp-specialised) forced on: the same cases, each forward
+// against CpuOps, bitwise repeatable, and feeding the (sm_80) backward; the small cases apart from
+// the sweep, so that compute-sanitizer (gpu_check.sh's default filter ~[flash]) runs them. On a GPU
+// without the kernel (not compute capability 9.0, or a build without sm_90a) a case says so and
+// checks nothing, unless PICOTRAIN_REQUIRE_SM90=1 (gpu_check.sh sets it on an H100/H200), where that
+// is a failure.
+class HopperForward {
+ public:
+  HopperForward() : saved_(gpu::flash_forward_path()) {
+    if (gpu::flash_forward_sm90_available()) gpu::set_flash_forward_path(gpu::FlashForwardPath::wgmma);
+  }
+  ~HopperForward() { gpu::set_flash_forward_path(saved_); }
+  // False (after a warning or a failure) where the kernel is not available.
+  bool on() const {
+    if (gpu::flash_forward_sm90_available()) return true;
+    const char* required = std::getenv("PICOTRAIN_REQUIRE_SM90");
+    if (required != nullptr && std::string(required) == "1") FAIL("PICOTRAIN_REQUIRE_SM90=1 but no Hopper kernel here");
+    WARN("no Hopper flash forward here (needs compute capability 9.0 and an sm_90a build): not checked");
+    return false;
+  }
+
+ private:
+  gpu::FlashForwardPath saved_;
+};
+
+TEST_CASE("the Hopper flash forward matches CpuOps on awkward sizes", "[gpu][attention][sm90]") {
+  HopperForward hopper;
+  if (!hopper.on()) return;
+  for (const Case& k : kCases)
+    if (k.mode == DType::bf16 && (k.HS == 64 || k.HS == 128)) check_case(k);
+}
+
+TEST_CASE("the Hopper flash forward matches CpuOps up to T 4096 and is bitwise deterministic",
+          "[gpu][attention][flash][sm90]") {
+  HopperForward hopper;
+  if (!hopper.on()) return;
+  for (const Case& k : flash_sweep()) check_case(k);
+  for (const Case& k : kConcurrent) check_case(k);
+}
+
 TEST_CASE("attention rejects a head count that does not divide C", "[gpu][attention]") {
-  Ops& ops = gpu(DType::bf16);
+  Ops& ops = gputest::gpu(DType::bf16);
   Tensors g(ops);
   Tensor qkv = g.zeros(3 * 10, DType::bf16), out = g.zeros(10, DType::bf16), lse = g.zeros(3, DType::f32);
   CHECK_THROWS_AS(ops.attention_forward(out, lse, qkv, 1, 1, 10, 3, 3), RuntimeError);
@@ -198,7 +243,7 @@ TEST_CASE("attention on a misaligned qkv slice falls back to the CUDA-core kerne
   // CUDA-core kernels, which must give the same results.
   const DType mode = DType::bf16;
   const int B = 2, T = 70, NH = 2, HS = 64, C = NH * HS;
-  Ops& ops = gpu(mode);
+  Ops& ops = gputest::gpu(mode);
   Tensors g(ops), c(cpu());
   const size_t BT = size_t(B) * T, nqkv = BT * 3 * C, nout = BT * C, nlse = size_t(B) * NH * T;
   const std::vector<float> qkv = rounded(mode, random_normal(nqkv, 1.0f, 74));

@@ -1,0 +1,381 @@
+// Flash attention forward on Hopper (sm_90a): wgmma, TMA, mbarriers and warp specialisation.
+// The same math and outputs as flash_attention_forward.cu (the sm_80 kernel, whose header says
+// what is computed: out and lse from the packed qkv, causal, grouped-query heads by address),
+// arranged the way FlashAttention-3 is (our own code; its paper and hopper/ folder were read).
+//
+// Block: 3 warpgroups (384 threads) per (128-query tile, b*h), tiles launched longest first.
+//  - Warpgroup 0, the producer, gives its registers to the others (setmaxnreg down to 24) and one
+//    thread issues every copy: the block's Q tile once, then K and V tiles of 128 keys into a ring
+//    of 2 stages, each stage with a "full" barrier per operand (K and V apart, so that Q K^T can
+//    start before V has landed) and an "empty" barrier the consumers free it with.
+//  - Warpgroups 1 and 2, the consumers (setmaxnreg up to 240), own 64 query rows each. Per key
+//    tile: S = Q K^T (64 x 128) by wgmma from shared memory (Q and K K-major, HS/16 products of
+//    k16), the causal mask only on the diagonal tile, the online softmax in the base-2 domain
+//    (scale folded into one FFMA per element, as in the sm_80 kernel), P rounded to bf16 in
+//    registers as wgmma's A operand, and O += P V by wgmma with V in shared memory read
+//    MN-major (its [keys][HS] rows as TMA wrote them: no transpose). While one consumer does its
+//    softmax the other's products keep the tensor cores busy.
+//  - Copies are TMA (cp.async.bulk.tensor) through a 3-D tensor map of qkv [B][T][row]: rows past
+//    T (the last tile of a sequence) arrive as zeros, never the next sequence's rows; every tile is
+//    stored as 64-column sub-tiles in the 128-byte swizzle wgmma reads (hopper.cuh).
+// At the end each consumer writes O / l straight from its accumulators (bf16 pairs) and lse.
+//
+// Resources: 384 threads, one block per SM; shared memory Q 128 x HS + 2 stages x (K + V) 128 x HS,
+// bf16, plus 7 barriers and 1 KiB of alignment: 82,944 bytes (HS 64) / 164,864 (HS 128).
+// Registers (consumer, HS 128): S 64 + O 64 fp32 and P 32 per thread, at most 240 after setmaxnreg;
+// the kernel as a whole is compiled for 168 (65,536 / 384). test/attention_ptx_check.sh checks
+// wgmma, cp.async.bulk.tensor, setmaxnreg and mbarrier are in the PTX and that nothing spills.
+// Cost: as the sm_80 kernel, 4 * B*NH * (T^2/2) * HS FLOPs; the target (issue #30) is
+// FlashAttention-3's forward, 420-600 TFLOP/s on an H100 at T 4k-16k (the sm_80 kernel: 220-326).
+//
+// Status: written and checked offline (PTX, ptxas) on 2026-11-27 without a GPU; the forward path
+// stays the sm_80 kernel unless PICOTRAIN_FLASH_FORWARD=wgmma (or auto) until gpu_attention has
+// passed it on a Hopper GPU (flash_forward_path in attention.h).
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "cuda/attention.h"
+#include "cuda/flash_attention_mma.cuh"
+#include "cuda/hopper.cuh"
+
+namespace pt::gpu {
+
+namespace {
+
+using namespace flash;
+using namespace hopper;
+
+constexpr int kConsumers = 2;                          // consumer warpgroups
+constexpr int kThreads = (kConsumers + 1) * 128;       // + the producer warpgroup
+constexpr int kWgRows = 64;                            // query rows per consumer (wgmma's M)
+constexpr int kBlockM = kConsumers * kWgRows;          // 128 queries per block
+constexpr int kBlockN = 128;                           // keys per tile
+constexpr int kStages = 2;                             // K/V tiles in flight
+constexpr int kSubCols = 64;                           // bf16 columns of a 128-byte swizzled sub-tile
+constexpr int kSubRowBytes = 128;
+[[maybe_unused]] constexpr int kProducerRegs = 24, kConsumerRegs = 240;  // 128 x 24 + 256 x 240 <= 65,536
+
+// Shared-memory layout (byte offsets from a 1024-byte aligned base): Q of consumer w at
+// kQ + w * kQWg, as HS/64 sub-tiles of [64 rows][64]; K and V of stage s at kK/kV + s * kTile, as
+// HS/64 sub-tiles of [128 rows][64]; then the barriers.
+template <int HS>
+struct Layout {
+  static constexpr int kSubs = HS / kSubCols;
+  static constexpr uint32_t kQSub = kWgRows * kSubRowBytes;   // 8 KiB
+  static constexpr uint32_t kKVSub = kBlockN * kSubRowBytes;  // 16 KiB
+  static constexpr uint32_t kQWg = kSubs * kQSub;
+  static constexpr uint32_t kTile = kSubs * kKVSub;           // one K or V tile: 128 x HS bf16
+  static constexpr uint32_t kQ = 0;
+  static constexpr uint32_t kK = kQ + kConsumers * kQWg;
+  static constexpr uint32_t kV = kK + kStages * kTile;
+  static constexpr uint32_t kBars = kV + kStages * kTile;
+  static constexpr int kNumBars = 1 + 3 * kStages;  // q_full, k_full[S], v_full[S], kv_empty[S]
+  static constexpr size_t kBytes = 1024 + kBars + kNumBars * sizeof(uint64_t);
+};
+
+template <int HS>
+__device__ __forceinline__ void wgmma_pv(float (&o)[HS / 8][4], const uint32_t (&p)[4], uint64_t desc_v) {
+  if constexpr (HS == 64)
+    wgmma_m64n64k16_rs_tb(o, p, desc_v, 1);
+  else
+    wgmma_m64n128k16_rs_tb(o, p, desc_v, 1);
+}
+
+template <int HS>
+__global__ void __launch_bounds__(kThreads, 1)
+    flash_forward_sm90_kernel(bf16* out, float* lse, const __grid_constant__ CUtensorMap map_q,
+                              const __grid_constant__ CUtensorMap map_kv, int T, int NH, int NKV, float scale_log2) {
+#if PT_HOPPER_DEVICE
+  using L = Layout<HS>;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  unsigned char* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+  uint64_t* q_full = reinterpret_cast<uint64_t*>(smem + L::kBars);
+  uint64_t* k_full = q_full + 1;
+  uint64_t* v_full = k_full + kStages;
+  uint64_t* kv_empty = v_full + kStages;
+
+  const int qt = gridDim.x - 1 - blockIdx.x;  // longest rows first
+  const int b = blockIdx.y / NH, h = blockIdx.y % NH, kvh = h / (NH / NKV);
+  const int q0 = qt * kBlockM;
+  const int n_kt = ceil_div(min(q0 + kBlockM, T), kBlockN);  // key tiles up to the block's last row
+  const int wg = threadIdx.x / 128;
+
+  if (threadIdx.x == 0) {
+    mbar_init(q_full, 1);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(k_full + s, 1);
+      mbar_init(v_full + s, 1);
+      mbar_init(kv_empty + s, kConsumers * 4);  // one arrival per consumer warp
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (wg == 0) {  // ---- producer ----
+    regs_release<kProducerRegs>();
+    if (threadIdx.x == 0) {
+      tma_prefetch_map(&map_q);
+      tma_prefetch_map(&map_kv);
+      mbar_arrive_expect_tx(q_full, kBlockM * HS * sizeof(bf16));
+      for (int w = 0; w < kConsumers; ++w)
+        for (int c = 0; c < L::kSubs; ++c)
+          tma_load_3d(smem + L::kQ + w * L::kQWg + c * L::kQSub, &map_q, q_full, h * HS + c * kSubCols,
+                      q0 + w * kWgRows, b);
+      const int k_col = (NH + kvh) * HS, v_col = (NH + NKV + kvh) * HS;
+      for (int kt = 0; kt < n_kt; ++kt) {
+        const int s = kt % kStages, use = kt / kStages;
+        if (use > 0) mbar_wait(kv_empty + s, (use - 1) & 1);  // both consumers are done with it
+        mbar_arrive_expect_tx(k_full + s, L::kTile);
+        for (int c = 0; c < L::kSubs; ++c)
+          tma_load_3d(smem + L::kK + s * L::kTile + c * L::kKVSub, &map_kv, k_full + s, k_col + c * kSubCols,
+                      kt * kBlockN, b);
+        mbar_arrive_expect_tx(v_full + s, L::kTile);
+        for (int c = 0; c < L::kSubs; ++c)
+          tma_load_3d(smem + L::kV + s * L::kTile + c * L::kKVSub, &map_kv, v_full + s, v_col + c * kSubCols,
+                      kt * kBlockN, b);
+      }
+    }
+    return;
+  }
+
+  // ---- consumers ----
+  regs_claim<kConsumerRegs>();
+  const int cw = wg - 1;
+  const int warp = (threadIdx.x / kWarpSize) % 4, lane = threadIdx.x % kWarpSize, g = lane >> 2, t = lane & 3;
+  const int row0 = q0 + cw * kWgRows + warp * 16;  // this warp's first row (wgmma: 16 rows a warp)
+  const uint32_t q_addr = smem_u32(smem + L::kQ + cw * L::kQWg);
+  const uint32_t k_addr = smem_u32(smem + L::kK), v_addr = smem_u32(smem + L::kV);
+
+  float o[HS / 8][4], sc[kBlockN / 8][4];
+#pragma unroll
+  for (int j = 0; j < HS / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kBlockN / 8; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+
+  mbar_wait(q_full, 0);
+#pragma unroll 1
+  for (int kt = 0; kt < n_kt; ++kt) {
+    const int s = kt % kStages;
+    const uint32_t parity = (kt / kStages) & 1;
+
+    // S = Q K^T: HS/16 products of k16, the first overwriting S.
+    mbar_wait(k_full + s, parity);
+    fence_regs(sc);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < HS / 16; ++kk) {
+      const uint32_t in_sub = (kk % 4) * 32;  // 16 columns = 32 bytes along the swizzled row
+      const uint64_t dq = sw128_desc(q_addr + (kk / 4) * L::kQSub + in_sub, 16, 1024);
+      const uint64_t dk = sw128_desc(k_addr + s * L::kTile + (kk / 4) * L::kKVSub + in_sub, 16, 1024);
+      wgmma_m64n128k16_ss(sc, dq, dk, kk > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(sc);
+
+    // The causal mask, only where some key of the tile follows the warp's first row. Element e of
+    // column group j: row row0 + g + 8 (e / 2), key kt*128 + 8 j + 2 t + e % 2.
+    if (kt * kBlockN + kBlockN - 1 > row0) {
+#pragma unroll
+      for (int j = 0; j < kBlockN / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int qi = row0 + g + 8 * (e >> 1), kj = kt * kBlockN + j * 8 + 2 * t + (e & 1);
+          if (kj > qi) sc[j][e] = -INFINITY;
+        }
+    }
+
+    // Online softmax, base 2, per row (r 0: row g, r 1: row g + 8; a row's 128 scores lie in the
+    // quad of lanes 4g..4g+3).
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < kBlockN / 8; ++j) mx = fmaxf(mx, fmaxf(sc[j][2 * r], sc[j][2 * r + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m_run[r], mx);
+      const float m_scaled = m_new == -INFINITY ? 0.0f : m_new * scale_log2;  // masked so far: 0, not NaN
+      const float alpha = exp2f(m_run[r] * scale_log2 - m_scaled);
+      m_run[r] = m_new;
+      float rowsum = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kBlockN / 8; ++j) {
+        const float p0 = exp2f(fmaf(sc[j][2 * r], scale_log2, -m_scaled));
+        const float p1 = exp2f(fmaf(sc[j][2 * r + 1], scale_log2, -m_scaled));
+        sc[j][2 * r] = p0;
+        sc[j][2 * r + 1] = p1;
+        rowsum += p0 + p1;
+      }
+      l_run[r] = l_run[r] * alpha + rowsum;
+#pragma unroll
+      for (int j = 0; j < HS / 8; ++j) {
+        o[j][2 * r] *= alpha;
+        o[j][2 * r + 1] *= alpha;
+      }
+    }
+    uint32_t p[kBlockN / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) acc_to_a(p[kk], sc[2 * kk], sc[2 * kk + 1]);
+
+    // O += P V: 16 keys a product; V's k-th 16 rows start 16 x 128 bytes further, its next 64
+    // columns one sub-tile (LBO) further.
+    mbar_wait(v_full + s, parity);
+    fence_regs(o);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      const uint64_t dv = sw128_desc(v_addr + s * L::kTile + kk * 16 * kSubRowBytes, L::kKVSub, 1024);
+      wgmma_pv<HS>(o, p[kk], dv);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(o);
+    fence_regs(p);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(kv_empty + s);  // this warp has read K and V of stage s
+  }
+
+  // O / l and lse, straight from the accumulators.
+  const int C = NH * HS;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float l = l_run[r];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    const int qi = row0 + g + 8 * r;
+    if (qi < T) {
+      bf16* orow = out + (static_cast<size_t>(b) * T + qi) * C + static_cast<size_t>(h) * HS;
+#pragma unroll
+      for (int j = 0; j < HS / 8; ++j) store_pair(orow + j * 8 + 2 * t, o[j][2 * r] * inv, o[j][2 * r + 1] * inv);
+      if (t == 0) lse[(static_cast<size_t>(b) * NH + h) * T + qi] = (m_run[r] * scale_log2 + log2f(l)) * kLn2;
+    }
+  }
+#else
+  __trap();  // never launched: flash_forward_sm90_available() is false without sm_90a code
+#endif
+}
+
+// ---- host side --------------------------------------------------------------------------------
+
+// cuTensorMapEncodeTiled is a driver function: found through the runtime, so that picotrain links
+// no libcuda of its own.
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &found));
+    check(found == cudaDriverEntryPointSuccess && p != nullptr,
+          "flash attention (sm_90a): the driver has no cuTensorMapEncodeTiled");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  }();
+  return fn;
+}
+
+// qkv [B][T][W] bf16 as a 3-D tensor, boxes of 64 columns x box_rows rows x 1 sequence, 128-byte
+// swizzle; outside the tensor (rows >= T) reads zeros.
+CUtensorMap qkv_tensor_map(const void* qkv, int B, int T, size_t W, int box_rows) {
+  CUtensorMap map;
+  std::memset(&map, 0, sizeof(map));
+  const cuuint64_t dims[3] = {W, static_cast<cuuint64_t>(T), static_cast<cuuint64_t>(B)};
+  const cuuint64_t strides[2] = {W * sizeof(bf16), static_cast<cuuint64_t>(T) * W * sizeof(bf16)};
+  const cuuint32_t box[3] = {kSubCols, static_cast<cuuint32_t>(box_rows), 1};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(qkv), dims,
+                                          strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                          CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  check(r == CUDA_SUCCESS, "flash attention (sm_90a): cuTensorMapEncodeTiled failed with CUresult " +
+                               std::to_string(static_cast<int>(r)));
+  return map;
+}
+
+template <int HS>
+void launch_forward_sm90(void* out, float* lse, const void* qkv, int B, int T, int NH, int NKV, cudaStream_t stream) {
+  const size_t smem = Layout<HS>::kBytes;
+  use_dynamic_shared(flash_forward_sm90_kernel<HS>, smem, [] { return "flash attention (sm_90a)"; });
+  const size_t W = static_cast<size_t>(NH + 2 * NKV) * HS;
+  const CUtensorMap map_q = qkv_tensor_map(qkv, B, T, W, kWgRows);
+  const CUtensorMap map_kv = qkv_tensor_map(qkv, B, T, W, kBlockN);
+  const dim3 grid(static_cast<unsigned>(ceil_div(T, kBlockM)), static_cast<unsigned>(B * NH));
+  const float scale_log2 = kLog2e / std::sqrt(static_cast<float>(HS));
+  flash_forward_sm90_kernel<HS><<<grid, kThreads, smem, stream>>>(static_cast<bf16*>(out), lse, map_q, map_kv, T,
+                                                                   NH, NKV, scale_log2);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+bool flash_forward_sm90_available() {
+  static const bool available = [] {
+    int device = 0, major = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    cudaFuncAttributes attr{};
+    if (major != 9 || cudaFuncGetAttributes(&attr, flash_forward_sm90_kernel<64>) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    return attr.binaryVersion == 90;  // the sm_90a code, not the sm_80 build's empty body
+  }();
+  return available;
+}
+
+namespace {
+
+FlashForwardPath path_from_environment() {
+  const char* v = std::getenv("PICOTRAIN_FLASH_FORWARD");
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "mma") == 0) return FlashForwardPath::mma;
+  if (std::strcmp(v, "wgmma") == 0) return FlashForwardPath::wgmma;
+  if (std::strcmp(v, "auto") == 0) return FlashForwardPath::automatic;
+  throw ConfigError(std::string("PICOTRAIN_FLASH_FORWARD is '") + v + "'; it takes mma, wgmma or auto");
+}
+
+FlashForwardPath& chosen_path() {
+  static FlashForwardPath path = path_from_environment();
+  return path;
+}
+
+}  // namespace
+
+FlashForwardPath flash_forward_path() { return chosen_path(); }
+void set_flash_forward_path(FlashForwardPath path) { chosen_path() = path; }
+const char* flash_forward_path_name(FlashForwardPath path) {
+  switch (path) {
+    case FlashForwardPath::mma:
+      return "mma";
+    case FlashForwardPath::wgmma:
+      return "wgmma";
+    case FlashForwardPath::automatic:
+      return "auto";
+  }
+  return "?";
+}
+
+void flash_attention_forward_sm90_bf16(void* out, float* lse, const void* qkv, int B, int T, int NH, int NKV, int HS,
+                                       void* stream) {
+  if (B <= 0 || T <= 0) return;
+  check(flash_forward_sm90_available(), "flash attention (sm_90a): needs a Hopper GPU and a build with sm_90a");
+  check(static_cast<long long>(B) * NH <= 65535, "flash attention: B * n_heads exceeds the grid's y limit 65535");
+  check(NKV > 0 && NH % NKV == 0, "flash attention: n_kv_heads must divide n_heads");
+  switch (HS) {
+    case 64:
+      return launch_forward_sm90<64>(out, lse, qkv, B, T, NH, NKV, as_stream(stream));
+    case 128:
+      return launch_forward_sm90<128>(out, lse, qkv, B, T, NH, NKV, as_stream(stream));
+    default:
+      throw RuntimeError("flash attention (sm_90a): head size " + std::to_string(HS) + " (64 or 128)");
+  }
+}
+
+}  // namespace pt::gpu
