@@ -139,6 +139,8 @@ class Trainer {
   // The part of construction each rank can do alone (checks, allocation, data, resume); see
   // agree_on_startup in world.h.
   void setup_local();
+  // The run's initial weights (run.seed) into the stores: a fresh run's, not a resumed one's.
+  void init_weights();
   void print_startup() const;
   // After a step: writes the checkpoint that is due (periodic, the end of a finished run unless
   // checkpoint.final=false, or asked for by a stop signal), collectively on every rank. Returns

@@ -81,11 +81,16 @@ Trainer::Trainer(const RunConfig& cfg, const World& world, Ops& ops)
     executor_->set_grad_runtime(hooks_.get(), syncs);
     startup_lap("model", t0);
     guard_ = std::make_unique<RunGuard>(cfg.run);
+    // A checkpoint overwrites every master weight (Checkpointer::load reads each tensor of the
+    // table whole), so the initial weights are drawn only when there is none to resume from.
     if (const auto st = ckpt_->restore(*store_, ops, train_data_->total_tokens())) {
       step_ = st->step;
       cursor_ = st->cursor;
       guard_ = std::make_unique<RunGuard>(cfg.run, st->health);
       startup_lap("resume", t0);
+    } else {
+      init_weights();
+      startup_lap("weights", t0);
     }
   } catch (...) {
     failure = std::current_exception();
@@ -140,15 +145,6 @@ void Trainer::setup_local() {
     expert_store_ = std::make_unique<ParamStore>(*expert_table_, experts, ops);
   }
   startup_lap("buffers", t0);
-  for (ParamStore* store : {store_.get(), expert_store_.get()}) {
-    if (!store) continue;
-    // Not a std::vector: init_params writes every element, and zero-filling half a gigabyte first
-    // (GPT-2 124M) was a second pass over it on one core.
-    const std::unique_ptr<float[]> host(new float[store->table().total_numel()]);
-    init_params(store->table(), cfg.run.seed, host.get());
-    store->load_master(host.get());
-  }
-  startup_lap("weights", t0);
 
   const int B = cfg.batch.micro_batch_size, T = cfg.batch.seq_len;
   train_data_ = std::make_unique<DataLoader>(cfg.data.train, cfg.model.vocab_size, B, T);
@@ -184,6 +180,17 @@ void Trainer::setup_local() {
   }
 }
 
+
+void Trainer::init_weights() {
+  for (ParamStore* store : {store_.get(), expert_store_.get()}) {
+    if (!store) continue;
+    // Not a std::vector: init_params writes every element, and zero-filling half a gigabyte first
+    // (GPT-2 124M) was a second pass over it on one core.
+    const std::unique_ptr<float[]> host(new float[store->table().total_numel()]);
+    init_params(store->table(), cfg_.run.seed, host.get());
+    store->load_master(host.get());
+  }
+}
 
 void Trainer::print_startup() const {
   const auto& m = cfg_.model;
