@@ -175,16 +175,28 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t by
                "r"(bytes)
                : "memory");
 }
-// Waits until the barrier's phase with this parity has completed.
+// Waits until the barrier's phase with this parity has completed. A wait of more than about ten
+// seconds (2^34 SM cycles) traps instead: a copy that never completes its bytes, or an arrival
+// count that is never reached, fails the kernel with a launch error rather than hanging the
+// process (and a whole GPU session's time limit with it).
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
   uint32_t done = 0;
-  do {
+  long long start = 0;
+  for (uint32_t tries = 0;; ++tries) {
     asm volatile(
         "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.b32 %0, 1, 0, p;\n}\n"
         : "=r"(done)
         : "r"(smem_u32(bar)), "r"(parity)
         : "memory");
-  } while (!done);
+    if (done) return;
+    if ((tries & 1023) == 0) {  // the clock read only now and then: try_wait itself waits a while
+      const long long now = clock64();
+      if (tries == 0)
+        start = now;
+      else if (now - start > (1ll << 34))
+        __trap();
+    }
+  }
 }
 
 // ---- TMA --------------------------------------------------------------------------------------

@@ -190,46 +190,6 @@ TEST_CASE("flash attention is bitwise deterministic with many blocks in flight",
   for (const Case& k : kConcurrent) check_case(k);
 }
 
-// The Hopper forward (wgmma, TMA, warp-specialised) forced on: the same cases, each forward
-// against CpuOps, bitwise repeatable, and feeding the (sm_80) backward; the small cases apart from
-// the sweep, so that compute-sanitizer (gpu_check.sh's default filter ~[flash]) runs them. On a GPU
-// without the kernel (not compute capability 9.0, or a build without sm_90a) a case says so and
-// checks nothing, unless PICOTRAIN_REQUIRE_SM90=1 (gpu_check.sh sets it on an H100/H200), where that
-// is a failure.
-class HopperForward {
- public:
-  HopperForward() : saved_(gpu::flash_forward_path()) {
-    if (gpu::flash_forward_sm90_available()) gpu::set_flash_forward_path(gpu::FlashForwardPath::wgmma);
-  }
-  ~HopperForward() { gpu::set_flash_forward_path(saved_); }
-  // False (after a warning or a failure) where the kernel is not available.
-  bool on() const {
-    if (gpu::flash_forward_sm90_available()) return true;
-    const char* required = std::getenv("PICOTRAIN_REQUIRE_SM90");
-    if (required != nullptr && std::string(required) == "1") FAIL("PICOTRAIN_REQUIRE_SM90=1 but no Hopper kernel here");
-    WARN("no Hopper flash forward here (needs compute capability 9.0 and an sm_90a build): not checked");
-    return false;
-  }
-
- private:
-  gpu::FlashForwardPath saved_;
-};
-
-TEST_CASE("the Hopper flash forward matches CpuOps on awkward sizes", "[gpu][attention][sm90]") {
-  HopperForward hopper;
-  if (!hopper.on()) return;
-  for (const Case& k : kCases)
-    if (k.mode == DType::bf16 && (k.HS == 64 || k.HS == 128)) check_case(k);
-}
-
-TEST_CASE("the Hopper flash forward matches CpuOps up to T 4096 and is bitwise deterministic",
-          "[gpu][attention][flash][sm90]") {
-  HopperForward hopper;
-  if (!hopper.on()) return;
-  for (const Case& k : flash_sweep()) check_case(k);
-  for (const Case& k : kConcurrent) check_case(k);
-}
-
 TEST_CASE("attention rejects a head count that does not divide C", "[gpu][attention]") {
   Ops& ops = gputest::gpu(DType::bf16);
   Tensors g(ops);
@@ -267,4 +227,45 @@ TEST_CASE("attention on a misaligned qkv slice falls back to the CUDA-core kerne
   ops.attention_backward(gd, g.make(dout, mode), gqkv, g.make(out, mode), g.make(c.read(clse), DType::f32), B, T, C, NH,
                          NH);
   expect_close("dqkv", g.read(gd), c.read(cd), tolerance(mode, mode));
+}
+
+// The Hopper forward (wgmma, TMA, warp-specialised) forced on: the same cases, each forward
+// against CpuOps, bitwise repeatable, and feeding the (sm_80) backward; the small cases apart from
+// the sweep, so that compute-sanitizer (gpu_check.sh's default filter ~[flash]) runs them. On a GPU
+// without the kernel (not compute capability 9.0, or a build without sm_90a) a case says so and
+// checks nothing, unless PICOTRAIN_REQUIRE_SM90=1 (gpu_check.sh sets it on an H100/H200), where that
+// is a failure. Last in the file: a kernel that faults leaves the CUDA context unusable for
+// whatever runs after it in this process.
+class HopperForward {
+ public:
+  HopperForward() : saved_(gpu::flash_forward_path()) {
+    if (gpu::flash_forward_sm90_available()) gpu::set_flash_forward_path(gpu::FlashForwardPath::wgmma);
+  }
+  ~HopperForward() { gpu::set_flash_forward_path(saved_); }
+  // False (after a warning or a failure) where the kernel is not available.
+  bool on() const {
+    if (gpu::flash_forward_sm90_available()) return true;
+    const char* required = std::getenv("PICOTRAIN_REQUIRE_SM90");
+    if (required != nullptr && std::string(required) == "1") FAIL("PICOTRAIN_REQUIRE_SM90=1 but no Hopper kernel here");
+    WARN("no Hopper flash forward here (needs compute capability 9.0 and an sm_90a build): not checked");
+    return false;
+  }
+
+ private:
+  gpu::FlashForwardPath saved_;
+};
+
+TEST_CASE("the Hopper flash forward matches CpuOps on awkward sizes", "[gpu][attention][sm90]") {
+  HopperForward hopper;
+  if (!hopper.on()) return;
+  for (const Case& k : kCases)
+    if (k.mode == DType::bf16 && (k.HS == 64 || k.HS == 128)) check_case(k);
+}
+
+TEST_CASE("the Hopper flash forward matches CpuOps up to T 4096 and is bitwise deterministic",
+          "[gpu][attention][flash][sm90]") {
+  HopperForward hopper;
+  if (!hopper.on()) return;
+  for (const Case& k : flash_sweep()) check_case(k);
+  for (const Case& k : kConcurrent) check_case(k);
 }
