@@ -59,7 +59,7 @@
 // GELU bytes saved per call (n = N*4C, s = 2 for bf16; n*s = 403 MB at GPT-2 124M, N = 65536):
 // forward 3ns -> 2ns (pre and out written; the GELU pass's read of pre is gone); backward
 // 4ns -> 2ns (the product reads pre and writes dpre; dinp's write and read back are gone).
-// What the epilogue costs the product itself is measured (bench/kernel_bench.cpp, "fc + gelu").
+// What the epilogue costs the product itself is measured (bench/kernel_bench_model.cpp, "fc + gelu").
 #include <cublasLt.h>
 
 #include <cstdio>
@@ -147,7 +147,7 @@ bool uses_aux(Epilogue e) { return e == Epilogue::gelu_aux || e == Epilogue::gel
 
 // Whether the GELU epilogues are tried at all (else matmul_gelu_forward and
 // matmul_backward_input_dgelu always run the product and cuda/gelu.cu's kernel): the switch
-// for timing both (bench/kernel_bench.cpp's "fc + gelu" rows) and for turning either off.
+// for timing both (bench/kernel_bench_model.cpp's "fc + gelu" rows) and for turning either off.
 constexpr bool kGeluEpilogueForward = true;
 constexpr bool kGeluEpilogueBackward = true;
 
