@@ -30,6 +30,14 @@
 
 namespace {
 
+// --tokenizer: a known name or an existing path (read, and refused if need be, when it is used).
+const CLI::Validator kTokenizerCheck(
+    [](const std::string& name) {
+      if (pt::is_tokenizer_name(name)) return std::string();
+      return "unknown tokenizer '" + name + "' (known: " + pt::kTokenizerNames + ")";
+    },
+    "TOKENIZER");
+
 // --device of train and sample: "" picks cuda when this build has CUDA and a GPU is visible.
 constexpr const char* kDeviceHelp =
     "Backend: cpu (fp32 reference, runs anywhere) or cuda (needs a GPU and a CUDA build). Default: cuda when this "
@@ -63,13 +71,15 @@ void add_train_command(CLI::App& app, TrainArgs& a) {
 void add_prepare_command(CLI::App& app, pt::PrepareOptions& o) {
   CLI::App* cmd = app.add_subcommand("prepare", "Turn text files into llm.c token shards (train and val)");
   cmd->add_option("--tokenizer", o.tokenizer,
-                  "Tokenizer: bytes (one token per byte, vocabulary 256) or gpt2 (GPT-2 BPE, vocabulary 50257; "
-                  "documents start with <|endoftext|>)")
-      ->check(CLI::IsMember({"bytes", "gpt2"}))
+                  "Tokenizer: bytes (one token per byte, vocabulary 256), gpt2 (GPT-2 BPE, vocabulary 50257; "
+                  "documents start with <|endoftext|>), llama3 (Llama 3 BPE, vocabulary 128256; documents start with "
+                  "<|begin_of_text|>; uint32 shards), or the path of a byte-level BPE tokenizer.json or of a folder "
+                  "holding one")
+      ->check(kTokenizerCheck)
       ->capture_default_str();
   cmd->add_option("--tokenizer-dir", o.tokenizer_dir,
-                  "gpt2: folder with encoder.json and vocab.bpe (default " + pt::default_tokenizer_dir() +
-                      ", fetched by scripts/get_data.sh)");
+                  "gpt2, llama3: folder with its files (default " + pt::default_tokenizer_dir("NAME") +
+                      ", fetched by scripts/get_data.sh --tokenizer)");
   cmd->add_option("--input,-i", o.inputs,
                   "Text files, .gz files, .jsonl/.jsonl.gz files (one document per line, field \"text\") or folders "
                   "of them (recursed, sorted); repeatable")
@@ -189,12 +199,14 @@ void add_sample_command(CLI::App& app, SampleArgs& a) {
       ->check(pt::cli::whole_at_least(0))
       ->capture_default_str();
   cmd->add_option("--tokenizer", c.tokenizer,
-                  "bytes or gpt2; default: by the model's vocabulary (256: bytes, 50257: gpt2)")
-      ->check(CLI::IsMember({"bytes", "gpt2"}));
+                  "bytes, gpt2, llama3, or the path of a tokenizer.json or of a folder holding one; default: by the "
+                  "model's vocabulary (256: bytes, 50257: gpt2, 128256: llama3)")
+      ->check(kTokenizerCheck);
   cmd->add_option("--tokenizer-dir", c.tokenizer_dir,
-                  "gpt2: folder with encoder.json and vocab.bpe (default " + pt::default_tokenizer_dir() + ")");
+                  "gpt2, llama3: folder with its files (default " + pt::default_tokenizer_dir("NAME") + ")");
   cmd->add_flag("--ignore-eot", a.ignore_eot,
-                "Keep sampling past <|endoftext|> (printed as that text) instead of stopping there");
+                "Keep sampling past the tokenizer's document marker (gpt2: <|endoftext|>, llama3: <|begin_of_text|>; "
+                "printed as that text) instead of stopping there");
   cmd->add_option("--device", a.device, kDeviceHelp)->check(CLI::IsMember({"cpu", "cuda"}));
 }
 

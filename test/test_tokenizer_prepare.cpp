@@ -1,9 +1,10 @@
-// `picotrain prepare` with both tokenizers on text, .gz, JSONL and .jsonl.gz inputs: the shards
-// hold exactly each document's tokens with the separator ids, in input order, the same for any
-// thread count and chunk size; the val split follows prepare.h's unit rule; bad input is a clear
-// error naming the file (and line).
+// `picotrain prepare` with the byte, GPT-2 and Llama 3 tokenizers on text, .gz, JSONL and .jsonl.gz
+// inputs: the shards (uint16, or uint32 for Llama 3) hold exactly each document's tokens with the
+// separator ids, in input order, the same for any thread count and chunk size; the val split
+// follows prepare.h's unit rule; bad input is a clear error naming the file (and line).
 #include <zlib.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <string>
@@ -160,6 +161,64 @@ TEST_CASE("prepare gpt2: <|endoftext|> then each document's tokens, from every i
       }
     }
   }
+}
+
+TEST_CASE("prepare llama3: version-7 uint32 shards, <|begin_of_text|> before each document", "[tokenizer][prepare]") {
+  const HfTokenizer& tok = llama3();
+  TempDir tmp;
+  const Corpus corpus = make_corpus(tmp);
+  std::vector<uint32_t> expected;
+  std::string text;  // what the tokens decode to
+  for (const auto& doc : corpus.documents) {
+    expected.push_back(128000);
+    for (int32_t id : tok.encode(doc)) expected.push_back(static_cast<uint32_t>(id));
+    text += "<|begin_of_text|>" + doc;
+  }
+  REQUIRE(*std::max_element(expected.begin(), expected.end()) == 128000);  // past uint16
+
+  PrepareOptions opts;
+  opts.tokenizer = "llama3";
+  opts.tokenizer_dir = llama3_dir();
+  opts.inputs = {corpus.dir};
+  opts.out_dir = tmp.file("out");
+  opts.shard_tokens = 500;
+  opts.val_fraction = 0.3;
+  opts.threads = 1;
+  const PrepareResult r = prepare_dataset(opts);
+  CHECK(r.documents == corpus.documents.size());
+  CHECK(r.val_tokens > 0);
+  std::vector<uint32_t> got;
+  for (const auto& f : r.files) {
+    TokenShard shard(f, tok.vocab_size());
+    CHECK(shard.version() == kShardVersion32);
+    CHECK(shard.size() <= opts.shard_tokens);
+    got.insert(got.end(), shard.tokens32().begin(), shard.tokens32().end());
+  }
+  REQUIRE(got == expected);
+  CHECK(tok.decode(std::vector<int32_t>(got.begin(), got.end())) == text);
+
+  // The same bytes for any thread count and chunk size: the Llama 3 pattern's cuts keep the tokens.
+  const std::string reference = files_bytes(r.files);
+  for (int threads : {2, 3}) {
+    for (size_t chunk : {size_t{1}, size_t{100}}) {
+      INFO("threads " << threads << ", chunk_bytes " << chunk);
+      PrepareOptions o = opts;
+      o.threads = threads;
+      o.chunk_bytes = chunk;
+      o.out_dir = tmp.file("out_" + std::to_string(threads) + "_" + std::to_string(chunk));
+      CHECK(files_bytes(prepare_dataset(o).files) == reference);
+    }
+  }
+
+  // On the command line, by the path of the tokenizer.json.
+  const std::string cmd = "'" + std::string(PICOTRAIN_BIN) + "' prepare --tokenizer '" + llama3_dir() +
+                          "/tokenizer.json' --input '" + corpus.dir + "/a.txt' --out '" + tmp.file("cli") +
+                          "' --val-fraction 0 > '" + tmp.file("log") + "' 2>&1";
+  REQUIRE(std::system(cmd.c_str()) == 0);
+  TokenShard shard(tmp.file("cli") + "/corpus_train_000000.bin", tok.vocab_size());
+  CHECK(shard.version() == kShardVersion32);
+  CHECK(tok.decode(std::vector<int32_t>(shard.tokens32().begin(), shard.tokens32().end())) ==
+        "<|begin_of_text|>" + corpus.documents[0]);
 }
 
 TEST_CASE("prepare bytes: .gz and JSONL documents, each followed by the separator", "[tokenizer][prepare]") {

@@ -1,5 +1,5 @@
-// Helpers for the tokenizer tests: the GPT-2 files (fetched by scripts/get_data.sh --tokenizer),
-// the reference ids from the npm package's own JavaScript encoder run under node, and a temp dir.
+// Helpers for the tokenizer tests: the GPT-2 and Llama 3 files (fetched by scripts/get_data.sh --tokenizer),
+// the reference ids from npm packages' JavaScript encoders run under node, and a temp dir.
 #pragma once
 #include <unistd.h>
 
@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/tokenizer/gpt2_tokenizer.h"
+#include "core/tokenizer/hf_tokenizer.h"
 
 namespace pt::test {
 
@@ -38,6 +39,24 @@ inline const Gpt2Tokenizer& gpt2() {
   return *tok;
 }
 
+// $PICOTRAIN_LLAMA3_DIR, else <repo>/data/llama3.
+inline std::string llama3_dir() {
+  const char* env = std::getenv("PICOTRAIN_LLAMA3_DIR");
+  return env && *env ? env : std::string(PICOTRAIN_SOURCE_DIR) + "/data/llama3";
+}
+
+// Llama 3's tokenizer.json, loaded once per test binary; fails like gpt2() when it is missing.
+inline const HfTokenizer& llama3() {
+  static std::unique_ptr<HfTokenizer> tok;
+  if (!tok) {
+    if (!fs::exists(fs::path(llama3_dir()) / "tokenizer.json"))
+      FAIL("Llama 3's tokenizer.json is not in " << llama3_dir()
+                                                  << ": run scripts/get_data.sh --tokenizer (scripts/test.sh does)");
+    tok = std::make_unique<HfTokenizer>(llama3_dir(), "llama3");
+  }
+  return *tok;
+}
+
 // A fresh directory under the system temp dir, removed with everything in it at scope exit.
 struct TempDir {
   fs::path path;
@@ -58,23 +77,29 @@ inline std::string slurp(const std::string& path) {
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
-// The ids gpt-3-encoder's Encoder.js gives for each text (valid UTF-8 only: JavaScript strings
-// cannot hold other bytes). Fails, never skips, when node or the package is missing.
-inline std::vector<std::vector<int32_t>> reference_ids(const std::vector<std::string>& texts) {
+// Runs `node test/<script> <args...> IN.json` on `texts` and returns the ids it prints, one list
+// per text. Fails, never skips, when node is missing or the script fails.
+inline std::vector<std::vector<int32_t>> node_reference_ids(const std::string& script, const std::vector<std::string>& args,
+                                                            const std::vector<std::string>& texts) {
   if (std::system("command -v node >/dev/null 2>&1") != 0)
-    FAIL("node is not on PATH: the reference GPT-2 ids come from the npm package's JavaScript encoder; "
-         "install Node.js");
-  if (!fs::exists(fs::path(gpt2_dir()) / "Encoder.js"))
-    FAIL(gpt2_dir() << "/Encoder.js is missing: run scripts/get_data.sh --tokenizer");
+    FAIL("node is not on PATH: the reference ids come from npm packages' JavaScript encoders; install Node.js");
   TempDir dir;
   std::ofstream(dir.file("in.json"), std::ios::binary) << nlohmann::json(texts).dump();
-  const std::string cmd = "node '" + std::string(PICOTRAIN_SOURCE_DIR) + "/test/gpt2_reference.js' '" + gpt2_dir() +
-                          "' '" + dir.file("in.json") + "' > '" + dir.file("out.json") + "' 2> '" +
-                          dir.file("err.txt") + "'";
+  std::string cmd = "node '" + std::string(PICOTRAIN_SOURCE_DIR) + "/test/" + script + "'";
+  for (const auto& a : args) cmd += " '" + a + "'";
+  cmd += " '" + dir.file("in.json") + "' > '" + dir.file("out.json") + "' 2> '" + dir.file("err.txt") + "'";
   if (std::system(cmd.c_str()) != 0) FAIL("the reference encoder failed: " << slurp(dir.file("err.txt")));
   const auto out = nlohmann::json::parse(slurp(dir.file("out.json")));
   REQUIRE(out.size() == texts.size());
   return out.get<std::vector<std::vector<int32_t>>>();
+}
+
+// The ids gpt-3-encoder's Encoder.js gives for each text (valid UTF-8 only: JavaScript strings
+// cannot hold other bytes).
+inline std::vector<std::vector<int32_t>> reference_ids(const std::vector<std::string>& texts) {
+  if (!fs::exists(fs::path(gpt2_dir()) / "Encoder.js"))
+    FAIL(gpt2_dir() << "/Encoder.js is missing: run scripts/get_data.sh --tokenizer");
+  return node_reference_ids("gpt2_reference.js", {gpt2_dir()}, texts);
 }
 
 }  // namespace pt::test

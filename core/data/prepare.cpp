@@ -74,9 +74,9 @@ std::vector<std::optional<DocumentCount>> count_documents(const std::vector<Inpu
 PrepareResult prepare_dataset(const PrepareOptions& opts) {
   validate(opts);
   const std::unique_ptr<Tokenizer> tok = make_tokenizer(opts.tokenizer, opts.tokenizer_dir);
-  if (tok->vocab_size() > 65536)
-    throw ConfigError("prepare: tokenizer " + tok->name() + " has " + std::to_string(tok->vocab_size()) +
-                      " tokens; llm.c shards hold uint16 ids (at most 65536)");
+  // llm.c's version-1 shards hold uint16 ids; a vocabulary with ids past 65,535 (Llama 3's 128,256)
+  // gets version 7, uint32, as llm.c's data scripts write for Llama 3.
+  const bool wide = tok->vocab_size() > 65536;
   const fs::path out_dir = opts.out_dir;
   std::error_code ec;
   fs::create_directories(out_dir, ec);
@@ -104,12 +104,12 @@ PrepareResult prepare_dataset(const PrepareOptions& opts) {
   const uint64_t val_units = all_counted ? val_units_for(units, opts.val_fraction) : 0;
 
   PrepareResult result;
-  ShardWriter val(out_dir, opts.name, "val", opts.shard_tokens, result.files);
-  ShardWriter train(out_dir, opts.name, "train", opts.shard_tokens, result.files);
+  ShardWriter val(out_dir, opts.name, "val", opts.shard_tokens, wide, result.files);
+  ShardWriter train(out_dir, opts.name, "train", opts.shard_tokens, wide, result.files);
   PrepareProgress progress(disk_total);
   uint64_t units_done = 0, tokens_done = 0;
   auto consume = [&](EncodedItem& r) {
-    const std::span<const uint16_t> t = r.tokens;
+    const std::span<const int32_t> t = r.tokens;
     val.add(t.first(r.val_tokens));
     if (r.val_tokens < t.size()) {
       val.finish();  // complete: its shards are listed before train's

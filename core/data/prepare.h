@@ -7,6 +7,9 @@
 // followed by kDocumentSeparator ("\n\n", the plain-text paragraph break: it has no special ids);
 // "gpt2", GPT-2's BPE (vocabulary 50257), each document preceded by <|endoftext|> (50256), as
 // llm.c's fineweb.py writes FineWeb. The text "<|endoftext|>" inside a document is ordinary text.
+// "llama3" (or any tokenizer.json): each document preceded by its marker, Llama 3's
+// <|begin_of_text|> (128000), as llm.c's fineweb.py writes Llama 3 data; special tokens spelled
+// out inside a document are matched as such (hf_tokenizer.h).
 //
 // Split. The documents, with the ids put around them, form one stream of units: a unit is a byte
 // of text or one of those ids. Its first V units are the validation set, the rest the training
@@ -19,7 +22,8 @@
 // val_fraction = 0: no val shards and no first pass.
 //
 // Output. <out_dir>/<name>_val_000000.bin, ... and <out_dir>/<name>_train_000000.bin, ..., each
-// at most shard_tokens tokens (numbered per split from 0). Older shards of the same name and split
+// at most shard_tokens tokens (numbered per split from 0): llm.c's version 1 (uint16 tokens), or
+// version 7 (uint32) when the tokenizer has ids past 65,535. Older shards of the same name and split
 // beyond the new ones (a previous, larger run) are deleted so that a glob never mixes two runs.
 //
 // Threads. Documents are cut into chunks of about chunk_bytes (long ones where the tokenizer says
@@ -38,8 +42,8 @@ inline constexpr const char* kDocumentSeparator = kByteDocumentSeparator;
 inline constexpr uint64_t kMinValTokens = 1025;
 
 struct PrepareOptions {
-  std::string tokenizer = "bytes";           // bytes | gpt2
-  std::string tokenizer_dir;                 // GPT-2's encoder.json + vocab.bpe; "": default_tokenizer_dir()
+  std::string tokenizer = "bytes";           // bytes | gpt2 | llama3 | a tokenizer.json path (make_tokenizer)
+  std::string tokenizer_dir;                 // gpt2's or llama3's files; "": default_tokenizer_dir(tokenizer)
   std::vector<std::string> inputs;           // files and directories
   std::string out_dir;
   std::string name = "corpus";

@@ -36,13 +36,7 @@ EncodedItem encode_item(const WorkItem& item, const Tokenizer& tok, TokenEncoder
     if (piece.ends_document) add_special(suffix);
   }
   out.units = unit - item.first_unit;
-  out.tokens.resize(ids.size());
-  for (size_t i = 0; i < ids.size(); ++i) {
-    // prepare checks vocab_size <= 65536 up front; this guards the narrowing all the same.
-    if (ids[i] < 0 || ids[i] > 0xFFFF)
-      throw RuntimeError("prepare: token " + std::to_string(ids[i]) + " does not fit a uint16 shard");
-    out.tokens[i] = static_cast<uint16_t>(ids[i]);
-  }
+  out.tokens = std::move(ids);
   return out;
 }
 

@@ -21,7 +21,7 @@
 namespace pt {
 
 struct EncodedItem {
-  std::vector<uint16_t> tokens;
+  std::vector<int32_t> tokens;
   size_t val_tokens = 0;  // how many of `tokens`, from the front, belong to the val split
   uint64_t units = 0;     // the item's span in the unit stream
   uint64_t text_bytes = 0;

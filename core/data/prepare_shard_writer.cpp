@@ -17,13 +17,18 @@ std::string shard_name(const std::string& name, const std::string& split, uint64
   return name + "_" + split + "_" + num + ".bin";
 }
 
-ShardWriter::ShardWriter(fs::path out_dir, std::string name, std::string split, uint64_t shard_tokens,
+ShardWriter::ShardWriter(fs::path out_dir, std::string name, std::string split, uint64_t shard_tokens, bool wide,
                          std::vector<std::string>& files)
     : out_dir_(std::move(out_dir)), name_(std::move(name)), split_(std::move(split)), shard_tokens_(shard_tokens),
-      files_(files) {}
+      wide_(wide), files_(files) {}
 
-void ShardWriter::add(std::span<const uint16_t> tokens) {
+void ShardWriter::add(std::span<const int32_t> tokens) {
   if (finished_ && !tokens.empty()) throw RuntimeError("prepare: tokens added to the finished " + split_ + " split");
+  const int64_t max_id = wide_ ? int64_t{0xFFFFFFFF} : int64_t{0xFFFF};
+  for (int32_t id : tokens)
+    if (id < 0 || id > max_id)  // prepare picks the width from the vocabulary; this guards it all the same
+      throw RuntimeError("prepare: token " + std::to_string(id) + " does not fit a " + (wide_ ? "uint32" : "uint16") +
+                         " shard");
   while (!tokens.empty()) {
     const size_t take = std::min<uint64_t>(tokens.size(), shard_tokens_ - buffer_.size());
     buffer_.insert(buffer_.end(), tokens.begin(), tokens.begin() + take);
@@ -41,7 +46,12 @@ void ShardWriter::finish() {
 
 void ShardWriter::flush() {
   const std::string path = (out_dir_ / shard_name(name_, split_, shards_)).string();
-  write_shard(path, buffer_);
+  if (wide_) {
+    write_shard(path, std::span<const uint32_t>(buffer_));
+  } else {
+    narrow_.assign(buffer_.begin(), buffer_.end());
+    write_shard(path, std::span<const uint16_t>(narrow_));
+  }
   files_.push_back(path);
   written_ += buffer_.size();
   ++shards_;

@@ -11,7 +11,6 @@
 #include "core/model/expert_split.h"
 #include "core/model/kv_cache_decoder.h"
 #include "core/model/param_table.h"
-#include "core/tokenizer/gpt2_tokenizer.h"
 #include "core/common/console.h"
 
 namespace pt {
@@ -37,10 +36,11 @@ std::vector<int32_t> prompt_context(const Tokenizer& tok, std::string_view promp
 
 namespace {
 
-// The id that ends a document, when the tokenizer has one (GPT-2's <|endoftext|>).
+// The id that ends a document, when the tokenizer has one: the one that starts the next (GPT-2's
+// <|endoftext|>, Llama 3's <|begin_of_text|>), as prepare writes them.
 int32_t end_of_text(const Tokenizer& tok) {
-  if (const auto* gpt2 = dynamic_cast<const Gpt2Tokenizer*>(&tok)) return gpt2->eot_id();
-  return -1;
+  const std::vector<int32_t> marker = tok.document_prefix();
+  return marker.size() == 1 ? marker[0] : -1;
 }
 
 std::string describe(const SampleOptions& o) {
@@ -65,7 +65,8 @@ void run_sample_command(const SampleCommand& c, std::FILE* out) {
     name = tokenizer_for_vocab(m.vocab_size);
     if (name.empty())
       throw ConfigError("sample: the model's vocabulary (" + std::to_string(m.vocab_size) +
-                        ") is neither the byte tokenizer's (256) nor GPT-2's (50257); name one with --tokenizer");
+                        ") is none of the byte tokenizer's (256), GPT-2's (50257) or Llama 3's (128256); "
+                        "name one with --tokenizer");
   }
   const std::unique_ptr<Tokenizer> tok = make_tokenizer(name, c.tokenizer_dir);
   if (tok->vocab_size() > m.vocab_size)
@@ -112,8 +113,8 @@ std::shared_ptr<const Tokenizer> training_tokenizer(int vocab_size) {
   const std::string name = tokenizer_for_vocab(vocab_size);
   if (name.empty()) {
     print_linef(Stream::out,
-                "warning   | logging.sample_every: model.vocab_size=%d is neither the byte tokenizer's (256) nor "
-                "GPT-2's (50257), so there is no tokenizer to print samples with; skipping them",
+                "warning   | logging.sample_every: model.vocab_size=%d is none of the byte tokenizer's (256), "
+                "GPT-2's (50257) or Llama 3's (128256), so there is no tokenizer to print samples with; skipping them",
                 vocab_size);
   } else {
     try {

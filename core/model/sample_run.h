@@ -25,8 +25,8 @@ namespace pt {
 struct SampleCommand {
   std::string checkpoint;     // a step_N directory, or a checkpoint directory (its `latest`)
   std::string prompt;
-  std::string tokenizer;      // "bytes" | "gpt2"; "": by the model's vocabulary (tokenizer_for_vocab)
-  std::string tokenizer_dir;  // gpt2 files; "": default_tokenizer_dir()
+  std::string tokenizer;      // make_tokenizer's names; "": by the model's vocabulary (tokenizer_for_vocab)
+  std::string tokenizer_dir;  // gpt2's or llama3's files; "": default_tokenizer_dir(tokenizer)
   Device device = Device::cpu;
   SampleOptions options;      // stop_token is set from the tokenizer when stop_at_eot
   bool stop_at_eot = true;

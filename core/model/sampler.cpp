@@ -102,6 +102,7 @@ std::string Utf8Stream::flush() {
 std::string tokenizer_for_vocab(int vocab_size) {
   if (vocab_size == 256) return "bytes";
   if (vocab_size == 50257) return "gpt2";
+  if (vocab_size == 128256) return "llama3";
   return "";
 }
 

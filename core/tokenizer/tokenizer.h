@@ -4,8 +4,11 @@
 //   "bytes"  one token per byte, vocabulary 256 (byte_tokenizer.h)
 //   "gpt2"   OpenAI GPT-2's byte-level BPE, vocabulary 50257, from encoder.json + vocab.bpe
 //            (gpt2_tokenizer.h)
+//   "llama3" Meta Llama 3's byte-level BPE, vocabulary 128256, from its Hugging Face
+//            tokenizer.json (hf_tokenizer.h)
+//   a path   any byte-level BPE tokenizer.json, or a folder holding one (hf_tokenizer.h)
 //
-// Both take any bytes: decode(encode(x)) == x for every byte string x.
+// All take any bytes: decode(encode(x)) == x for every byte string x.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -36,8 +39,9 @@ class Tokenizer {
   // The bytes of `ids`. Throws RuntimeError for an id outside [0, vocab_size).
   virtual std::string decode(std::span<const int32_t> ids) const = 0;
 
-  // What `prepare` puts around every document: GPT-2 starts each with <|endoftext|>, as llm.c's
-  // data scripts do; the byte tokenizer has no special ids and ends each with a blank line.
+  // What `prepare` puts around every document: GPT-2 starts each with <|endoftext|> and Llama 3
+  // with <|begin_of_text|>, as llm.c's data scripts do; the byte tokenizer has no special ids and
+  // ends each with a blank line.
   virtual std::vector<int32_t> document_prefix() const = 0;
   virtual std::vector<int32_t> document_suffix() const = 0;
 
@@ -50,11 +54,17 @@ class Tokenizer {
   std::vector<int32_t> encode(std::string_view text) const;
 };
 
-// "bytes" or "gpt2". `dir` holds the GPT-2 files (encoder.json, vocab.bpe); "" means
-// default_tokenizer_dir(). Throws ConfigError for an unknown name or missing/broken files.
+// "bytes", "gpt2", "llama3", or the path of a tokenizer.json or of a folder holding one. `dir` holds
+// the named tokenizer's files (gpt2: encoder.json and vocab.bpe; llama3: tokenizer.json); "" means
+// default_tokenizer_dir(name). Throws ConfigError for an unknown name or missing/broken files.
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& name, const std::string& dir = "");
 
-// <repo>/data/gpt2, where scripts/get_data.sh puts the GPT-2 files.
-std::string default_tokenizer_dir();
+// Whether make_tokenizer takes `name`: a known name, or an existing file or folder (checked when
+// it is read). For command-line checks.
+bool is_tokenizer_name(const std::string& name);
+inline constexpr const char* kTokenizerNames = "bytes, gpt2, llama3, or a tokenizer.json (or a folder holding one)";
+
+// <repo>/data/<name> (gpt2, llama3), where scripts/get_data.sh puts the tokenizer files.
+std::string default_tokenizer_dir(const std::string& name = "gpt2");
 
 }  // namespace pt
