@@ -57,7 +57,7 @@ struct TrainArgs {
 void add_train_command(CLI::App& app, TrainArgs& a) {
   CLI::App* cmd = app.add_subcommand("train", "Train a model from a JSON run config");
   cmd->add_option("--config,-c", a.config,
-                  "Run config (JSON); `picotrain keys` explains every key (README.md: Configuration reference)")
+                  "Run config (JSON); `picotrain keys` explains every key (docs/configuration.md)")
       ->required()
       ->check(CLI::ExistingFile);
   cmd->add_option("--set,-s", a.overrides,
@@ -262,26 +262,34 @@ void add_plan_command(CLI::App& app, PlanArgs& a) {
 
 struct KeysArgs {
   std::string filter;
+  bool markdown = false;
 };
 
 void add_keys_command(CLI::App& app, KeysArgs& a) {
   CLI::App* cmd = app.add_subcommand(
-      "keys", "Explain the run config's keys: each one's type, default and meaning (README.md's reference)");
-  cmd->add_option("filter", a.filter,
-                  "Only these keys: a section (e.g. parallel), a key (parallel.zero_stage) or any part of a key's "
-                  "name (timeout). Default: every key");
+      "keys", "Explain the run config's keys: each one's type, default and meaning (docs/configuration.md)");
+  auto* filter = cmd->add_option("filter", a.filter,
+                                 "Only these keys: a section (e.g. parallel), a key (parallel.zero_stage) or any part of "
+                                 "a key's name (timeout). Default: every key");
+  cmd->add_flag("--markdown", a.markdown,
+                "Print the whole reference as markdown: docs/configuration.md is this output "
+                "(picotrain keys --markdown > docs/configuration.md)")
+      ->excludes(filter);
 }
 
 int run_keys(const KeysArgs& a) {
-  const std::vector<pt::config::KeyDoc> docs = pt::config::parse_config_reference(pt::config::built_in_config_reference());
-  std::string text = pt::config::format_key_help(docs, a.filter);
+  if (a.markdown) {
+    pt::print_text(pt::Stream::out, pt::config::config_reference_markdown());
+    return 0;
+  }
+  std::string text = pt::config::format_key_help(pt::config::config_reference(), a.filter);
   if (text.empty())
     throw pt::ConfigError("no config key matches '" + a.filter + "'; the sections are " +
                           pt::config::join_names(pt::config::config_sections()));
   if (a.filter.empty())
     text += "\nSet a key with `picotrain train --config FILE --set section.key=value` (the value is read as JSON "
-            "when it parses, else as text). README.md's \"Configuration reference\" has the rules shared by "
-            "every key (unknown keys, derived keys, the resolved config.json).";
+            "when it parses, else as text). docs/configuration.md has the rules shared by every key (unknown "
+            "keys, derived keys, the resolved config.json).";
   pt::print_line(pt::Stream::out, text);
   return 0;
 }

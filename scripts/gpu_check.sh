@@ -311,7 +311,7 @@ fi
   printf '| %-22s | %-4s | %6s | %s\n' "check" "ok?" "s" "detail"
   printf '|%s|%s|%s|%s\n' "------------------------" "------" "--------" "--------------------------------"
   for r in "${ROWS[@]}"; do echo "$r"; done
-  # The training run's measured memory and where its step's time went on the GPU (README "The log").
+  # The training run's measured memory and where its step's time went on the GPU (docs/log.md, "The log").
   if [ -f "$OUT/train.log" ]; then
     echo
     grep -E '^(memory    \| step|phases    \|)' "$OUT/train.log" | sed 's/^/gpt2-124m /'

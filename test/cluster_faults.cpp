@@ -11,7 +11,7 @@
 //    the earlier checkpoints intact (and a resume from them bit-exact);
 //  - host 1's link is slow (a rate limit): the run is slower and its losses are the same.
 // The uninterrupted run is the same layout on one host (bitwise equal: cluster_parity). Each case
-// prints what it measured on lines starting "figure |" (README, "Ranks on separate hosts").
+// prints what it measured on lines starting "figure |" (docs/multi-rank.md, "Ranks on separate hosts").
 #include <signal.h>
 #include <sys/wait.h>
 

@@ -1,7 +1,7 @@
 // scripts/slurm/picotrain.sbatch under a real Slurm (Debian's slurm-wlm, started on this machine
 // by scripts/slurm/local_cluster.sh: munged, slurmctld, slurmd; one node, two "GPUs"), as a
 // user runs it: `sbatch` with the script unchanged, two tasks started by srun over PMIx, the CPU
-// backend (DEVICE=cpu). What README's "Running under Slurm" promises, each case against an
+// backend (DEVICE=cpu). What docs/multi-rank.md's "Running under Slurm" promises, each case against an
 // uninterrupted job of the same run, whose per-step losses and gradient norms every case must
 // equal bit for bit:
 //  - the pre-emption warning (SIGUSR1 to the batch script, as --signal=B:USR1@120 sends it):

@@ -1,7 +1,7 @@
 // RunConfig: every rule fails with a message naming the key and the value; defaults, derived
-// values, `--set` overrides, unknown keys and wrong types; the resolved config round-trips;
-// README.md documents every key with its default; the shipped configs load; and the binary
-// turns a bad config into one "error:" line and exit code 2 (tagged [cli]).
+// values, `--set` overrides, unknown keys and wrong types; the resolved config round-trips; the
+// configuration reference explains every key once, with its default; the shipped configs load; and
+// the binary turns a bad config into one "error:" line and exit code 2 (tagged [cli]).
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -11,6 +11,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -551,39 +552,52 @@ TEST_CASE("the shipped configs load", "[config]") {
   }
 }
 
-// README.md's configuration reference has a table per section, one row per key:
-// | `key` | type | `default as JSON` | meaning |. Keeping it in step is part of adding a key.
-// The binary carries the same section (`picotrain keys`), compiled in from README.md.
-TEST_CASE("README documents every key with its default, and the binary carries that reference", "[config]") {
-  std::ifstream in(std::string(PICOTRAIN_SOURCE_DIR) + "/README.md");
-  REQUIRE(in);
-  const std::string readme((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const std::string_view built_in = pt::config::built_in_config_reference();
-  CHECK(readme.find(built_in) != std::string::npos);  // the build's copy is the README's section
-  std::map<std::string, pt::config::KeyDoc> rows;
-  for (const auto& d : pt::config::parse_config_reference(built_in)) {
-    INFO(d.path());
-    CHECK(rows.emplace(d.path(), d).second);  // one row per key
-    CHECK_NOTHROW(pt::config::find_key(d.section, d.key));  // no row for a key that does not exist
+// The configuration reference (docs/configuration.md, `picotrain keys`) explains every key of
+// the key table once, with the table's own type and default: explaining a new key is part of
+// adding it (core/config/config_reference_text.cpp). The markdown that `picotrain keys --markdown`
+// prints reads back to the same rows; the ctest config_reference_doc compares it with the file.
+TEST_CASE("the reference explains every key once, and its markdown reads back to it", "[config]") {
+  std::set<std::string> explained;
+  for (const auto& m : pt::config::key_meanings()) {
+    const std::string path(m.path);
+    INFO(path);
+    CHECK(explained.insert(path).second);  // one meaning per key
+    CHECK_FALSE(m.meaning.empty());
+    const size_t dot = path.find('.');
+    REQUIRE(dot != std::string::npos);
+    CHECK_NOTHROW(pt::config::find_key(path.substr(0, dot), path.substr(dot + 1)));  // no meaning without a key
   }
+  const std::vector<pt::config::KeyDoc> docs = pt::config::config_reference();
   const pt::RunConfig defaults;
-  for (const auto& k : pt::config::config_keys()) {
-    INFO("README.md row for " << k.path());
-    auto it = rows.find(k.path());
-    REQUIRE(it != rows.end());
-    CHECK(it->second.type == k.type);
-    CHECK(it->second.default_json == k.write(defaults).dump());
-    CHECK_FALSE(it->second.meaning.empty());
+  REQUIRE(docs.size() == pt::config::config_keys().size());
+  for (size_t i = 0; i < docs.size(); i++) {
+    const auto& k = pt::config::config_keys()[i];
+    INFO("reference row for " << k.path());
+    CHECK(docs[i].path() == k.path());
+    CHECK(docs[i].type == k.type);
+    CHECK(docs[i].default_json == k.write(defaults).dump());
   }
-  CHECK(rows.size() == pt::config::config_keys().size());
+  const std::string markdown = pt::config::config_reference_markdown();
+  const std::vector<pt::config::KeyDoc> read_back = pt::config::parse_config_reference(markdown);
+  REQUIRE(read_back.size() == docs.size());
+  for (size_t i = 0; i < docs.size(); i++) {
+    INFO(docs[i].path());
+    CHECK(read_back[i].path() == docs[i].path());
+    CHECK(read_back[i].type == docs[i].type);
+    CHECK(read_back[i].default_json == docs[i].default_json);
+    CHECK(read_back[i].meaning == docs[i].meaning);  // a '|' in a meaning is escaped in the table
+  }
+  CHECK_THAT(markdown, Contains("](../README.md)") && Contains("picotrain keys --markdown > docs/configuration.md"));
+  for (const std::string& s : pt::config::config_sections()) CHECK_THAT(markdown, Contains("\n## " + s + "\n"));
 }
 
 TEST_CASE("the key help: a section, a key, a part of a name, or every key", "[config]") {
   const auto docs = pt::config::parse_config_reference(
-      "intro\n### run\n| key | type | default | meaning |\n|---|---|---|---|\n"
+      "# Title\n| `not_a_key` | x | `1` | before the first section |\n## run\n| key | type | default | meaning |\n"
+      "|---|---|---|---|\n"
       "| `seed` | integer | `1337` | Seed of `every` random stream, with enough words to need a second line. |\n"
-      "### optim\n| `lr` | number | `0.0006` | Peak learning rate. |\n| `seed_like` | number | `1.0` | Made up. |\n"
-      "## Next\n| `ignored` | x | `1` | after the reference |\n");
+      "## optim\n| `lr` | number | `0.0006` | Peak learning rate. |\n| `seed_like` | number | `1.0` | Made up. |\n"
+      "# Next\n| `ignored` | x | `1` | after the reference |\n");
   REQUIRE(docs.size() == 3);
   CHECK(docs[0].path() == "run.seed");
   CHECK(docs[0].default_json == "1337");
@@ -592,6 +606,14 @@ TEST_CASE("the key help: a section, a key, a part of a name, or every key", "[co
         "run\n  run.seed  (integer, default 1337)\n      Seed of every random stream, with\n      enough words to "
         "need a second\n      line.\n\noptim\n  optim.lr  (number, default 0.0006)\n      Peak learning rate.\n  "
         "optim.seed_like  (number, default 1.0)\n      Made up.\n");
+  // A '|' escaped in a cell is one character of the meaning; a link reads as its text and file.
+  const auto escaped = pt::config::parse_config_reference(
+      "## checkpoint\n| `save_timeout_s` | number | `900.0` | The log's `checkpoint\\| ... saved` line; see "
+      "[hangs](reliability.md#when-a-run-hangs). |\n");
+  REQUIRE(escaped.size() == 1);
+  CHECK(escaped[0].meaning == "The log's `checkpoint| ... saved` line; see [hangs](reliability.md#when-a-run-hangs).");
+  CHECK_THAT(pt::config::format_key_help(escaped, ""),
+             Contains("The log's checkpoint| ... saved line; see hangs (docs/reliability.md)."));
   CHECK_THAT(pt::config::format_key_help(docs, "optim"), Contains("optim.lr") && Contains("optim.seed_like"));
   const std::string seed = pt::config::format_key_help(docs, "seed");  // a part of two names
   CHECK_THAT(seed, Contains("run.seed") && Contains("optim.seed_like") && !Contains("optim.lr"));

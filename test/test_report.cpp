@@ -166,7 +166,7 @@ TEST_CASE("without gnuplot there are no plots and a note says why", "[report]") 
 
 namespace {
 
-// Every field the report promises (README "The run report").
+// Every field the report promises (docs/log.md, "The run report").
 const std::vector<std::string> kFields = {
     "/run/name", "/run/status", "/run/step", "/run/total_steps", "/run/tokens", "/run/params",
     "/build/commit", "/build/tree", "/hardware/device", "/hardware/gpus", "/hardware/gpu_model", "/hardware/ranks", "/hardware/nodes",

@@ -1,6 +1,7 @@
 // The table of every config key: its section, its C++ field (which gives the type and the
 // default, from run_config.h) and the rule it must satisfy on its own. Parsing, writing back,
-// the unknown-key message and README.md's reference all follow this one list.
+// the unknown-key message and the configuration reference (`picotrain keys`, docs/configuration.md)
+// all follow this one list.
 #include "core/config/config_keys.h"
 
 #include <algorithm>

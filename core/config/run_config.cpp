@@ -103,7 +103,7 @@ nlohmann::json config_to_json(const RunConfig& cfg) {
 
 void write_resolved_config(const RunConfig& cfg) {
   namespace fs = std::filesystem;
-  // Written in the table's order (not nlohmann's alphabetical one) so it reads like README.md.
+  // Written in the table's order (not nlohmann's alphabetical one) so it reads like docs/configuration.md.
   nlohmann::ordered_json out = nlohmann::ordered_json::object();
   for (const auto& key : config::config_keys()) out[key.section][key.name] = nlohmann::ordered_json(key.write(cfg));
 

@@ -2,8 +2,9 @@
 // `--set section.key=value` overrides are applied, every rule is checked (before anything is
 // allocated), derived values are filled in, and the resolved config can be written back out.
 //
-// Every key, its default and its rule are listed once, in run_config.cpp, and documented in
-// README.md. A failure throws ConfigError naming the key, the value and the rule, e.g.
+// Every key, its default and its rule are listed once, in config_keys.cpp, and explained in
+// config_reference_text.cpp (`picotrain keys --markdown` writes docs/configuration.md from both).
+// A failure throws ConfigError naming the key, the value and the rule, e.g.
 //   "batch.global_batch_tokens=1000 must be a multiple of micro_batch_size*seq_len*dp=512".
 #pragma once
 #include <array>

@@ -1,5 +1,5 @@
 // The training log: one step line on stdout and one JSON object per logged step in
-// <out_dir>/<logging.metrics_file>. Field names are a contract (README "Log fields").
+// <out_dir>/<logging.metrics_file>. Field names are a contract (docs/log.md, "The metrics file").
 #pragma once
 #include <cstdint>
 #include <fstream>
