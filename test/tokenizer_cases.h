@@ -1,9 +1,11 @@
 // Test texts shared by the tokenizer tests (test_tokenizer, test_hf_tokenizer): hand-picked cases,
 // one per thing the pre-tokenizers and BPE treat specially, and random mixes of them.
 #pragma once
+#include <catch2/catch.hpp>
 #include <cstdint>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace pt::test {
@@ -69,6 +71,27 @@ inline std::string ids_text(const Ids& ids) {
   std::string s = "[";
   for (size_t i = 0; i < ids.size(); ++i) s += (i ? "," : "") + std::to_string(ids[i]);
   return s + "]";
+}
+
+// Encoding a text in two parts cut at each of the tokenizer's next_cut places gives the tokens of
+// the whole (what lets prepare encode a long document in parallel pieces); returns the number of
+// cuts checked.
+template <class Tok>
+size_t check_cuts_keep_tokens(const Tok& tok, const std::vector<std::string>& texts) {
+  size_t cuts = 0;
+  for (const auto& text : texts) {
+    const Ids whole = tok.encode(text);
+    for (size_t p = tok.next_cut(text, 0); p != std::string::npos; p = tok.next_cut(text, p + 1)) {
+      INFO("text \"" << text << "\" cut at " << p);
+      REQUIRE(p < text.size());
+      Ids parts = tok.encode(std::string_view(text).substr(0, p));
+      const Ids rest = tok.encode(std::string_view(text).substr(p));
+      parts.insert(parts.end(), rest.begin(), rest.end());
+      REQUIRE(ids_text(parts) == ids_text(whole));
+      ++cuts;
+    }
+  }
+  return cuts;
 }
 
 }  // namespace pt::test
