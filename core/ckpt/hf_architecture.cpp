@@ -140,4 +140,9 @@ void from_hf(const HfTensor& t, const float* hf, float* pt) {
 const char* torch_dtype_name(HfDtype dtype) { return dtype == HfDtype::f32 ? "float32" : "bfloat16"; }
 const char* safetensors_dtype_name(HfDtype dtype) { return dtype == HfDtype::f32 ? "F32" : "BF16"; }
 
+nlohmann::ordered_json end_of_text_id(const ModelSection& model) {
+  constexpr int kGpt2Vocab = 50257, kGpt2EndOfText = 50256;
+  return model.vocab_size == kGpt2Vocab ? nlohmann::ordered_json(kGpt2EndOfText) : nlohmann::ordered_json(nullptr);
+}
+
 }  // namespace pt::ckpt

@@ -87,6 +87,12 @@ void from_hf(const HfTensor& t, const float* hf, float* pt);
 // "float32" / "bfloat16" (config.json's torch_dtype) and "F32" / "BF16" (safetensors').
 const char* torch_dtype_name(HfDtype dtype);
 const char* safetensors_dtype_name(HfDtype dtype);
+// config.json's bos_token_id and eos_token_id for `model`. A model trained on GPT-2's tokenizer
+// (picotrain's, 50257 ids) has <|endoftext|> = 50256 to begin and end documents; another
+// vocabulary has no id picotrain knows, so the fields are null rather than a config class's
+// default (GPT2Config's 50256 would point past a smaller embedding; LlamaConfig's 1 and 2 name
+// ordinary tokens).
+nlohmann::ordered_json end_of_text_id(const ModelSection& model);
 
 // The GPT-2 entry (hf_gpt2.cpp), the Llama entry (hf_llama.cpp) and the Mixtral entry
 // (hf_mixtral.cpp).

@@ -1,6 +1,8 @@
 // Reading a transformers config.json the way transformers does: a key left out (or null) takes
 // the config class's default; a key that is there must have the right type. Every failure is a
 // RuntimeError naming the file and the key, for the architectures' model_from_config.
+// read_decoder_shape reads what every architecture's config has alike (under the class's own key
+// names); each architecture's model_from_config reads and refuses the rest itself.
 #pragma once
 #include <cstdint>
 #include <limits>
@@ -8,6 +10,7 @@
 #include <string>
 
 #include "core/common/error.h"
+#include "core/config/run_config.h"
 
 namespace pt::ckpt {
 
@@ -61,5 +64,23 @@ class HfConfigKeys {
   const nlohmann::json& c_;
   std::string path_;
 };
+
+// A whole-number key of a config class and the value the class gives it when left out.
+struct HfWholeKey {
+  const char* key;
+  int def;
+};
+
+// The keys a config class names a decoder's shape by (GPT2Config's n_embd, LlamaConfig's
+// hidden_size, ...).
+struct HfDecoderShapeKeys {
+  HfWholeKey vocab_size, max_seq_len, d_model, n_layers, n_heads;
+};
+
+// The decoder a config.json describes, as far as every architecture's config says it: the
+// vocabulary (padded as picotrain's configs pad by default: vocab_padding.h), the context length,
+// the width, the depth and the heads, which must divide the width. Throws RuntimeError naming
+// the key.
+ModelSection read_decoder_shape(const HfConfigKeys& k, const HfDecoderShapeKeys& keys);
 
 }  // namespace pt::ckpt

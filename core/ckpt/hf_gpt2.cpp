@@ -34,15 +34,8 @@ std::vector<HfTensorRule> gpt2_rules() {
   return rules;
 }
 
-// GPT-2's tokenizer: <|endoftext|> (50256) begins and ends documents. Another vocabulary has
-// no such id, so the fields are null rather than GPT2Config's default 50256, which would
-// point past its embedding.
-constexpr int kGpt2Vocab = 50257;
-constexpr int kGpt2EndOfText = 50256;
-
 nlohmann::ordered_json gpt2_config_json(const ModelSection& m, HfDtype dtype) {
-  const nlohmann::ordered_json eot =
-      m.vocab_size == kGpt2Vocab ? nlohmann::ordered_json(kGpt2EndOfText) : nlohmann::ordered_json(nullptr);
+  const nlohmann::ordered_json eot = end_of_text_id(m);
   return {
       {"architectures", {"GPT2LMHeadModel"}},
       {"model_type", "gpt2"},
@@ -74,24 +67,18 @@ nlohmann::ordered_json gpt2_config_json(const ModelSection& m, HfDtype dtype) {
 }
 
 // config.json -> ModelSection. A key left out takes GPT2Config's default, as transformers
-// would read the file; a value that changes what the model computes away from picotrain's
-// GPT-2 is refused with the key, instead of importing weights that would give other logits.
+// would read the file (the shape and the vocabulary's padding: read_decoder_shape); a value that
+// changes what the model computes away from picotrain's GPT-2 is refused with the key, instead of
+// importing weights that would give other logits.
 ModelSection gpt2_model_from_config(const nlohmann::json& c, const std::string& path) {
   const HfConfigKeys k(c, path);
-  auto whole = [&](const char* key, int def) { return k.whole(key, def); };
   auto fail = [&](const std::string& key, const std::string& why) { return k.fail(key, why); };
 
-  ModelSection m;
+  ModelSection m = read_decoder_shape(
+      k, {{"vocab_size", 50257}, {"n_positions", 1024}, {"n_embd", 768}, {"n_layer", 12}, {"n_head", 12}});
   m.arch = "gpt2";
-  m.vocab_size = whole("vocab_size", 50257);
-  m.max_seq_len = whole("n_positions", 1024);
-  m.d_model = whole("n_embd", 768);
-  m.n_layers = whole("n_layer", 12);
-  m.n_heads = whole("n_head", 12);
-  if (m.d_model % m.n_heads != 0)
-    throw fail("n_head", std::to_string(m.n_heads) + " does not divide n_embd=" + std::to_string(m.d_model));
-  if (c.contains("n_inner") && !c["n_inner"].is_null() && c["n_inner"] != nlohmann::json(4 * m.d_model))
-    throw fail("n_inner", c["n_inner"].dump() +
+  if (k.given("n_inner") && k.at("n_inner") != nlohmann::json(4 * m.d_model))
+    throw fail("n_inner", k.at("n_inner").dump() +
                               " is not supported: picotrain's MLP is 4 * n_embd = " + std::to_string(4 * m.d_model));
   const std::string act = k.text("activation_function", "gelu_new");
   if (act != "gelu_new" && act != "gelu_pytorch_tanh")
@@ -111,9 +98,6 @@ ModelSection gpt2_model_from_config(const nlohmann::json& c, const std::string& 
             "picotrain's GPT-2 is decoder-only");
   k.require("tie_word_embeddings", k.flag("tie_word_embeddings", true), true,
             "picotrain's GPT-2 ties its head to the token embedding");
-  // Padding as picotrain's configs pad by default (50257 -> 50304, llm.c's).
-  m.pad_vocab_multiple = ModelSection{}.pad_vocab_multiple;
-  m.padded_vocab = (m.vocab_size + m.pad_vocab_multiple - 1) / m.pad_vocab_multiple * m.pad_vocab_multiple;
   return m;
 }
 

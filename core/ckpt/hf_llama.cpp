@@ -13,16 +13,6 @@
 
 namespace pt::ckpt {
 
-namespace {
-
-// A model trained on GPT-2's tokenizer (picotrain's, 50257 ids) has <|endoftext|> = 50256 to
-// begin and end documents; another vocabulary has no id picotrain knows, so the fields are
-// null rather than the config class's defaults (1 and 2), which would name ordinary tokens.
-constexpr int kGpt2Vocab = 50257;
-constexpr int kGpt2EndOfText = 50256;
-
-}  // namespace
-
 std::vector<HfTensorRule> llama_family_rules(const std::vector<std::string>& mlp) {
   std::vector<HfTensorRule> rules = {{"model.embed_tokens.weight", "model.embed_tokens.weight", false, true}};
   std::vector<std::string> block = {"input_layernorm.weight",  "self_attn.q_proj.weight",
@@ -42,8 +32,7 @@ std::vector<HfTensorRule> llama_family_rules(const std::vector<std::string>& mlp
 nlohmann::ordered_json llama_family_config_json(const ModelSection& m, HfDtype dtype, const char* class_name,
                                                 const char* model_type, int intermediate_size,
                                                 const nlohmann::ordered_json& own) {
-  const nlohmann::ordered_json eot =
-      m.vocab_size == kGpt2Vocab ? nlohmann::ordered_json(kGpt2EndOfText) : nlohmann::ordered_json(nullptr);
+  const nlohmann::ordered_json eot = end_of_text_id(m);
   nlohmann::ordered_json c = {
       {"architectures", {class_name}},
       {"model_type", model_type},
@@ -72,23 +61,19 @@ nlohmann::ordered_json llama_family_config_json(const ModelSection& m, HfDtype d
 }
 
 ModelSection llama_family_model_from_config(const HfConfigKeys& k, const HfLlamaDefaults& d) {
-  ModelSection m;
+  ModelSection m = read_decoder_shape(k, {{"vocab_size", d.vocab_size},
+                                          {"max_position_embeddings", d.max_position_embeddings},
+                                          {"hidden_size", d.hidden_size},
+                                          {"num_hidden_layers", d.num_hidden_layers},
+                                          {"num_attention_heads", d.num_attention_heads}});
   m.arch = "llama";
-  m.vocab_size = k.whole("vocab_size", d.vocab_size);
-  m.d_model = k.whole("hidden_size", d.hidden_size);
   m.ffn_hidden = k.whole("intermediate_size", d.intermediate_size);
-  m.n_layers = k.whole("num_hidden_layers", d.num_hidden_layers);
-  m.n_heads = k.whole("num_attention_heads", d.num_attention_heads);
   m.n_kv_heads = k.whole("num_key_value_heads", d.num_key_value_heads > 0 ? d.num_key_value_heads : m.n_heads);
-  m.max_seq_len = k.whole("max_position_embeddings", d.max_position_embeddings);
   m.norm_eps = k.positive("rms_norm_eps", d.rms_norm_eps);
   if (m.norm_eps >= 1) throw k.fail("rms_norm_eps", k.at("rms_norm_eps").dump() + " is not below 1");
   m.rope_theta = k.positive("rope_theta", d.rope_theta);
   m.tie_embeddings = k.flag("tie_word_embeddings", false);
 
-  if (m.d_model % m.n_heads != 0)
-    throw k.fail("num_attention_heads", std::to_string(m.n_heads) + " does not divide hidden_size=" +
-                                            std::to_string(m.d_model) + " (picotrain's head_dim is their quotient)");
   if (m.n_heads % m.n_kv_heads != 0)
     throw k.fail("num_key_value_heads", std::to_string(m.n_kv_heads) + " does not divide num_attention_heads=" +
                                             std::to_string(m.n_heads));
@@ -118,9 +103,6 @@ ModelSection llama_family_model_from_config(const HfConfigKeys& k, const HfLlama
     const HfConfigKeys rp(k.at("rope_parameters"), k.path() + " rope_parameters");
     m.rope_theta = rp.positive("rope_theta", m.rope_theta);
   }
-
-  m.pad_vocab_multiple = ModelSection{}.pad_vocab_multiple;
-  m.padded_vocab = (m.vocab_size + m.pad_vocab_multiple - 1) / m.pad_vocab_multiple * m.pad_vocab_multiple;
   return m;
 }
 

@@ -7,6 +7,7 @@
 #include "core/ckpt/checkpoint_reader.h"
 #include "core/ckpt/durable_io.h"
 #include "core/ckpt/imported_checkpoint.h"
+#include "core/ckpt/vocab_padding.h"
 #include "core/model/param_table.h"
 
 namespace pt::ckpt {

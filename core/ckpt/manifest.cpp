@@ -4,6 +4,7 @@
 #include <map>
 
 #include "core/ckpt/checksum.h"
+#include "core/ckpt/vocab_padding.h"
 #include "core/model/architecture.h"
 
 namespace pt::ckpt {
@@ -279,11 +280,6 @@ void check_model_shape(const Manifest& m, const ModelSection& cfg, const std::st
     if (!find_key(wanted, key))
       throw ConfigError("the checkpoint " + where + " has " + key + "=" + value.dump() +
                         ", which the configured model does not" + loads_only);
-}
-
-int pad_multiple_for(int vocab_size, int padded_vocab) {
-  const int def = ModelSection{}.pad_vocab_multiple;
-  return (vocab_size + def - 1) / def * def == padded_vocab ? def : padded_vocab;
 }
 
 ModelSection model_from_manifest(const Manifest& m, const std::string& where) {

@@ -118,9 +118,6 @@ std::string model_hash(const ModelSection& m);
 // "model.d_model=256 but the checkpoint DIR has 128", "moe.top_k=1 but the checkpoint DIR has 2",
 // or that one model has experts and the other none.
 void check_model_shape(const Manifest& m, const ModelSection& cfg, const std::string& where);
-// A model.pad_vocab_multiple that rounds vocab_size up to exactly padded_vocab (the default
-// when it does, else padded_vocab itself), for model shapes read from files.
-int pad_multiple_for(int vocab_size, int padded_vocab);
 // The ModelSection a manifest describes (for convert and for tools without a run config); its
 // moe.aux_loss_coef is the one in the manifest's config.
 ModelSection model_from_manifest(const Manifest& m, const std::string& where);

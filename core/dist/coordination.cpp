@@ -33,18 +33,20 @@ int first_rank_with(Comm& group, bool flag) {
   return -1;
 }
 
-void agree(Comm& group, std::exception_ptr local_failure, const std::string& what) {
-  bool config_error = false;
-  if (local_failure) {
-    try {
-      std::rethrow_exception(local_failure);
-    } catch (const ConfigError&) {
-      config_error = true;
-    } catch (...) {
-    }
+bool is_config_error(std::exception_ptr failure) {
+  if (!failure) return false;
+  try {
+    std::rethrow_exception(failure);
+  } catch (const ConfigError&) {
+    return true;
+  } catch (...) {
   }
+  return false;
+}
+
+void agree(Comm& group, std::exception_ptr local_failure, const std::string& what) {
   const int failed = first_rank_with(group, local_failure != nullptr);
-  const int failed_config = first_rank_with(group, config_error);
+  const int failed_config = first_rank_with(group, is_config_error(local_failure));
   if (local_failure) std::rethrow_exception(local_failure);
   if (failed < 0) return;
   const std::string msg = what + " failed on rank " + std::to_string(group.members()[failed]) + " (see its error)";

@@ -11,6 +11,10 @@
 
 namespace pt {
 
+// Whether `failure` (null: none) is a ConfigError, the kind agree and agree_on_startup (world.h)
+// pass on to the ranks that did not fail.
+bool is_config_error(std::exception_ptr failure);
+
 // The lowest group rank whose `flag` is true, or -1. Collective.
 int first_rank_with(Comm& group, bool flag);
 

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "core/common/error.h"
+#include "core/dist/coordination.h"
 
 #ifdef PICOTRAIN_WITH_MPI
 #include <mpi.h>
@@ -63,16 +64,7 @@ bool ranks_in_lockstep() { return g_in_lockstep; }
 void agree_on_startup(const World& world, std::exception_ptr local_failure) {
   // Each rank contributes 2*rank + (1 for a config error) when it failed, else INT_MAX; the
   // minimum names the lowest failed rank and the kind of its failure.
-  bool config_error = false;
-  if (local_failure) {
-    try {
-      std::rethrow_exception(local_failure);
-    } catch (const ConfigError&) {
-      config_error = true;
-    } catch (...) {
-    }
-  }
-  int status = local_failure ? 2 * world.rank + (config_error ? 1 : 0) : INT_MAX;
+  int status = local_failure ? 2 * world.rank + (is_config_error(local_failure) ? 1 : 0) : INT_MAX;
 #ifdef PICOTRAIN_WITH_MPI
   if (world.size > 1) MPI_Allreduce(MPI_IN_PLACE, &status, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
 #endif

@@ -19,6 +19,7 @@
 //          Hugging Face's names ("model.layers.0.self_attn.q_proj.weight"), q, k, v and gate,
 //          up as separate tensors laid out one after another so each group is one matmul.
 #pragma once
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -56,8 +57,9 @@ enum class ParamRole {
   // mlp_up/mlp_down, which there are its shared experts (absent without them). Replicated over tp.
   moe_router,   // [n_experts, C]
   expert_up,    // n_experts x [2 expert_hidden, C]: each expert's gate rows, then its up rows
-  expert_down,  // n_experts x [C, expert_hidden]
+  expert_down,  // n_experts x [C, expert_hidden] (the last role: kParamRoles)
 };
+inline constexpr size_t kParamRoles = static_cast<size_t>(ParamRole::expert_down) + 1;
 const char* to_string(ParamRole r);
 
 struct Architecture {

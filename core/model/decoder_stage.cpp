@@ -32,9 +32,7 @@ DecoderStage::DecoderStage(const ModelSection& model, ParamStore& store, Ops& op
 
 DecoderStage::DecoderStage(const ModelSection& model, ParamStore& store, Ops& ops, int B, int T, const StageLayers& layers,
                      StageSlots slots, Recompute recompute, const ModelParallel& mp)
-    : m_(model),
-      arch_(describe_architecture(model)),
-      d_(StageDims::make(model, B, T, mp.tp_size(), mp.sequence_parallel, mp.cp_size(), mp.ep ? mp.ep->size() : 1)),
+    : d_(StageDims::make(model, B, T, mp.tp_size(), mp.sequence_parallel, mp.cp_size(), mp.ep ? mp.ep->size() : 1)),
       store_(store),
       ops_(ops),
       layers_(layers),
@@ -49,9 +47,19 @@ DecoderStage::DecoderStage(const ModelSection& model, ParamStore& store, Ops& op
   // attention channels (q heads, the attention output), the q|k|v projection, the MLP hidden
   // width and its up-projection (twice the hidden width with SwiGLU's gate)
   const size_t AC = size_t(d.N) * d.Cl, QKV = size_t(d.N) * d.QKVl, FC = size_t(d.N) * d.Fl, UC = size_t(d.N) * d.Ul;
-  const bool ln_mean = arch_.norm == NormKind::layernorm;  // RMSNorm keeps no mean
+  const bool ln_mean = d.norm_mean();
   const DType act = ops.compute_dtype(), f32 = DType::f32;
   const int L = layers.layers();
+
+  // The roles, resolved once (roles_). Under expert parallel the routed experts' roles are in
+  // their own store.
+  roles_.resize(static_cast<size_t>(model.n_layers) + 2);
+  for (int layer = -1; layer <= model.n_layers; layer++)
+    for (size_t r = 0; r < kParamRoles; r++) {
+      const ParamRole role = static_cast<ParamRole>(r);
+      const bool expert = role == ParamRole::expert_up || role == ParamRole::expert_down;
+      roles_[static_cast<size_t>(layer + 1)][r] = (expert && mp.experts ? *mp.experts : store).role(role, layer);
+    }
 
   // Per slot, per block: what the recompute mode keeps. The last block's output is output_.
   const bool none = recompute == Recompute::none, selective = recompute == Recompute::selective;
@@ -101,7 +109,7 @@ DecoderStage::DecoderStage(const ModelSection& model, ParamStore& store, Ops& op
   // The global position of each of this rank's tokens (context parallel: its chunks'), for the
   // B sequences' T tokens (the position embedding's backward; RoPE in every block) and for each
   // residual row (the position embedding's forward; sequence parallel: this tp rank's rows only).
-  const bool learned_positions = arch_.positions == PositionKind::learned;
+  const bool learned_positions = d.learned_positions();
   const CpSplit split(cp_split_kind(mp.cp_impl), T, d.cp);
   const std::vector<int32_t> pos = split.positions(mp.cp_rank());
   if ((layers.embedding && learned_positions) || arch_.positions == PositionKind::rope) {
@@ -128,7 +136,7 @@ DecoderStage::DecoderStage(const ModelSection& model, ParamStore& store, Ops& op
   dbtc_ = alloc_act(std::max(RC, AC), act);  // a residual-row gradient, or the attention output's
   dqkv_ = alloc_act(QKV, act);
   dfch_ = alloc_act(UC, act);
-  if (d.act_out_grad) dfch_gelu_ = alloc_act(FC, act);
+  if (d.act_out_grad()) dfch_gelu_ = alloc_act(FC, act);
   if (d.sp) ln_grads_ = alloc_act((arch_.norm_has_bias() ? 2 : 1) * size_t(d.C), f32);
 
   if (mp.tp) {
@@ -203,9 +211,8 @@ Tensor DecoderStage::grad_input(int io_slot) const {
 }
 
 Tensor DecoderStage::role_tensor(ParamRole role, int layer, bool grad) const {
-  const bool expert = role == ParamRole::expert_up || role == ParamRole::expert_down;
-  const ParamStore& s = expert && mp_.experts ? *mp_.experts : store_;
-  return grad ? s.role_grad(role, layer) : s.role_param(role, layer);
+  const ParamStore::Role& r = roles_[static_cast<size_t>(layer + 1)][static_cast<size_t>(role)];
+  return grad ? r.grad() : r.param();
 }
 
 DecoderStage::LayerParams DecoderStage::layer_params(int l, bool grads) const {
@@ -370,7 +377,7 @@ double DecoderStage::forward(MicroSlot at, const int32_t* tokens, const int32_t*
                              " still holds a micro-batch whose backward has not run");
   const StageDims& d = d_;
   const int N = d.N, C = d.C;
-  const int embeddings = -1, final_norm = m_.n_layers;  // ParamSpec::layer of the non-block layers
+  const int embeddings = -1, final_norm = arch_.n_layers;  // ParamSpec::layer of the non-block layers
   // The balancing loss enters the objective as aux_loss_coef x its mean over the sparse blocks,
   // per micro-batch, weighted like the micro-batch's B x seq_len tokens of cross-entropy (whose
   // per-token gradient is dloss).
@@ -439,9 +446,9 @@ double DecoderStage::forward(MicroSlot at, const int32_t* tokens, const int32_t*
                         const Tensor losses = losses_.slice(size_t(r0), size_t(n));
                         const Tensor targets = targets_.slice(size_t(r0), size_t(n));
                         if (vocab_ce_)
-                          vocab_ce_->forward_backward(losses, logits, targets, n, m_.vocab_size, d.Vl, dloss);
+                          vocab_ce_->forward_backward(losses, logits, targets, n, arch_.vocab_size, d.Vl, dloss);
                         else
-                          ops_.softmax_cross_entropy(losses, logits, targets, n, m_.vocab_size, d.Vl, dloss);
+                          ops_.softmax_cross_entropy(losses, logits, targets, n, arch_.vocab_size, d.Vl, dloss);
                       });
   if (s.backward_due) {
     ops_.zero(in.dres);

@@ -87,6 +87,7 @@
 //    attention runs across the cp group (core/parallel/cp_attention.h). Gradients of every
 //    parameter are partial over cp and summed by the data-parallel reduction over dp x cp.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string_view>
@@ -214,8 +215,9 @@ class DecoderStage {
     bool backward_due = false;
   };
   LayerParams layer_params(int l, bool grads) const;
-  // The parameters (or gradients) of `role` in `layer` as one tensor over its adjacent pieces;
-  // null where the architecture has none (biases, learned positions).
+  // The parameters (or gradients) of `role` in `layer` (a ParamSpec::layer) as one tensor over
+  // its adjacent pieces; null where the architecture has none (biases, learned positions).
+  // Read from roles_, so nothing is looked up.
   Tensor role_tensor(ParamRole role, int layer, bool grad) const;
   // The architecture's norm, norm after a residual add, MLP activation and RoPE (in place; with
   // backward, the transpose rotation of a gradient). A null mean is RMSNorm's.
@@ -249,10 +251,14 @@ class DecoderStage {
   const IoSlot& io(int io_slot) const;
   Tensor alloc_act(size_t n, DType dtype);
 
-  ModelSection m_;
-  Architecture arch_;
   StageDims d_;
+  const Architecture& arch_ = d_.arch;
   ParamStore& store_;
+  // Every role of every layer, found in its store once, when the stage is built (a stage's stores
+  // and their tables never change; ZeRO attaches and detaches a layer's buffers, which each read
+  // of a ParamStore::Role follows): indexed by ParamSpec::layer + 1 (the embeddings, the blocks,
+  // the final norm and head), then by role. Roles the stores do not hold read as null tensors.
+  std::vector<std::array<ParamStore::Role, kParamRoles>> roles_;
   LayerHooks no_hooks_;
   LayerHooks* hooks_ = &no_hooks_;
   Ops& ops_;

@@ -20,7 +20,8 @@ KvCacheDecoder::KvCacheDecoder(const ModelSection& model, const float* host_weig
   const Tensor arena = alloc(table.total_numel(), ops.compute_dtype());
   ops.upload(arena, host_weights, DType::f32, table.total_numel());
   resolve_params([&](ParamRole r, int layer) {
-    return joined_role_tensor(table, r, layer, [&](const ParamSpec& p) { return arena.slice(p.offset, p.numel); });
+    const RoleRun run = role_run(table, r, layer);
+    return run ? arena.slice(run.first->offset, run.numel) : Tensor{};
   });
   allocate();
 }

@@ -2,8 +2,6 @@
 
 #include <string>
 
-#include "core/model/architecture.h"
-
 namespace pt {
 
 StageDims StageDims::make(const ModelSection& m, int B, int seq_len, int tp, bool sp, int cp, int ep) {
@@ -43,14 +41,8 @@ StageDims StageDims::make(const ModelSection& m, int B, int seq_len, int tp, boo
   d.Vl = m.padded_vocab / tp;
   d.tp = tp;
   d.cp = cp;
-  d.norm_mean = a.norm == NormKind::layernorm;
-  d.learned_positions = a.positions == PositionKind::learned;
-  d.act_out_grad = a.mlp != MlpKind::gelu;
-  d.experts = a.n_experts;
-  d.top_k = a.top_k;
-  d.expert_hidden = a.expert_hidden;
-  d.moe_every = a.moe_every;
   d.ep = a.n_experts > 0 ? ep : 1;
+  d.arch = a;
   return d;
 }
 

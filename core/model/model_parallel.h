@@ -14,6 +14,7 @@
 
 #include "core/config/run_config.h"
 #include "core/dist/comm.h"
+#include "core/model/architecture.h"
 #include "core/parallel/cp_attention.h"
 
 namespace pt {
@@ -53,17 +54,18 @@ struct StageDims {
   int Vl = 0;     // vocabulary rows on this rank: padded_vocab / tp
   int tp = 1, cp = 1;
   bool sp = false;
-  // What the architecture's blocks keep besides the widths above (the memory plan counts them):
-  bool norm_mean = true;          // LayerNorm keeps a mean per row and has a bias; RMSNorm neither
-  bool learned_positions = true;  // a position embedding (else RoPE, which every stage applies)
+  int ep = 1;  // expert-parallel ranks (the experts' side of the exchange holds ep x the routed rows)
+  // The model these are the shapes of: what its blocks are and keep besides the widths above
+  // (the norm, the positions, the MLP's activation, the routed experts) is read from it, not
+  // copied here.
+  Architecture arch;
+  // LayerNorm keeps a mean per row (and has a bias); RMSNorm neither.
+  bool norm_mean() const { return arch.norm == NormKind::layernorm; }
+  // A position embedding (else RoPE, which every stage applies).
+  bool learned_positions() const { return arch.positions == PositionKind::learned; }
   // A buffer for the gradient of the MLP activation's output (dfch_gelu): SwiGLU's backward takes
   // it; GELU's runs inside the projection's input-gradient matmul and needs none.
-  bool act_out_grad = false;
-  // Mixture of experts (0 experts: dense): the routed experts' shape, which every rank holds
-  // whole, and which blocks are sparse (Architecture::sparse_block).
-  int experts = 0, top_k = 0, expert_hidden = 0, moe_every = 1;
-  int ep = 1;  // expert-parallel ranks (the experts' side of the exchange holds ep x the routed rows)
-  bool sparse_block(int layer) const { return experts > 0 && (layer + 1) % moe_every == 0; }
+  bool act_out_grad() const { return arch.mlp != MlpKind::gelu; }
 
   size_t lse() const { return static_cast<size_t>(B) * NHl * T; }  // attention log-sum-exps
   size_t rows_c() const { return static_cast<size_t>(rows) * C; }  // one residual-stream tensor

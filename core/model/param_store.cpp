@@ -40,38 +40,42 @@ Tensor& ParamStore::attached(std::vector<Tensor>& at, int layer) {
   return at[static_cast<size_t>(layer - layout_.first_layer())];
 }
 
-Tensor ParamStore::locate(Tensor arena, const std::vector<Tensor>& at, const ParamSpec& p, const char* what) const {
-  if (arena) return arena.slice(layout_.arena_offset(p), p.numel);
-  const Tensor buf = at[static_cast<size_t>(p.layer - layout_.first_layer())];
-  check(static_cast<bool>(buf), std::string("the ") + what + " of " + p.name + " (layer " + std::to_string(p.layer) +
-                                    ") are sharded (ZeRO-" + std::to_string(layout_.zero_stage()) +
-                                    ") and no working buffer is attached for its layer");
-  return buf.slice(p.offset - layout_.bucket_of_layer(p.layer).begin, p.numel);
+ParamStore::Role ParamStore::run(const ParamSpec& first, size_t numel) const {
+  const Bucket& b = layout_.bucket_of_layer(first.layer);
+  Role r;
+  r.store_ = this;
+  r.first_ = &first;
+  r.layer_slot_ = static_cast<size_t>(first.layer - layout_.first_layer());
+  r.bucket_offset_ = first.offset - b.begin;
+  r.arena_offset_ = b.arena_offset + r.bucket_offset_;
+  r.numel_ = numel;
+  return r;
 }
 
-Tensor ParamStore::param(const ParamSpec& p) const { return locate(params_, params_at_, p, "parameters"); }
-Tensor ParamStore::grad(const ParamSpec& p) const { return locate(grads_, grads_at_, p, "gradients"); }
-
-Tensor ParamStore::role_param(ParamRole role, int layer) const {
-  return joined_role_tensor(table_, role, layer, [&](const ParamSpec& p) { return param(p); });
+Tensor ParamStore::locate(Tensor arena, const std::vector<Tensor>& at, const Role& r, const char* what) const {
+  if (arena) return arena.slice(r.arena_offset_, r.numel_);
+  const Tensor buf = at[r.layer_slot_];
+  if (!buf)  // the message is built only when thrown: this runs for every tensor a stage reads
+    throw RuntimeError(std::string("the ") + what + " of " + r.first_->name + " (layer " +
+                       std::to_string(r.first_->layer) + ") are sharded (ZeRO-" +
+                       std::to_string(layout_.zero_stage()) + ") and no working buffer is attached for its layer");
+  return buf.slice(r.bucket_offset_, r.numel_);
 }
 
-Tensor ParamStore::role_grad(ParamRole role, int layer) const {
-  return joined_role_tensor(table_, role, layer, [&](const ParamSpec& p) { return grad(p); });
+Tensor ParamStore::param(const ParamSpec& p) const { return run(p, p.numel).param(); }
+Tensor ParamStore::grad(const ParamSpec& p) const { return run(p, p.numel).grad(); }
+
+ParamStore::Role ParamStore::role(ParamRole role, int layer) const {
+  const RoleRun r = role_run(table_, role, layer);
+  return r ? run(*r.first, r.numel) : Role();
 }
 
-Tensor joined_role_tensor(const ParamTable& table, ParamRole role, int layer,
-                          const std::function<Tensor(const ParamSpec&)>& get) {
-  const std::vector<const ParamSpec*> specs = role_specs(table, role, layer);
-  if (specs.empty()) return Tensor{};
-  Tensor whole = get(*specs[0]);
-  for (size_t i = 1; i < specs.size(); i++) {
-    const Tensor next = get(*specs[i]);
-    check(next.data == static_cast<char*>(whole.data) + whole.bytes(),
-          "the tensors of role " + std::string(to_string(role)) + " are not adjacent (" + specs[i]->name + ")");
-    whole.numel += next.numel;
-  }
-  return whole;
+Tensor ParamStore::Role::param() const {
+  return store_ ? store_->locate(store_->params_, store_->params_at_, *this, "parameters") : Tensor{};
+}
+
+Tensor ParamStore::Role::grad() const {
+  return store_ ? store_->locate(store_->grads_, store_->grads_at_, *this, "gradients") : Tensor{};
 }
 
 Tensor ParamStore::whole_slice(Tensor shard, const ParamSpec& p, const char* what) const {

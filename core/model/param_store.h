@@ -13,7 +13,6 @@
 // reduced gradient IS the gradient arena (ZeRO 0-1), and with an f32 compute dtype the master
 // weights ARE the params (ZeRO 0-2) or the parameter shard (ZeRO-3).
 #pragma once
-#include <functional>
 #include <vector>
 
 #include "core/model/param_table.h"
@@ -46,9 +45,31 @@ class ParamStore {
   Tensor param(const std::string& name) const { return param(table_.get(name)); }
   Tensor grad(const std::string& name) const { return grad(table_.get(name)); }
   // The parameters (or gradients) of `role` in block `layer` as one tensor over its adjacent
-  // pieces (llama's q, k, v projections are one matmul); null where the table has none.
-  Tensor role_param(ParamRole role, int layer) const;
-  Tensor role_grad(ParamRole role, int layer) const;
+  // pieces (role_run: llama's q, k, v projections are one matmul); null where the table has none.
+  Tensor role_param(ParamRole role, int layer) const { return this->role(role, layer).param(); }
+  Tensor role_grad(ParamRole role, int layer) const { return this->role(role, layer).grad(); }
+
+  // A role of one layer (or one parameter), found once: reading it then looks nothing up,
+  // wherever the layer's tensors are at that moment (the resident arena, or the working buffer
+  // ZeRO attached for this use), so a stage resolves its roles when it is built and reads them
+  // every micro-batch. Valid while the store lives; a default one (a role the table does not
+  // have) reads as null tensors.
+  class Role {
+   public:
+    Role() = default;
+    Tensor param() const;
+    Tensor grad() const;
+
+   private:
+    friend class ParamStore;
+    const ParamStore* store_ = nullptr;
+    const ParamSpec* first_ = nullptr;  // named when its layer is not available
+    size_t layer_slot_ = 0;             // its layer's index among the store's layers
+    size_t arena_offset_ = 0;           // where it starts in the resident arena
+    size_t bucket_offset_ = 0;          // where it starts in its layer's bucket (a working buffer)
+    size_t numel_ = 0;
+  };
+  Role role(ParamRole role, int layer) const;
   // One parameter's optimizer state: only when this rank's shard is the whole model.
   Tensor master(const ParamSpec& p) const { return whole_slice(master_, p, "master weights"); }
   Tensor adam_m(const ParamSpec& p) const { return whole_slice(m_, p, "Adam moments"); }
@@ -85,7 +106,9 @@ class ParamStore {
 
  private:
   Tensor whole_slice(Tensor shard, const ParamSpec& p, const char* what) const;
-  Tensor locate(Tensor arena, const std::vector<Tensor>& at, const ParamSpec& p, const char* what) const;
+  // `numel` elements from the start of `first`, a parameter of this store's table.
+  Role run(const ParamSpec& first, size_t numel) const;
+  Tensor locate(Tensor arena, const std::vector<Tensor>& at, const Role& r, const char* what) const;
   Tensor& attached(std::vector<Tensor>& at, int layer);
   Tensor alloc(size_t n, DType dtype);
 
@@ -97,11 +120,5 @@ class ParamStore {
   Tensor master_, m_, v_, grad_shard_, param_shard_;
   std::vector<Tensor> params_at_, grads_at_;  // attached working buffers, by layer
 };
-
-// The tensors of `role` in block `layer` of `table`, each found with `get` (a store's param or
-// grad, or a slice of an arena laid out like the table), joined into one tensor: they lie one
-// after another in every arena made from the table, which this checks. Null where there are none.
-Tensor joined_role_tensor(const ParamTable& table, ParamRole role, int layer,
-                          const std::function<Tensor(const ParamSpec&)>& get);
 
 }  // namespace pt

@@ -126,6 +126,21 @@ std::vector<const ParamSpec*> role_specs(const ParamTable& table, ParamRole role
   return out;
 }
 
+RoleRun role_run(const ParamTable& table, ParamRole role, int layer) {
+  RoleRun run;
+  for (size_t i : table.role_indices(role, layer)) {
+    const ParamSpec& p = table.specs()[i];
+    if (!run) {
+      run = {&p, p.numel};
+      continue;
+    }
+    check(p.offset == run.first->offset + run.numel,
+          "the tensors of role " + std::string(to_string(role)) + " are not adjacent (" + p.name + ")");
+    run.numel += p.numel;
+  }
+  return run;
+}
+
 ParamTable tensor_parallel_table(const ParamTable& full, int tp, int tp_rank) {
   check(tp >= 1 && tp_rank >= 0 && tp_rank < tp, "tensor_parallel_table: rank out of range");
   if (tp == 1) return full;

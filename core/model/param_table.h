@@ -56,8 +56,8 @@ class ParamTable {
   size_t total_numel() const { return total_; }
   size_t count_numel(bool (*pred)(const ParamSpec&)) const;
   // The indices into specs() of `role`'s tensors in block `layer`, in table order (empty: none).
-  // Indexed once: the stages look roles up for every block of every micro-batch, and a table of
-  // many experts holds thousands of tensors.
+  // Indexed once: every stage resolves every role of every layer (ParamStore::role), and a table
+  // of many experts holds thousands of tensors.
   const std::vector<size_t>& role_indices(ParamRole role, int layer) const;
 
  private:
@@ -75,6 +75,16 @@ ParamTable build_param_table(const ModelSection& model);
 // The specs of `role` in block `layer` (-1 / n_layers outside the blocks), in table order; empty
 // when the table has none (no such tensor in the architecture, or not on this pipeline stage).
 std::vector<const ParamSpec*> role_specs(const ParamTable& table, ParamRole role, int layer);
+// The same tensors as one run: the first one's spec and their elements together. They lie one
+// after another in the table (this checks it), and so in every arena, tensor-parallel piece and
+// ZeRO-3 layer buffer made from it, where the stages use them as one tensor (llama's q, k, v
+// projections are one matmul). Null where there are none.
+struct RoleRun {
+  const ParamSpec* first = nullptr;
+  size_t numel = 0;
+  explicit operator bool() const { return first != nullptr; }
+};
+RoleRun role_run(const ParamTable& table, ParamRole role, int layer);
 
 // Tensor parallel: the same parameters as `full`, each cut to what rank `tp_rank` of `tp`
 // holds (its Split: column, row, vocab, or whole when replicated), with ParamSpec::tp saying

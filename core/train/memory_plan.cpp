@@ -119,7 +119,7 @@ size_t decoder_activation_bytes(const StageDims& d, CpImpl cp_impl, DType comput
   const size_t N = d.N, rows = d.rows, RC = d.rows_c();
   const size_t AC = N * d.Cl, QKV = N * d.QKVl, FC = N * d.Fl, UC = N * d.Ul, L = static_cast<size_t>(layers.layers());
   // A norm's f32 statistics per row: LayerNorm's mean and rstd, RMSNorm's rstd.
-  const size_t stats = d.norm_mean ? 2 : 1;
+  const size_t stats = d.norm_mean() ? 2 : 1;
   // What selective recompute rebuilds: ln1, ln2 (RC each), atty (AC), the activation's output
   // (FC), and in f32 the norms' statistics and the attention's log-sum-exps. What only full
   // recompute rebuilds, the matmul inputs: qkv (QKV), res2 (RC), fch (UC).
@@ -135,16 +135,16 @@ size_t decoder_activation_bytes(const StageDims& d, CpImpl cp_impl, DType comput
   // The shared set: the two projections and the stage's output (RC each), the backward scratch
   // (a norm's or the attention output's gradient, dqkv, dfch and, for SwiGLU, the gradient of
   // the activation's output), and what the slots do not keep.
-  size_t shared_act = 3 * RC + std::max(RC, AC) + QKV + UC + (d.act_out_grad ? FC : 0), shared_f32 = 0,
+  size_t shared_act = 3 * RC + std::max(RC, AC) + QKV + UC + (d.act_out_grad() ? FC : 0), shared_f32 = 0,
          shared_i32 = 0;
   if (recompute == Recompute::selective) shared_act += rebuilt, shared_f32 += rebuilt_f32;
   if (recompute == Recompute::full) shared_act += rebuilt + matmul_in, shared_f32 += rebuilt_f32;
-  if (d.sp) shared_f32 += (d.norm_mean ? 2 : 1) * static_cast<size_t>(d.C);  // a norm's partial weight gradients
+  if (d.sp) shared_f32 += (d.norm_mean() ? 2 : 1) * static_cast<size_t>(d.C);  // a norm's partial weight gradients
   // Positions: of the T tokens (the position embedding's backward, or RoPE on every stage) and
   // of each residual row (the position embedding's forward).
-  if (!d.learned_positions) shared_i32 += d.T;
+  if (!d.learned_positions()) shared_i32 += d.T;
   if (layers.embedding) {
-    if (d.learned_positions) shared_i32 += d.T + rows;
+    if (d.learned_positions()) shared_i32 += d.T + rows;
     if (d.sp) shared_act += N * d.C;           // every token's embedding before the reduce-scatter
   }
   if (layers.head) {  // targets; final norm and its statistics; one chunk's logits; per-token losses
@@ -157,12 +157,13 @@ size_t decoder_activation_bytes(const StageDims& d, CpImpl cp_impl, DType comput
   // activation set whatever the recompute mode (core/model/moe_layer.h), besides one shared
   // scratch and the routed output's buffer.
   size_t sparse = 0;
-  for (int l = layers.first_layer; l < layers.end_layer; l++) sparse += d.sparse_block(l) ? 1 : 0;
+  for (int l = layers.first_layer; l < layers.end_layer; l++) sparse += d.arch.sparse_block(l) ? 1 : 0;
   size_t moe_bytes = 0;
   if (sparse > 0) {
     const int R = static_cast<int>(rows);
-    moe_bytes = S * sparse * MoeLayer::kept_bytes(d.experts, d.top_k, d.expert_hidden, d.C, R, compute, d.ep) +
-                MoeLayer::scratch_bytes(d.experts, d.top_k, d.expert_hidden, d.C, R, compute, d.sp, d.ep) +
+    const Architecture& a = d.arch;
+    moe_bytes = S * sparse * MoeLayer::kept_bytes(a.n_experts, a.top_k, a.expert_hidden, d.C, R, compute, d.ep) +
+                MoeLayer::scratch_bytes(a.n_experts, a.top_k, a.expert_hidden, d.C, R, compute, d.sp, d.ep) +
                 dtype_size(compute) * RC;
   }
   return moe_bytes + dtype_size(compute) * (S * per_set_act + IO * per_io_act + shared_act) +
