@@ -86,6 +86,11 @@ __device__ __forceinline__ void wgmma_pv(float (&o)[HS / 8][4], const uint32_t (
     wgmma_m64n128k16_rs_tb(o, p, desc_v, 1);
 }
 
+// 1 in the code compiled for sm_90a, 0 in every other arch's: read back from the module the device
+// loaded, it says whether the kernel there is the real one (a build for plain sm_90 has only the
+// trap).
+__device__ int hopper_kernel_built = PT_HOPPER_DEVICE;  // never written
+
 template <int HS>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_forward_sm90_kernel(bf16* out, float* lse, const __grid_constant__ CUtensorMap map_q,
@@ -326,7 +331,12 @@ bool flash_forward_sm90_available() {
       (void)cudaGetLastError();
       return false;
     }
-    return attr.binaryVersion == 90;  // the sm_90a code, not the sm_80 build's empty body
+    int built = 0;  // the sm_90a code, not an sm_80 or plain sm_90 build's trap
+    if (cudaMemcpyFromSymbol(&built, hopper_kernel_built, sizeof(built)) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    return attr.binaryVersion == 90 && built == 1;
   }();
   return available;
 }
