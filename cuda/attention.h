@@ -28,7 +28,7 @@ void flash_attention_forward_bf16(void* out, float* lse, const void* qkv, int B,
 
 // The forward's Hopper kernel (flash_attention_forward_sm90.cu: wgmma, TMA, warp-specialised),
 // the same contract; it needs flash_forward_sm90_available(): a compute capability 9.0 GPU and a
-// build with sm_90a code.
+// build with sm_90a code. Called by flash_attention_forward_bf16, after its argument checks.
 bool flash_forward_sm90_available();
 void flash_attention_forward_sm90_bf16(void* out, float* lse, const void* qkv, int B, int T, int NH, int NKV, int HS,
                                        void* stream = nullptr);
@@ -39,8 +39,6 @@ void flash_attention_forward_sm90_bf16(void* out, float* lse, const void* qkv, i
 enum class FlashForwardPath { mma, wgmma, automatic };
 FlashForwardPath flash_forward_path();
 void set_flash_forward_path(FlashForwardPath path);
-// The path's name as PICOTRAIN_FLASH_FORWARD spells it.
-const char* flash_forward_path_name(FlashForwardPath path);
 // The backward's workspace (16-byte aligned, its contents don't matter): dQ (and, under GQA, dK
 // and dV) partial sums and the counters that fix the order in which blocks add them
 // (flash_attention_backward.cu).

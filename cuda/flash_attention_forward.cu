@@ -155,50 +155,16 @@ __global__ void __launch_bounds__(kFwdThreads, 2)
         }
       }
 
-      // The causal mask, only where some key of the tile follows the warp's first row. Element
-      // e of n-tile nt of m-tile m: row wq0 + 16m + g + 8 (e / 2), key kt*BN + 8nt + 2t + e % 2.
+      // The causal mask, only where some key of the tile follows the warp's first row.
       if (kt * BN + BN - 1 > wq0) {
 #pragma unroll
-        for (int m = 0; m < MT; ++m)
-#pragma unroll
-          for (int nt = 0; nt < BN / 8; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int qi = wq0 + m * 16 + g + 8 * (e >> 1), kj = kt * BN + nt * 8 + 2 * t + (e & 1);
-              if (kj > qi) s[m][nt][e] = -INFINITY;
-            }
+        for (int m = 0; m < MT; ++m) causal_mask(s[m], wq0 + m * 16, kt * BN, g, t);
       }
 
 #pragma unroll
-      for (int m = 0; m < MT; ++m) {
+      for (int m = 0; m < MT; ++m)
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          float mx = -INFINITY;
-#pragma unroll
-          for (int nt = 0; nt < BN / 8; ++nt) mx = fmaxf(mx, fmaxf(s[m][nt][2 * r], s[m][nt][2 * r + 1]));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-          const float m_new = fmaxf(m_run[m][r], mx);
-          const float m_scaled = m_new == -INFINITY ? 0.0f : m_new * scale_log2;  // masked so far: 0, not NaN
-          const float alpha = exp2f(m_run[m][r] * scale_log2 - m_scaled);
-          m_run[m][r] = m_new;
-          float rowsum = 0.0f;
-#pragma unroll
-          for (int nt = 0; nt < BN / 8; ++nt) {
-            const float p0 = exp2f(fmaf(s[m][nt][2 * r], scale_log2, -m_scaled));
-            const float p1 = exp2f(fmaf(s[m][nt][2 * r + 1], scale_log2, -m_scaled));
-            s[m][nt][2 * r] = p0;
-            s[m][nt][2 * r + 1] = p1;
-            rowsum += p0 + p1;
-          }
-          l_run[m][r] = l_run[m][r] * alpha + rowsum;
-#pragma unroll
-          for (int nt = 0; nt < HS / 8; ++nt) {
-            o[m][nt][2 * r] *= alpha;
-            o[m][nt][2 * r + 1] *= alpha;
-          }
-        }
-      }
+        for (int r = 0; r < 2; ++r) softmax_row_step(s[m], o[m], r, m_run[m][r], l_run[m][r], scale_log2);
 
       // O += P V, 16 keys per k-step.
 #pragma unroll
@@ -226,16 +192,14 @@ __global__ void __launch_bounds__(kFwdThreads, 2)
   for (int m = 0; m < MT; ++m) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float l = l_run[m][r];
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const float l = row_sum_quad(l_run[m][r]);
       const float inv = l > 0.0f ? 1.0f / l : 0.0f;
       const int row = wrow + m * 16 + g + 8 * r, qi = q0 + row;
 #pragma unroll
       for (int nt = 0; nt < HS / 8; ++nt)
         store_pair(sQ + row * LD + nt * 8 + 2 * t, o[m][nt][2 * r] * inv, o[m][nt][2 * r + 1] * inv);
       if (t == 0 && qi < T)
-        lse[(static_cast<size_t>(b) * NH + h) * T + qi] = (m_run[m][r] * scale_log2 + log2f(l)) * kLn2;
+        lse[(static_cast<size_t>(b) * NH + h) * T + qi] = row_lse(m_run[m][r], l, scale_log2);
     }
   }
   __syncwarp();

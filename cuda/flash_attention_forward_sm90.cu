@@ -184,47 +184,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_wait<0>();
     fence_regs(sc);
 
-    // The causal mask, only where some key of the tile follows the warp's first row. Element e of
-    // column group j: row row0 + g + 8 (e / 2), key kt*128 + 8 j + 2 t + e % 2.
-    if (kt * kBlockN + kBlockN - 1 > row0) {
+    // The causal mask, only where some key of the tile follows the warp's first row; then the
+    // online softmax of the warp's two rows (a row's 128 scores lie in its quad of lanes).
+    if (kt * kBlockN + kBlockN - 1 > row0) causal_mask(sc, row0, kt * kBlockN, g, t);
 #pragma unroll
-      for (int j = 0; j < kBlockN / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int qi = row0 + g + 8 * (e >> 1), kj = kt * kBlockN + j * 8 + 2 * t + (e & 1);
-          if (kj > qi) sc[j][e] = -INFINITY;
-        }
-    }
-
-    // Online softmax, base 2, per row (r 0: row g, r 1: row g + 8; a row's 128 scores lie in the
-    // quad of lanes 4g..4g+3).
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int j = 0; j < kBlockN / 8; ++j) mx = fmaxf(mx, fmaxf(sc[j][2 * r], sc[j][2 * r + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(m_run[r], mx);
-      const float m_scaled = m_new == -INFINITY ? 0.0f : m_new * scale_log2;  // masked so far: 0, not NaN
-      const float alpha = exp2f(m_run[r] * scale_log2 - m_scaled);
-      m_run[r] = m_new;
-      float rowsum = 0.0f;
-#pragma unroll
-      for (int j = 0; j < kBlockN / 8; ++j) {
-        const float p0 = exp2f(fmaf(sc[j][2 * r], scale_log2, -m_scaled));
-        const float p1 = exp2f(fmaf(sc[j][2 * r + 1], scale_log2, -m_scaled));
-        sc[j][2 * r] = p0;
-        sc[j][2 * r + 1] = p1;
-        rowsum += p0 + p1;
-      }
-      l_run[r] = l_run[r] * alpha + rowsum;
-#pragma unroll
-      for (int j = 0; j < HS / 8; ++j) {
-        o[j][2 * r] *= alpha;
-        o[j][2 * r + 1] *= alpha;
-      }
-    }
+    for (int r = 0; r < 2; ++r) softmax_row_step(sc, o, r, m_run[r], l_run[r], scale_log2);
     uint32_t p[kBlockN / 16][4];
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) acc_to_a(p[kk], sc[2 * kk], sc[2 * kk + 1]);
@@ -251,16 +215,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int C = NH * HS;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    float l = l_run[r];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const float l = row_sum_quad(l_run[r]);
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
     const int qi = row0 + g + 8 * r;
     if (qi < T) {
       bf16* orow = out + (static_cast<size_t>(b) * T + qi) * C + static_cast<size_t>(h) * HS;
 #pragma unroll
       for (int j = 0; j < HS / 8; ++j) store_pair(orow + j * 8 + 2 * t, o[j][2 * r] * inv, o[j][2 * r + 1] * inv);
-      if (t == 0) lse[(static_cast<size_t>(b) * NH + h) * T + qi] = (m_run[r] * scale_log2 + log2f(l)) * kLn2;
+      if (t == 0) lse[(static_cast<size_t>(b) * NH + h) * T + qi] = row_lse(m_run[r], l, scale_log2);
     }
   }
 #else
@@ -360,24 +322,10 @@ FlashForwardPath& chosen_path() {
 
 FlashForwardPath flash_forward_path() { return chosen_path(); }
 void set_flash_forward_path(FlashForwardPath path) { chosen_path() = path; }
-const char* flash_forward_path_name(FlashForwardPath path) {
-  switch (path) {
-    case FlashForwardPath::mma:
-      return "mma";
-    case FlashForwardPath::wgmma:
-      return "wgmma";
-    case FlashForwardPath::automatic:
-      return "auto";
-  }
-  return "?";
-}
 
 void flash_attention_forward_sm90_bf16(void* out, float* lse, const void* qkv, int B, int T, int NH, int NKV, int HS,
                                        void* stream) {
-  if (B <= 0 || T <= 0) return;
   check(flash_forward_sm90_available(), "flash attention (sm_90a): needs a Hopper GPU and a build with sm_90a");
-  check(static_cast<long long>(B) * NH <= 65535, "flash attention: B * n_heads exceeds the grid's y limit 65535");
-  check(NKV > 0 && NH % NKV == 0, "flash attention: n_kv_heads must divide n_heads");
   switch (HS) {
     case 64:
       return launch_forward_sm90<64>(out, lse, qkv, B, T, NH, NKV, as_stream(stream));

@@ -100,6 +100,65 @@ __device__ __forceinline__ void store_pair(bf16* p, float x, float y) {
   *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(x, y);
 }
 
+// ---- the forward's per-tile softmax, shared by the sm_80 and the Hopper kernels -----------------
+// Both hold a 16-row strip of scores as NT groups of the m16n8 C layout (s[j][e]: row g + 8 (e / 2),
+// column 8 j + 2 t + e % 2; wgmma's accumulators repeat it along N), and the row's output the same
+// way over the head's columns.
+
+// -inf where key key0 + 8 j + 2 t + e % 2 follows query row0 + g + 8 (e / 2) (causal).
+template <int NT>
+__device__ __forceinline__ void causal_mask(float (&s)[NT][4], int row0, int key0, int g, int t) {
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int qi = row0 + g + 8 * (e >> 1), kj = key0 + j * 8 + 2 * t + (e & 1);
+      if (kj > qi) s[j][e] = -INFINITY;
+    }
+}
+
+// The online softmax step of row r (0: g, 1: g + 8) in the base-2 domain: the running max m stays
+// in raw score units and the scale is folded into one FFMA per element, p = 2^(s scale log2(e) -
+// m scale log2(e)); the scores become p, the output and the partial sum l (this thread's columns,
+// added over the row's 4 lanes only at the end) are rescaled by 2^((m_old - m_new) scale log2(e)).
+template <int NT, int NO>
+__device__ __forceinline__ void softmax_row_step(float (&s)[NT][4], float (&o)[NO][4], int r, float& m_run,
+                                                 float& l_run, float scale_log2) {
+  float mx = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < NT; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+  const float m_new = fmaxf(m_run, mx);
+  const float m_scaled = m_new == -INFINITY ? 0.0f : m_new * scale_log2;  // masked so far: 0, not NaN
+  const float alpha = exp2f(m_run * scale_log2 - m_scaled);
+  m_run = m_new;
+  float rowsum = 0.0f;
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    const float p0 = exp2f(fmaf(s[j][2 * r], scale_log2, -m_scaled));
+    const float p1 = exp2f(fmaf(s[j][2 * r + 1], scale_log2, -m_scaled));
+    s[j][2 * r] = p0;
+    s[j][2 * r + 1] = p1;
+    rowsum += p0 + p1;
+  }
+  l_run = l_run * alpha + rowsum;
+#pragma unroll
+  for (int j = 0; j < NO; ++j) {
+    o[j][2 * r] *= alpha;
+    o[j][2 * r + 1] *= alpha;
+  }
+}
+
+// A row's final sum over its quad of lanes (l) and its lse = (m scale log2(e) + log2 l) ln 2.
+__device__ __forceinline__ float row_sum_quad(float l) {
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  return l + __shfl_xor_sync(0xffffffffu, l, 2);
+}
+__device__ __forceinline__ float row_lse(float m_run, float l, float scale_log2) {
+  return (m_run * scale_log2 + log2f(l)) * kLn2;
+}
+
 // ---- cp.async: global -> shared without a trip through registers (sm_80+) ----------------------
 
 // 16 bytes from src to dst, or 16 zero bytes when !valid (src is then not read, but must still be a
