@@ -20,11 +20,14 @@ namespace pt::test {
 
 namespace fs = std::filesystem;
 
-// $PICOTRAIN_GPT2_DIR, else <repo>/data/gpt2.
-inline std::string gpt2_dir() {
-  const char* env = std::getenv("PICOTRAIN_GPT2_DIR");
-  return env && *env ? env : std::string(PICOTRAIN_SOURCE_DIR) + "/data/gpt2";
+// $env_var, else where scripts/get_data.sh puts `name`'s files (default_tokenizer_dir).
+inline std::string tokenizer_dir_for_tests(const char* env_var, const std::string& name) {
+  const char* env = std::getenv(env_var);
+  return env && *env ? env : default_tokenizer_dir(name);
 }
+
+// $PICOTRAIN_GPT2_DIR, else <repo>/data/gpt2.
+inline std::string gpt2_dir() { return tokenizer_dir_for_tests("PICOTRAIN_GPT2_DIR", "gpt2"); }
 
 // Loaded once per test binary. A missing file fails the test with the command that fetches it:
 // these tests must never pass by skipping.
@@ -40,10 +43,7 @@ inline const Gpt2Tokenizer& gpt2() {
 }
 
 // $PICOTRAIN_LLAMA3_DIR, else <repo>/data/llama3.
-inline std::string llama3_dir() {
-  const char* env = std::getenv("PICOTRAIN_LLAMA3_DIR");
-  return env && *env ? env : std::string(PICOTRAIN_SOURCE_DIR) + "/data/llama3";
-}
+inline std::string llama3_dir() { return tokenizer_dir_for_tests("PICOTRAIN_LLAMA3_DIR", "llama3"); }
 
 // Llama 3's tokenizer.json, loaded once per test binary; fails like gpt2() when it is missing.
 inline const HfTokenizer& llama3() {

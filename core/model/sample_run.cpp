@@ -65,8 +65,8 @@ void run_sample_command(const SampleCommand& c, std::FILE* out) {
     name = tokenizer_for_vocab(m.vocab_size);
     if (name.empty())
       throw ConfigError("sample: the model's vocabulary (" + std::to_string(m.vocab_size) +
-                        ") is none of the byte tokenizer's (256), GPT-2's (50257) or Llama 3's (128256); "
-                        "name one with --tokenizer");
+                        ") is none of " + vocabularies_with_a_tokenizer() +
+                        "; name one with --tokenizer");
   }
   const std::unique_ptr<Tokenizer> tok = make_tokenizer(name, c.tokenizer_dir);
   if (tok->vocab_size() > m.vocab_size)
@@ -113,9 +113,9 @@ std::shared_ptr<const Tokenizer> training_tokenizer(int vocab_size) {
   const std::string name = tokenizer_for_vocab(vocab_size);
   if (name.empty()) {
     print_linef(Stream::out,
-                "warning   | logging.sample_every: model.vocab_size=%d is none of the byte tokenizer's (256), "
-                "GPT-2's (50257) or Llama 3's (128256), so there is no tokenizer to print samples with; skipping them",
-                vocab_size);
+                "warning   | logging.sample_every: model.vocab_size=%d is none of %s, so there is no tokenizer to "
+                "print samples with; skipping them",
+                vocab_size, vocabularies_with_a_tokenizer());
   } else {
     try {
       tok = make_tokenizer(name);

@@ -106,4 +106,8 @@ std::string tokenizer_for_vocab(int vocab_size) {
   return "";
 }
 
+const char* vocabularies_with_a_tokenizer() {
+  return "the byte tokenizer's (256), GPT-2's (50257) or Llama 3's (128256)";
+}
+
 }  // namespace pt

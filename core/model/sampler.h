@@ -53,7 +53,11 @@ class Utf8Stream {
   std::string pending_;
 };
 
-// The tokenizer a model's vocabulary implies: 256 -> "bytes", 50257 -> "gpt2", else "".
+// The tokenizer a model's vocabulary implies: 256 -> "bytes", 50257 -> "gpt2", 128256 -> "llama3",
+// else "".
 std::string tokenizer_for_vocab(int vocab_size);
+// Those vocabularies, for a message about a model with none of them: "the byte tokenizer's (256),
+// GPT-2's (50257) or Llama 3's (128256)".
+const char* vocabularies_with_a_tokenizer();
 
 }  // namespace pt

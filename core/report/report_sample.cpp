@@ -14,7 +14,7 @@ ReportSample sample_for_report(const RunConfig& cfg, const float* weights, Ops& 
   const std::string name = tokenizer_for_vocab(cfg.model.vocab_size);
   if (name.empty()) {
     r.note = "no sample: model.vocab_size=" + std::to_string(cfg.model.vocab_size) +
-             " is none of the byte tokenizer's (256), GPT-2's (50257) or Llama 3's (128256)";
+             " is none of " + vocabularies_with_a_tokenizer();
     return r;
   }
   std::unique_ptr<Tokenizer> tok;

@@ -63,7 +63,6 @@ HfTokenizer::HfTokenizer(const std::string& path, std::string name) : name_(std:
   for (const auto& t : f.added) {
     model_->set_token(t.id, t.content);
     added_.add(t.content, t.id);
-    added_ids_.emplace_back(t.content, t.id);
   }
   for (const auto& s : f.splits)
     stages_.push_back({std::make_unique<RegexPattern>(s.pattern, where), s.keep_matches, s.keep_gaps});
@@ -71,13 +70,7 @@ HfTokenizer::HfTokenizer(const std::string& path, std::string name) : name_(std:
   // and only when it keeps every byte and no added token can straddle the cut.
   if (!stages_.empty() && f.splits[0].keep_matches && f.splits[0].keep_gaps && !added_.any_holds_ascii_space())
     cut_ = cut_rule_for(f.splits[0].pattern);
-  if (!f.document_marker.empty()) marker_ = added_id(f.document_marker);
-}
-
-int32_t HfTokenizer::added_id(const std::string& content) const {
-  for (const auto& [c, id] : added_ids_)
-    if (c == content) return id;
-  return -1;
+  marker_ = f.document_marker_id;
 }
 
 std::vector<int32_t> HfTokenizer::document_prefix() const {

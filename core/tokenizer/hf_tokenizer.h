@@ -40,8 +40,6 @@ class HfTokenizer final : public Tokenizer {
   size_t next_cut(std::string_view text, size_t from) const override { return pt::next_cut(cut_, text, from); }
 
   size_t merge_count() const { return model_->merge_count(); }
-  // The id of an added token, or -1.
-  int32_t added_id(const std::string& content) const;
 
  private:
   friend class HfEncoder;
@@ -53,7 +51,6 @@ class HfTokenizer final : public Tokenizer {
   std::unique_ptr<BpeModel> model_;
   std::vector<Stage> stages_;
   AddedTokens added_;
-  std::vector<std::pair<std::string, int32_t>> added_ids_;
   CutRule cut_ = CutRule::none;
   int32_t marker_ = -1;
 };

@@ -191,20 +191,21 @@ class Reader {
 // training data whatever a chat template does. Without one, the known markers among the added
 // tokens: Llama 3's <|begin_of_text|>, then GPT-2's <|endoftext|> (as GPT-2 data starts each
 // document with it).
-std::string document_marker(const json& config, const std::vector<HfTokenizerFile::AddedToken>& added) {
-  auto is_added = [&](const std::string& s) {
+int32_t document_marker(const json& config, const std::vector<HfTokenizerFile::AddedToken>& added) {
+  auto added_id = [&](const std::string& s) {
     for (const auto& t : added)
-      if (t.content == s) return true;
-    return false;
+      if (t.content == s) return t.id;
+    return -1;
   };
   if (config.is_object() && config.contains("bos_token")) {
     const json& bos = config.at("bos_token");
     const json content = bos.is_object() ? bos.value("content", json()) : bos;
-    if (content.is_string() && is_added(content.get<std::string>())) return content.get<std::string>();
+    if (content.is_string())
+      if (const int32_t id = added_id(content.get<std::string>()); id >= 0) return id;
   }
   for (const char* known : {"<|begin_of_text|>", "<|endoftext|>"})
-    if (is_added(known)) return known;
-  return "";
+    if (const int32_t id = added_id(known); id >= 0) return id;
+  return -1;
 }
 
 }  // namespace
@@ -216,7 +217,7 @@ HfTokenizerFile read_hf_tokenizer_file(const std::string& path) {
   out.path = file.string();
   json root = parse_file(file, true);
   Reader(root, out).read();
-  out.document_marker = document_marker(parse_file(file.parent_path() / "tokenizer_config.json", false), out.added);
+  out.document_marker_id = document_marker(parse_file(file.parent_path() / "tokenizer_config.json", false), out.added);
   return out;
 }
 

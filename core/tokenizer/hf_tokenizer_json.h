@@ -40,8 +40,9 @@ struct HfTokenizerFile {
   bool ignore_merges = false;
   std::vector<Split> splits;  // the pre-tokenizer's regex stages, applied in order
   std::vector<AddedToken> added;
-  // The token that starts every document in prepare (see hf_tokenizer.h); "" when none is known.
-  std::string document_marker;
+  // The id of the added token that starts every document in prepare (see hf_tokenizer.h); -1 when
+  // none is known.
+  int32_t document_marker_id = -1;
 };
 
 // `path` is a tokenizer.json or a folder holding one. Throws ConfigError naming the file for a

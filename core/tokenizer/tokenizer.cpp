@@ -21,7 +21,7 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
 
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& name, const std::string& dir) {
   if (name == "bytes") return std::make_unique<ByteTokenizer>();
-  if (name == "gpt2") return std::make_unique<Gpt2Tokenizer>(dir.empty() ? default_tokenizer_dir() : dir);
+  if (name == "gpt2") return std::make_unique<Gpt2Tokenizer>(dir.empty() ? default_tokenizer_dir(name) : dir);
   if (name == "llama3") return std::make_unique<HfTokenizer>(dir.empty() ? default_tokenizer_dir(name) : dir, name);
   if (std::filesystem::exists(name)) return std::make_unique<HfTokenizer>(name, name);
   throw ConfigError("unknown tokenizer '" + name + "' (known: " + kTokenizerNames + ")");

@@ -65,6 +65,6 @@ bool is_tokenizer_name(const std::string& name);
 inline constexpr const char* kTokenizerNames = "bytes, gpt2, llama3, or a tokenizer.json (or a folder holding one)";
 
 // <repo>/data/<name> (gpt2, llama3), where scripts/get_data.sh puts the tokenizer files.
-std::string default_tokenizer_dir(const std::string& name = "gpt2");
+std::string default_tokenizer_dir(const std::string& name);
 
 }  // namespace pt

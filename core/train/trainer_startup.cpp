@@ -43,7 +43,7 @@ Trainer::Trainer(const RunConfig& cfg, const World& world, Ops& ops)
   if (cfg.parallel.pp > 1) norm_scope_.pipeline = groups_.pp.get();
   if (cfg.parallel.tp > 1) norm_scope_.tensor = groups_.tp.get();
 
-  // checkpoint.resume: overwrites the initial weights, step and cursor when it names a
+  // checkpoint.resume: sets the weights, step and cursor when it names a
   // checkpoint. Each rank reads the pieces of its own layout, whatever layout wrote them; the
   // ranks agree on which checkpoint (and fail together). A shard held by several ranks (HSDP
   // replicas, ZeRO-0's dp ranks) is saved by the first of them only.
