@@ -14,6 +14,7 @@
 #include <cstring>
 
 #include "mpi_trainer_parity.h"
+#include "spike_threshold.h"
 
 using namespace pt;
 using namespace pt::test;
@@ -140,7 +141,7 @@ TEST_CASE("a loss spike rolls every rank back to the same checkpoint, and a resu
     Layout l = base;
     l.checkpoints = (checkpoint_dir("spike") / std::to_string(world.size)).string();
     RunConfig cfg = parity_config(l, data().dir);
-    cfg.run.spike = 4;
+    cfg.run.spike = kSpikeSigmas;
     cfg.run.spike_window = 4;
     cfg.run.spike_skip_steps = 2;
     cfg.checkpoint.every_steps = 2;

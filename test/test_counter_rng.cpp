@@ -1,7 +1,7 @@
 // The counter-based random numbers (core/common/counter_rng.h) that initialise every weight: each
 // value a pure function of (seed, stream, index), so every layout and rank count draws the same
 // weights, and counter_normal a standard normal: its moments, its tails, and a Kolmogorov-Smirnov
-// test against the normal CDF.
+// test against the normal CDF; and the quantile it is drawn through, against the normal CDF.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -54,4 +54,24 @@ TEST_CASE("counter_normal draws a standard normal", "[rng]") {
   }
   INFO("KS D = " << d);
   CHECK(d < 1.63 / std::sqrt(double(n)));
+}
+
+TEST_CASE("normal_quantile inverts the normal CDF to within 1.2e-9 relative", "[rng]") {
+  // One Newton step on Phi(x) = p from the approximation gives x to about 1e-15: the reference.
+  auto check_at = [](double p) {
+    const double x = normal_quantile(p);
+    const double phi = std::exp(-0.5 * x * x) / std::sqrt(2.0 * M_PI);
+    const double cdf = x < 0 ? 0.5 * std::erfc(-x / std::sqrt(2.0)) : 1.0 - 0.5 * std::erfc(x / std::sqrt(2.0));
+    const double tail = x < 0 ? cdf - p : (1.0 - p) - (1.0 - cdf);  // the error in the smaller tail
+    const double exact = x - tail / phi;
+    INFO("p = " << p << ", x = " << x << ", refined " << exact);
+    CHECK(std::fabs(x - exact) <= 1.2e-9 * std::fabs(exact) + 1e-15);
+  };
+  for (int i = 1; i < 10000; ++i) check_at(i / 10000.0);
+  for (double p = 1e-300; p < 0.03; p *= 1.7) check_at(p);  // the lower tail, down to far below any draw
+  for (double p = 1e-16; p < 0.03; p *= 1.7) check_at(1.0 - p);  // the upper, to the smallest 1 - u a draw has
+  for (double p : {0.02425, 0.02425 + 1e-12, 0.97575, 0.97575 - 1e-12}) check_at(p);
+  CHECK(normal_quantile(0.5) == 0.0);
+  CHECK(normal_quantile(0.25) == -normal_quantile(0.75));  // the centre's form is odd in p - 1/2
+  CHECK(normal_quantile(0.01) == -normal_quantile(0.99));  // and the tails mirror each other
 }

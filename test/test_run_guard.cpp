@@ -21,6 +21,7 @@
 #include "core/cpu/cpu_ops.h"
 #include "core/report/run_report.h"
 #include "core/train/run_guard.h"
+#include "spike_threshold.h"
 
 using namespace pt;
 using namespace pt::test;
@@ -183,7 +184,7 @@ TEST_CASE("a loss spike rolls back to the newest checkpoint, skips the data, and
   const World world;
   // Steps 1-7 fill a 4-loss window; the loss of step 8 is made 10x (a spike): back to the
   // checkpoint of step 6, and the data skips the batches of steps 7 and 8 and 2 more.
-  const std::vector<std::string> sets = {"run.spike=4",          "run.spike_window=4",   "run.spike_skip_steps=2",
+  const std::vector<std::string> sets = {kSpikeSetting,          "run.spike_window=4",   "run.spike_skip_steps=2",
                                          "checkpoint.every_steps=2", "checkpoint.keep_latest=10",
                                          "schedule.total_steps=12",  "logging.every_steps=1"};
   InjectedFaults f;
@@ -225,7 +226,7 @@ TEST_CASE("a spike before any checkpoint is logged and training goes on", "[guar
   CkptFixture fx("guard_spike_early");
   const World world;
   CpuOps ops;
-  Trainer t(fx.config({"run.spike=4", "run.spike_window=3", "schedule.total_steps=6"}), world, ops);
+  Trainer t(fx.config({kSpikeSetting, "run.spike_window=3", "schedule.total_steps=6"}), world, ops);
   InjectedFaults f;
   f.loss_scale = {{5, 10.0}};
   t.inject_faults(f);

@@ -1,5 +1,6 @@
 #include "core/model/param_table.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -173,22 +174,28 @@ ParamTable tensor_parallel_table(const ParamTable& full, int tp, int tp_rank) {
 }
 
 void init_params(const ParamTable& table, uint64_t seed, float* arena) {
+  // Tasks of 64K elements; each walks its part of the local tensor in the runs that are
+  // contiguous in the global one, so an element's global index is an increment, not a division.
+  constexpr size_t kTask = size_t(1) << 16;
   for (const auto& p : table.specs()) {
     float* out = arena + p.offset;
-    const uint64_t stream = hash_name(p.name);
+    const CounterStream rng(seed, hash_name(p.name));
     const std::vector<int64_t>& g = p.global_shape;
     const size_t row = g.size() == 2 ? static_cast<size_t>(g[1]) : 1;
+    // Rows past live_rows (the padded vocabulary) stay zero whatever the init.
     const size_t live = p.live_rows < 0 ? SIZE_MAX : static_cast<size_t>(p.live_rows) * row;
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < p.numel; i++) {
-      const size_t gi = p.tp.global_index(i);
-      float v = 0.0f;
-      if (gi < live) {
-        if (p.init == Init::ones) v = 1.0f;
-        if (p.init == Init::normal) v = static_cast<float>(p.init_std * counter_normal(seed, stream, gi));
+    const float fill = p.init == Init::ones ? 1.0f : 0.0f;
+    const auto draw = [&](size_t local, size_t global, size_t n) {
+      for (size_t k = 0; k < n; k++) {
+        const size_t gi = global + k;
+        float v = 0.0f;
+        if (gi < live) v = p.init == Init::normal ? static_cast<float>(p.init_std * rng.normal(gi)) : fill;
+        out[local + k] = v;
       }
-      out[i] = v;
-    }
+    };
+    const size_t tasks = (p.numel + kTask - 1) / kTask;
+#pragma omp parallel for schedule(static)
+    for (size_t t = 0; t < tasks; t++) p.tp.for_each_run(t * kTask, std::min(p.numel, (t + 1) * kTask), draw);
   }
 }
 
