@@ -16,15 +16,37 @@ std::string LayoutCandidate::name() const {
          std::to_string(cp);
 }
 
-std::vector<LayoutCandidate> enumerate_layouts(const std::string& config_path, const std::vector<std::string>& overrides,
-                                               int gpus) {
-  if (gpus < 1) throw ConfigError("plan --gpus " + std::to_string(gpus) + " must be >= 1");
+namespace {
+
+nlohmann::json read_config_json(const std::string& config_path) {
   std::ifstream in(config_path);
   if (!in) throw ConfigError("cannot read config file " + config_path + ": " + std::strerror(errno));
   std::stringstream text;
   text << in.rdbuf();
-  const nlohmann::json j = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  nlohmann::json j = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) throw ConfigError("config file " + config_path + " is not valid JSON");
+  return j;
+}
+
+}  // namespace
+
+LayoutCandidate resolve_with(const std::string& config_path, const LayoutCandidate& c, int gpus,
+                             const std::vector<std::string>& extra) {
+  LayoutCandidate out = c;
+  out.sets.insert(out.sets.end(), extra.begin(), extra.end());
+  try {
+    out.cfg = config_from_json(read_config_json(config_path), out.sets, gpus);
+    out.invalid.clear();
+  } catch (const ConfigError& e) {
+    out.invalid = e.what();
+  }
+  return out;
+}
+
+std::vector<LayoutCandidate> enumerate_layouts(const std::string& config_path, const std::vector<std::string>& overrides,
+                                               int gpus) {
+  if (gpus < 1) throw ConfigError("plan --gpus " + std::to_string(gpus) + " must be >= 1");
+  const nlohmann::json j = read_config_json(config_path);
   std::vector<LayoutCandidate> out;
   for (int tp = 1; tp <= gpus; tp++) {
     if (gpus % tp) continue;
@@ -40,6 +62,7 @@ std::vector<LayoutCandidate> enumerate_layouts(const std::string& config_path, c
         std::vector<std::string> sets = overrides;
         for (const auto& [key, value] : {std::pair{"dp", c.dp}, {"tp", tp}, {"pp", pp}, {"cp", cp}})
           sets.push_back(std::string("parallel.") + key + "=" + std::to_string(value));
+        c.sets = sets;
         try {
           c.cfg = config_from_json(j, sets, gpus);
         } catch (const ConfigError& e) {

@@ -15,6 +15,7 @@ struct LayoutCandidate {
   int dp = 1, tp = 1, pp = 1, cp = 1;
   std::string invalid;  // the rule it breaks (the config error), "" when valid
   RunConfig cfg;        // the resolved config when valid
+  std::vector<std::string> sets;  // the overrides that resolved it (the user's, then the layout's)
   bool valid() const { return invalid.empty(); }
   std::string name() const;  // "dp4 tp2 pp1 cp1"
 };
@@ -26,5 +27,10 @@ struct LayoutCandidate {
 // ConfigError rather than marking every layout invalid.
 std::vector<LayoutCandidate> enumerate_layouts(const std::string& config_path, const std::vector<std::string>& overrides,
                                                int gpus);
+
+// The candidate's config resolved again with `extra` overrides after its own (e.g. another
+// batch.micro_batch_size); the candidate with the rule it breaks in `invalid` when it does not.
+LayoutCandidate resolve_with(const std::string& config_path, const LayoutCandidate& c, int gpus,
+                             const std::vector<std::string>& extra);
 
 }  // namespace pt

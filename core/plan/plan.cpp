@@ -37,13 +37,40 @@ std::string why_it_does_not_fit(const MemoryPlan& p, int stage, double limit_gib
              limit_gib, parts[0].what, parts[0].bytes / kGiB, parts[0].remedy);
 }
 
+// Memory and time of one resolved layout.
+LayoutPlan plan_layout(LayoutCandidate c, const Hardware& hw) {
+  LayoutPlan lp;
+  const ParamTable model = build_param_table(c.cfg.model);
+  lp.memory = plan_stage_memory(c.cfg, model, planned_dtype(c.cfg));
+  for (size_t s = 0; s < lp.memory.size(); s++)
+    if (lp.memory[s].plan.total() > lp.peak().total()) lp.peak_stage = static_cast<int>(s);
+  lp.fits = lp.peak().total() <= hw.gpu_memory_gib * kGiB;
+  const auto& par = c.cfg.parallel;
+  if (!lp.fits)
+    lp.why_not = why_it_does_not_fit(lp.peak(), lp.peak_stage, hw.gpu_memory_gib, par.dp / par.dp_replicate * par.cp);
+  lp.time = estimate_step_time(c.cfg, model, hw);
+  lp.layout = std::move(c);
+  return lp;
+}
+
+// The order of the list: layouts that fit, then tp inside a node, then the faster.
+bool better(const LayoutPlan& a, const LayoutPlan& b) {
+  if (a.fits != b.fits) return a.fits;
+  if (a.time.tp_crosses_nodes != b.time.tp_crosses_nodes) return !a.time.tp_crosses_nodes;
+  return a.time.step_s < b.time.step_s;
+}
+
 }  // namespace
 
-Plan make_plan(const std::string& config_path, const std::vector<std::string>& overrides, int gpus, const Hardware& hw) {
+Plan make_plan(const std::string& config_path, const std::vector<std::string>& overrides, int gpus,
+               const Hardware& hardware, const PlanSearch& search) {
+  Hardware hw = hardware;
   if (hw.gpus_per_node < 1) throw ConfigError("plan --gpus-per-node " + std::to_string(hw.gpus_per_node) + " must be >= 1");
   if (!(hw.gpu_memory_gib > 0 && hw.nvlink_gbps > 0 && hw.network_gbps > 0 && hw.peak_tflops > 0))
     throw ConfigError("plan: --gpu-memory-gib, --nvlink-gbps, --network-gbps and --peak-tflops must be > 0");
-  if (!(hw.mfu > 0 && hw.mfu <= 1)) throw ConfigError("plan --mfu " + std::to_string(hw.mfu) + " must be in (0, 1]");
+  if (!(hw.mfu >= 0 && hw.mfu <= 1))
+    throw ConfigError("plan --mfu " + std::to_string(hw.mfu) + " must be in (0, 1] (or 0: measured kernel speeds)");
+  if (hw.mfu == 0) hw.kernels = planning_kernels(hw);  // once, not per layout
   Plan plan;
   plan.gpus = gpus;
   for (LayoutCandidate& c : enumerate_layouts(config_path, overrides, gpus)) {
@@ -51,24 +78,16 @@ Plan make_plan(const std::string& config_path, const std::vector<std::string>& o
       plan.invalid.push_back(std::move(c));
       continue;
     }
-    LayoutPlan lp;
-    const ParamTable model = build_param_table(c.cfg.model);
-    lp.memory = plan_stage_memory(c.cfg, model, planned_dtype(c.cfg));
-    for (size_t s = 0; s < lp.memory.size(); s++)
-      if (lp.memory[s].plan.total() > lp.peak().total()) lp.peak_stage = static_cast<int>(s);
-    lp.fits = lp.peak().total() <= hw.gpu_memory_gib * kGiB;
-    const auto& par = c.cfg.parallel;
-    if (!lp.fits)
-      lp.why_not = why_it_does_not_fit(lp.peak(), lp.peak_stage, hw.gpu_memory_gib, par.dp / par.dp_replicate * par.cp);
-    lp.time = estimate_step_time(c.cfg, model, hw);
-    lp.layout = std::move(c);
-    plan.layouts.push_back(std::move(lp));
+    LayoutPlan best = plan_layout(c, hw);
+    for (int mbs = c.cfg.batch.micro_batch_size / 2; search.micro_batches && mbs >= 1; mbs /= 2) {
+      LayoutCandidate smaller = resolve_with(config_path, c, gpus, {"batch.micro_batch_size=" + std::to_string(mbs)});
+      if (!smaller.valid()) continue;
+      LayoutPlan lp = plan_layout(std::move(smaller), hw);
+      if (better(lp, best)) best = std::move(lp);
+    }
+    plan.layouts.push_back(std::move(best));
   }
-  std::stable_sort(plan.layouts.begin(), plan.layouts.end(), [](const LayoutPlan& a, const LayoutPlan& b) {
-    if (a.fits != b.fits) return a.fits;
-    if (a.time.tp_crosses_nodes != b.time.tp_crosses_nodes) return !a.time.tp_crosses_nodes;
-    return a.time.step_s < b.time.step_s;
-  });
+  std::stable_sort(plan.layouts.begin(), plan.layouts.end(), better);
   if (!plan.layouts.empty()) plan.example = plan.layouts.front().layout.cfg;
   return plan;
 }
@@ -89,12 +108,23 @@ std::string format_plan(const Plan& plan, const Hardware& hw, const std::string&
                config_path.c_str(), plan.gpus, std::min(plan.gpus, hw.gpus_per_node), nodes, nodes == 1 ? "" : "s",
                model.total_numel() / 1e6, static_cast<long long>(cfg.batch.global_batch_tokens), cfg.batch.seq_len,
                cfg.parallel.zero_stage, cfg.recompute.mode.c_str(), planned_dtype(cfg) == DType::f32 ? "fp32" : "bf16");
-    out += format("compute   | %s = %.3g FLOPs per token, at %.1f TFLOP/s x MFU %.2f per GPU\n",
-               flops_formula_description(model, cfg.model, cfg.logging.flops_formula).c_str(), per_token,
-               hw.peak_tflops, hw.mfu);
-    out += format("links     | NVLink %.0f GB/s inside a node, network %.0f GB/s between nodes (per GPU, one way); "
-               "communication not overlapped with compute\n",
-               hw.nvlink_gbps, hw.network_gbps);
+    out += format("compute   | %s = %.3g FLOPs per token (MFU against %.1f TFLOP/s per GPU); ",
+                  flops_formula_description(model, cfg.model, cfg.logging.flops_formula).c_str(), per_token,
+                  hw.peak_tflops);
+    if (hw.mfu > 0) {
+      out += format("timed as a flat MFU %.2f of the peak (--mfu)\n", hw.mfu);
+    } else {
+      const std::shared_ptr<const KernelTable> k = planning_kernels(hw);
+      out += format("timed kernel by kernel from %zu measured kernels of %s (%s); shapes not measured: %.0f%%/%.0f%% "
+                    "of its %.0f TFLOP/s matmul ceiling forward/backward, %.0f%% of its %.0f GB/s copy ceiling\n",
+                    k->rows.size(), k->device.c_str(), k->source.c_str(), 100 * k->matmul_efficiency(false),
+                    100 * k->matmul_efficiency(true), k->flop_ceiling_tflops, 100 * k->memory_efficiency(),
+                    k->bandwidth_ceiling_gbps);
+    }
+    out += format("gpu       | %s: %.1f TFLOP/s dense bf16, %g GiB, HBM %.0f GB/s\n", hw.gpu.c_str(), hw.peak_tflops,
+                  hw.gpu_memory_gib, hw.hbm_gbps);
+    out += format("links     | NVLink %.0f GB/s inside a node, network %.0f GB/s between nodes (per GPU, one way); %s\n",
+                  hw.nvlink_gbps, hw.network_gbps, describe(hw.overlap).c_str());
     out += format("memory    | %g GiB per GPU, of which picotrain's own buffers (below) must leave room for the CUDA "
                "context and library workspaces (about 1-2 GiB)\n\n",
                hw.gpu_memory_gib);
@@ -103,17 +133,20 @@ std::string format_plan(const Plan& plan, const Hardware& hw, const std::string&
     out += format("%zu valid layouts of %zu (dp*tp*pp*cp = %d), %d fit; best first. Memory per GPU in GiB on the largest "
                "stage (opt: master weights + Adam moments; acts: activations); predicted milliseconds per step:\n",
                plan.layouts.size(), combos, plan.gpus, fitting);
-    out += format("%3s  %-16s %5s | %6s %6s %6s %6s %6s | %8s %6s %6s %8s | %9s %6s | %s\n", "#", "layout", "accum", "params",
-               "grads", "opt", "acts", "total", "compute", "comm", "bubble", "step", "tokens/s", "MFU", "fits; links");
+    out += format("%3s  %-16s %5s %5s | %6s %6s %6s %6s %6s | %8s %6s %6s %6s %6s %8s | %9s %6s | %s\n", "#", "layout",
+                  "micro", "accum", "params", "grads", "opt", "acts", "total", "compute", "recomp", "comm", "bubble", "optim", "step",
+                  "tokens/s", "MFU", "fits; links");
     int n = 0;
     for (const LayoutPlan& l : plan.layouts) {
       const MemoryPlan& p = l.peak();
       const StepTime& t = l.time;
-      out += format("%3d  %-16s %5d | %6.2f %6.2f %6.2f %6.2f %6.2f | %8.1f %6.1f %6.1f %8.1f | %9.0f %5.1f%% | %s%s%s\n",
-                 ++n, l.layout.name().c_str(), l.layout.cfg.batch.grad_accum_steps, (p.params + p.params_working) / kGiB,
-                 (p.grads + p.grads_working) / kGiB, (p.master + p.optimizer) / kGiB, p.activations / kGiB,
-                 p.total() / kGiB, t.compute_s * 1e3, t.comm_s() * 1e3, t.bubble_s * 1e3, t.step_s * 1e3,
-                 t.tokens_per_s, 100 * t.mfu, l.fits ? "yes" : "NO", t.links.empty() ? "" : "; ", t.links.c_str());
+      out += format("%3d  %-16s %5d %5d | %6.2f %6.2f %6.2f %6.2f %6.2f | %8.1f %6.1f %6.1f %6.1f %6.1f %8.1f | %9.0f %5.1f%% | "
+                    "%s%s%s\n",
+                    ++n, l.layout.name().c_str(), l.layout.cfg.batch.micro_batch_size, l.layout.cfg.batch.grad_accum_steps,
+                    (p.params + p.params_working) / kGiB, (p.grads + p.grads_working) / kGiB,
+                    (p.master + p.optimizer) / kGiB, p.activations / kGiB, p.total() / kGiB, t.compute_s * 1e3,
+                    t.recompute_s * 1e3, t.comm_s() * 1e3, t.bubble_s * 1e3, t.optimizer_s * 1e3, t.step_s * 1e3,
+                    t.tokens_per_s, 100 * t.mfu, l.fits ? "yes" : "NO", t.links.empty() ? "" : "; ", t.links.c_str());
     }
     bool header = false;
     for (const LayoutPlan& l : plan.layouts) {

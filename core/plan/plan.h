@@ -30,8 +30,16 @@ struct Plan {
   RunConfig example;                      // the first valid layout's config (for the header)
 };
 
+// What the plan may change besides dp/tp/pp/cp.
+struct PlanSearch {
+  // Try batch.micro_batch_size halved down to 1 for each layout (more micro-batches: a smaller
+  // pipeline bubble, less activation memory, smaller kernels) and keep the fastest that fits.
+  bool micro_batches = false;
+};
+
 // Throws ConfigError for a bad config or options (see enumerate_layouts).
-Plan make_plan(const std::string& config_path, const std::vector<std::string>& overrides, int gpus, const Hardware& hw);
+Plan make_plan(const std::string& config_path, const std::vector<std::string>& overrides, int gpus, const Hardware& hw,
+               const PlanSearch& search = {});
 
 // The text `picotrain plan` prints.
 std::string format_plan(const Plan& plan, const Hardware& hw, const std::string& config_path);

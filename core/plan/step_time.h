@@ -1,16 +1,22 @@
-// A predicted step time for a layout, from FLOPs and a simple communication model, so `picotrain
-// plan` can rank layouts it never runs. It is an estimate to order layouts by, not a promise:
+// A predicted step time for a layout, so `picotrain plan` can rank layouts it never runs:
 //
-//   compute     model FLOPs of the step (core/metrics/flops.h, logging.flops_formula) plus what
-//               activation recompute redoes (selective: the attention forward, 4·L·d·T per
-//               token; full: one more forward, a third of the model FLOPs), spread evenly over
-//               the GPUs at peak_tflops x mfu.
+//   compute     kernel by kernel from measured speeds (core/plan/stage_compute.h over the
+//               kernel table of core/plan/kernel_table.h: our H100's, scaled to the GPU's peak
+//               and HBM bandwidth, or one measured on it with `plan --kernels`), one micro-batch
+//               on each pipeline stage; the slowest stage sets the pace. With Hardware::mfu > 0
+//               the old flat model instead: model FLOPs of the step (core/metrics/flops.h) plus
+//               what recompute redoes (selective: 4·L·d·T per token; full: a third of the model
+//               FLOPs) spread evenly over the GPUs at peak_tflops x mfu.
+//   recompute   what recompute.mode redoes (selective: attention's forward; full: the forward).
+//   optimizer   gradient norm, AdamW and zeroing over the rank's ZeRO shard (measured kernels;
+//               0 in the flat model).
 //   links       each group's collectives run at the bandwidth of its slowest link: NVLink when
 //               every member is on one node (ranks fill nodes in order, gpus_per_node each,
 //               placed on the grid by parallel.order), the network otherwise. Bandwidths are
 //               per GPU, one direction.
-//   collectives ring algorithms: all-reduce moves 2(n-1)/n of the buffer per rank,
-//               reduce-scatter, all-gather and all-to-all (n-1)/n; no latency term.
+//   collectives alpha-beta with the algorithm's bus factor (core/plan/comm_model.h): all-reduce
+//               ring 2(n-1)/n or tree (the faster), reduce-scatter, all-gather and all-to-all
+//               (n-1)/n, each step paying the link's latency.
 //   per micro-batch, on the critical path of each pipeline stage:
 //     tp        4 all-reduces per block (2 forward, 2 backward; sequence parallel's reduce-
 //               scatter + all-gather pairs move the same bytes) of one residual-stream tensor
@@ -30,31 +36,55 @@
 //     ZeRO-2    as 1, with a reduce-scatter per micro-batch (m of them);
 //     ZeRO-3    m reduce-scatters of 4Ψ and 2m all-gathers of cΨ (forward and backward);
 //     HSDP      + an all-reduce of the 4Ψ/S shard over R.
-//   bubble      pipeline_bubble_ratio (core/train/pp_bubble.h) x the stage's busy time.
-//   step        m x (compute + tp + cp + pp + ep per micro-batch) + bubble + ZeRO/DP communication.
-// Nothing overlaps communication with compute (the trainer's collectives are blocking today),
-// and stages are taken as balanced, so the estimate errs on the slow side.
+//   bubble      measured kernels: the schedule's action lists through the pipeline simulator
+//               (core/train/pp_simulator.h, blocking sends), each rank at its own stage's cost,
+//               less the slowest stage's busy time; flat model: pipeline_bubble_ratio
+//               (core/train/pp_bubble.h) x the busy time.
+//   overlap     each axis's time above is what compute does not hide (Hardware::overlap,
+//               comm_model.h): by default what the trainer runs beside compute, ZeRO 0-1's
+//               gradient buckets during the last micro-batch's backward; all else is exposed.
+//   step        m x (compute + recompute + tp + cp + pp + ep per micro-batch) + bubble + ZeRO/DP
+//               communication + optimizer.
 #pragma once
+#include <memory>
 #include <string>
 
 #include "core/config/run_config.h"
 #include "core/model/param_table.h"
+#include "core/plan/comm_model.h"
+#include "core/plan/kernel_table.h"
 #include "core/tensor/tensor.h"
 
 namespace pt {
 
+// One GPU model and its links; the defaults are an H100 SXM node (core/plan/hardware_profiles.h).
 struct Hardware {
+  std::string gpu = "h100-sxm";  // the --gpu profile the numbers came from
   int gpus_per_node = 8;
   double gpu_memory_gib = 80;    // per GPU
   double nvlink_gbps = 450;      // GB/s per GPU inside a node (H100 SXM NVLink 4: 900 GB/s both ways)
   double network_gbps = 50;      // GB/s per GPU between nodes (one 400 Gb/s NIC per GPU)
   double peak_tflops = 989.4;    // dense bf16 per GPU (H100 SXM)
-  double mfu = 0.5;              // the share of the peak the compute reaches
+  double hbm_gbps = 3350;        // memory bandwidth per GPU, GB/s (H100 SXM)
+  // > 0: the flat model, compute = FLOPs / (peak_tflops x mfu); 0: measured kernel speeds.
+  double mfu = 0;
+  // Measured kernel speeds (`plan --kernels`); null: the H100 table scaled to this GPU.
+  std::shared_ptr<const KernelTable> kernels;
+  // What runs beside compute; the default is what picotrain's trainer overlaps (comm_model.h).
+  Overlap overlap;
 };
 
+// The kernel table a plan uses: hw.kernels, else our H100's with its FLOP rates scaled by
+// peak_tflops over the H100's 989.4 and its bandwidths by hbm_gbps over 3350.
+std::shared_ptr<const KernelTable> planning_kernels(const Hardware& hw);
+
 struct StepTime {
-  double compute_s = 0;
-  double tp_s = 0, cp_s = 0, pp_s = 0, ep_s = 0, dp_s = 0;  // communication per step, by group
+  double compute_s = 0;     // forward + backward of every micro-batch on the slowest stage
+  double recompute_s = 0;   // what recompute.mode redoes, same stage
+  double optimizer_s = 0;   // the optimizer step on one rank
+  // Exposed communication per step, by group: what compute does not hide.
+  double tp_s = 0, cp_s = 0, pp_s = 0, ep_s = 0, dp_s = 0;
+  double hidden_s = 0;  // communication that runs beside compute (Hardware::overlap)
   double bubble_s = 0;
   double step_s = 0;
   double tokens_per_s = 0;

@@ -10,6 +10,8 @@
 #include <numeric>
 #include <sstream>
 
+#include "core/common/error.h"
+
 namespace pt {
 
 namespace {
@@ -218,7 +220,8 @@ class Simulator {
       return false;
     }
     const double start = std::max(clock_[r], ready);
-    const double cost = fwd ? costs_.forward : costs_.backward;
+    const double cost =
+        (fwd ? costs_.forward : costs_.backward) * (costs_.rank_scale.empty() ? 1.0 : costs_.rank_scale[size_t(r)]);
     clock_[r] = start + cost;
     report_.busy[r] += cost;
     (fwd ? fwd_end_ : bwd_end_)[c] = clock_[r];
@@ -299,6 +302,8 @@ double PipeSimReport::bubble_fraction() const {
 
 PipeSimReport simulate_pipeline(const std::vector<std::vector<PipeAction>>& ranks, int virtual_stages,
                                 int micro_batches, PipeCosts costs, PipeComm comm) {
+  check(costs.rank_scale.empty() || costs.rank_scale.size() == ranks.size(),
+        "simulate_pipeline: rank_scale needs one factor per pipeline rank");
   return Simulator(ranks, virtual_stages, micro_batches, costs, comm).run();
 }
 

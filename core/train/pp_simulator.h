@@ -27,6 +27,9 @@ namespace pt {
 struct PipeCosts {
   double forward = 1.0;   // one chunk's forward of one micro-batch
   double backward = 2.0;  // its backward (about twice the forward's FLOPs)
+  // Uneven stages (parallel.pp_layers; the embeddings and the head): rank r's computations take
+  // rank_scale[r] times the costs above. Empty: every rank alike.
+  std::vector<double> rank_scale;
 };
 
 // One computation as it ran.

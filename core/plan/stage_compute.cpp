@@ -1,0 +1,115 @@
+#include "core/plan/stage_compute.h"
+
+#include <cmath>
+
+#include "core/model/architecture.h"
+#include "core/model/decoder_stage.h"
+#include "core/model/pipeline_stages.h"
+#include "core/plan/step_time.h"
+
+namespace pt {
+
+namespace {
+
+// Forward and backward seconds of one piece of work.
+struct Cost {
+  double forward = 0, backward = 0;
+  Cost& operator+=(const Cost& o) {
+    forward += o.forward;
+    backward += o.backward;
+    return *this;
+  }
+};
+
+Cost matmul(const KernelTable& k, double n, double ic, double oc) {
+  return {k.matmul_s(n, ic, oc, false), k.matmul_s(n, ic, oc, true)};
+}
+
+// One block of the stage's layers on one rank.
+struct BlockCost {
+  Cost cost;
+  double attention_forward = 0;  // what selective recompute redoes
+};
+
+BlockCost block_cost(const KernelTable& k, const Architecture& a, const RunConfig& cfg, int layer, double s) {
+  const auto& par = cfg.parallel;
+  const auto& b = cfg.batch;
+  const double tp = par.tp, n = double(b.micro_batch_size) * b.seq_len / par.cp, c = a.d_model;
+  const double norm_rows = par.sequence_parallel ? n / tp : n;
+  BlockCost out;
+  Cost& x = out.cost;
+  // The two norms (the residual add fused into them) and their backward.
+  x.forward += 2 * k.memory_s("residual_layernorm_forward", norm_rows * c * 4 * s + 8 * norm_rows + 2 * c * s);
+  x.backward += 2 * k.memory_s("layernorm_backward", norm_rows * c * 4 * s + 8 * norm_rows + 16 * c);
+  x += matmul(k, n, c, a.qkv_width() / tp);
+  const double heads = a.n_heads / tp;
+  out.attention_forward = k.attention_s(b.micro_batch_size, heads, b.seq_len, a.head_dim, false) / par.cp;
+  x += {out.attention_forward, k.attention_s(b.micro_batch_size, heads, b.seq_len, a.head_dim, true) / par.cp};
+  x += matmul(k, n, a.q_width() / tp, c);
+  // The MLP: dense (or a sparse block's shared experts), then the routed experts.
+  auto mlp = [&](double rows, double hidden) {
+    if (hidden <= 0) return;
+    x += matmul(k, rows, c, a.up_width(static_cast<int>(hidden)) / tp);
+    const double h = rows * hidden / tp;
+    if (a.mlp == MlpKind::swiglu) x += {k.memory_s("swiglu_forward", 3 * h * s), k.memory_s("swiglu_backward", 5 * h * s)};
+    else x += {k.memory_s("gelu_forward", 2 * h * s), k.memory_s("gelu_backward", 3 * h * s)};
+    x += matmul(k, rows, hidden / tp, c);
+  };
+  mlp(n, a.mlp_hidden(layer));
+  if (a.sparse_block(layer)) {
+    x += matmul(k, n, c, a.n_experts);
+    mlp(n * a.top_k, a.expert_hidden);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<StageCompute> stage_compute(const RunConfig& cfg, const KernelTable& k) {
+  const auto& par = cfg.parallel;
+  const auto& b = cfg.batch;
+  const Architecture a = describe_architecture(cfg.model);
+  const double s = static_cast<double>(dtype_size(planned_dtype(cfg)));
+  const double tp = par.tp, n = double(b.micro_batch_size) * b.seq_len / par.cp, c = a.d_model;
+  const Recompute recompute = parse_recompute(cfg.recompute.mode);
+  std::vector<StageCompute> out;
+  for (int r = 0; r < par.pp; r++) {
+    StageCompute st;
+    for (const StageLayers& chunk : pipeline_chunks(cfg.model, par, r)) {
+      for (int l = chunk.first_layer; l < chunk.end_layer; l++) {
+        const BlockCost blk = block_cost(k, a, cfg, l, s);
+        st.forward_s += blk.cost.forward;
+        st.backward_s += blk.cost.backward;
+        if (recompute == Recompute::selective) st.recompute_s += blk.attention_forward;
+        if (recompute == Recompute::full) st.recompute_s += blk.cost.forward;
+      }
+      if (chunk.embedding) {
+        // The lookups scatter into U distinct rows: a uniform draw of n tokens from the
+        // vocabulary hits V(1 - e^(-n/V)) of them.
+        const double v = a.vocab_size, distinct = v * (1 - std::exp(-n / v));
+        st.forward_s += k.memory_s("embedding_forward", n * c * 2 * s + 4 * n) + k.memory_s("zero (memset)", n * c * s);
+        st.backward_s += k.memory_s("embedding_backward", n * c * s + 2 * distinct * c * 4 + 4 * n);
+        if (a.positions == PositionKind::learned) {
+          st.forward_s += k.memory_s("position_forward", n * c * 2 * s + b.seq_len * c * s);
+          st.backward_s += k.memory_s("position_backward", n * c * s + 2.0 * b.seq_len * c * 4);
+        }
+      }
+      if (chunk.head) {
+        const double vocab = a.padded_vocab / tp;
+        st.forward_s += k.memory_s("layernorm_forward", n * c * 2 * s + 8 * n + 2 * c * s) +
+                        k.matmul_s(n, c, vocab, false) +
+                        k.memory_s("softmax_cross_entropy", n * vocab * 2 * s + 8 * n) + k.memory_s("sum (losses", 4 * n);
+        st.backward_s += k.memory_s("layernorm_backward", n * c * 4 * s + 8 * n + 16 * c) + k.matmul_s(n, c, vocab, true);
+      }
+    }
+    out.push_back(st);
+  }
+  return out;
+}
+
+double optimizer_step_s(const KernelTable& k, double p) {
+  return k.memory_s("sum_squares", 4 * p) + k.memory_s("adamw_update (per tensor", 30 * p) +
+         k.memory_s("zero (f32 gradients)", 4 * p);
+}
+
+}  // namespace pt

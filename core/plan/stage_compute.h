@@ -1,0 +1,39 @@
+// The compute time of one micro-batch on each pipeline stage, kernel by kernel, from a table of
+// measured kernel speeds (core/plan/kernel_table.h): every call one rank makes, as the trainer's
+// stage makes it (core/model/decoder_stage.cpp; bench/kernel_bench_model.cpp times the same
+// list), at the shapes this layout gives it. For a block, with N = micro_batch_size x seq_len /
+// cp tokens on the rank, C = d_model, split by tp:
+//   forward   2 norms (residual + layernorm; on N/tp tokens under sequence parallel), the q|k|v
+//             matmul (C -> qkv_width/tp), attention (n_heads/tp heads, causal over seq_len, 1/cp
+//             of the queries), the output projection (q_width/tp -> C), the MLP's up matmul
+//             (C -> up_width/tp), its activation (GELU: read + write, SwiGLU: 2 reads + write
+//             of the hidden) and the down matmul (hidden/tp -> C). A sparse block's MLP is the
+//             router (C -> n_experts) and top_k x N rows through the experts' up and down.
+//   backward  each matmul's backward (dinp and dW), attention's, the activation's (GELU 3
+//             tensors, SwiGLU 5) and 2 norm backwards.
+//   recompute selective: attention's forward again; full: the block's whole forward again.
+// The first stage adds the embedding lookups and their backward (and the zeroing of the
+// residual gradient); the last the final norm, the LM head (C -> padded vocab/tp) and the
+// vocab-parallel cross-entropy. Per step, outside the micro-batches: the optimizer's gradient
+// norm, AdamW update and gradient zeroing over the rank's ZeRO shard of fp32 state.
+#pragma once
+#include <vector>
+
+#include "core/config/run_config.h"
+#include "core/plan/kernel_table.h"
+
+namespace pt {
+
+struct StageCompute {
+  double forward_s = 0, backward_s = 0, recompute_s = 0;  // one micro-batch
+  double total_s() const { return forward_s + backward_s + recompute_s; }
+};
+
+// One entry per pipeline rank (all its chunks together), in rank order.
+std::vector<StageCompute> stage_compute(const RunConfig& cfg, const KernelTable& kernels);
+
+// The optimizer step of one rank holding `optimizer_params` parameters' fp32 state (its ZeRO
+// shard): gradient norm, AdamW, zeroing the gradients.
+double optimizer_step_s(const KernelTable& kernels, double optimizer_params);
+
+}  // namespace pt

@@ -1,0 +1,357 @@
+// The planner's time model against measurements: its kernel table is our H100 benchmark's
+// (row by row against bench/runs/2026-11-26-h100-bench.md), a call's time is the measured one
+// where the table has the shape and the documented fallback curve where it does not,
+// `plan --kernels FILE` reads kernel_bench --json, and the predicted one-GPU step times of GPT-2
+// 124M and 1.5B are within 10% of the steps measured on that H100.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/common/error.h"
+#include "core/metrics/flops.h"
+#include "core/plan/comm_model.h"
+#include "core/plan/hardware_profiles.h"
+#include "core/plan/kernel_table.h"
+#include "core/plan/plan.h"
+#include "core/plan/stage_compute.h"
+#include "core/train/pp_bubble.h"
+#include "core/train/pp_simulator.h"
+#include "run_test_support.h"
+
+using namespace pt;
+using namespace pt::test;
+using Catch::Matchers::Contains;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kH100Report = std::string(PICOTRAIN_SOURCE_DIR) + "/bench/runs/2026-11-26-h100-bench.md";
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  REQUIRE(in);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// The report's per-kernel table rows: "| op | shape | median us | work | formula | achieved | ...".
+struct ReportRow {
+  std::string op, shape;
+  double median_us, rate;
+};
+std::vector<ReportRow> report_rows(const std::string& md) {
+  std::vector<ReportRow> out;
+  std::istringstream in(md);
+  bool in_kernels = false;
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("## ", 0) == 0) in_kernels = line.find("Per-kernel table") != std::string::npos;
+    if (!in_kernels || line.rfind("| ", 0) != 0 || line.rfind("| op ", 0) == 0) continue;
+    std::vector<std::string> cells;
+    std::istringstream cols(line.substr(1));
+    for (std::string c; std::getline(cols, c, '|');) cells.push_back(c.substr(1, c.size() - 2));
+    if (cells.size() < 6 || cells[0] == "attention_fwd+bwd") continue;
+    out.push_back({cells[0], cells[1], std::stod(cells[2]), std::stod(cells[5])});
+  }
+  return out;
+}
+
+Plan one_gpu_plan(const std::string& config, const std::vector<std::string>& sets, const Hardware& hw = {}) {
+  return make_plan(std::string(PICOTRAIN_SOURCE_DIR) + "/configs/" + config, sets, 1, hw);
+}
+
+}  // namespace
+
+TEST_CASE("the compiled-in kernel table is the H100 report's, row by row", "[plan]") {
+  const KernelTable& k = KernelTable::h100();
+  CHECK(k.device == "NVIDIA H100 80GB HBM3");
+  CHECK(k.flop_ceiling_tflops == 794.4);
+  CHECK(k.bandwidth_ceiling_gbps == 3001);
+  const std::vector<ReportRow> report = report_rows(read_text(kH100Report));
+  REQUIRE(report.size() == k.rows.size());
+  for (size_t i = 0; i < report.size(); i++) {
+    INFO(report[i].op << " " << report[i].shape);
+    CHECK(k.rows[i].op == report[i].op);
+    CHECK(k.rows[i].shape == report[i].shape);
+    CHECK(k.rows[i].median_ms * 1000 == Approx(report[i].median_us));
+    CHECK(k.rows[i].rate == report[i].rate);
+  }
+}
+
+TEST_CASE("a kernel's time: measured where the table has the shape, the fallback curve elsewhere", "[plan]") {
+  const KernelTable& k = KernelTable::h100();
+  // Measured: GPT-2 124M's qkv matmul at N=65536 ran at 685.0 TFLOP/s forward, 572.5 backward;
+  // a nearby N (within 2x) takes the same rate.
+  const double fl = 2.0 * 65536 * 768 * 2304;
+  CHECK(k.matmul_s(65536, 768, 2304, false) == Approx(fl / 685.0e12));
+  CHECK(k.matmul_s(65536, 768, 2304, true) == Approx(2 * fl / 572.5e12));
+  CHECK(k.matmul_s(40000, 768, 2304, false) == Approx(2.0 * 40000 * 768 * 2304 / 685.0e12));
+  // Not measured: the roofline at the median efficiency of the measured matmuls of that direction.
+  const double e_fwd = k.matmul_efficiency(false), e_bwd = k.matmul_efficiency(true);
+  CHECK(e_fwd > 0.8);   // H100: 0.86 of the large-matmul ceiling forward
+  CHECK(e_bwd < e_fwd);  // and less backward (0.78)
+  const double big = 2.0 * 8192 * 16384 * 53248;
+  CHECK(k.matmul_s(8192, 16384, 53248, false) == Approx(big / (794.4e12 * e_fwd)));
+  // A skinny matmul is bandwidth-bound on the same curve.
+  const double bytes = 2.0 * (8.0 * 8192 + 8192.0 * 8192 + 8.0 * 8192);
+  CHECK(k.matmul_s(8, 8192, 8192, false) == Approx(bytes / 3001e9));
+
+  // Attention: the measured shape exactly; T = 2048 (hd 128) between the rates at 1024 and 4096.
+  const double a1 = 4.0 * 16 * 16 * 1024.0 * 1024 * 128 / 2;
+  CHECK(k.attention_s(16, 16, 1024, 128, false) == Approx(a1 / 103.6e12));
+  const double a2 = 4.0 * 8 * 16 * 2048.0 * 2048 * 128 / 2;
+  const double rate = a2 / k.attention_s(8, 16, 2048, 128, false) / 1e12;
+  CHECK(rate == Approx(0.5 * 103.6 + 0.5 * 116.8));
+  CHECK(a2 * 64 / k.attention_s(8, 16, 2048 * 8, 128, false) / 1e12 == Approx(122.9));  // past the end: held
+
+  // Memory-bound: the op's own rate at the nearest size; a kernel never measured at the median.
+  CHECK(k.memory_s("gelu_forward", 805.3e6) == Approx(805.3e6 / 2974e9));
+  CHECK(k.memory_s("swiglu_forward", 1e9) == Approx(1e9 / (3001e9 * k.memory_efficiency())));
+  CHECK(k.memory_efficiency() > 0.5);
+  CHECK(k.memory_efficiency() < 1.0);
+}
+
+// The steps measured on one H100 (bench/runs/2026-11-26-h100-bench.md, "Training runs":
+// picotrain 124M 1174.1 ms per step of 64 x 8 x 1024 tokens; 1.5B 3196.6 ms per step of 8 x 16 x
+// 1024 tokens; bf16, ZeRO-0, no recompute, as bench/gpu_bench.sh runs them).
+TEST_CASE("one-GPU step times of GPT-2 124M and 1.5B are within 10% of the H100's", "[plan]") {
+  struct Run {
+    const char* config;
+    int micro, accum;
+    double measured_ms;
+  };
+  for (const Run& r : {Run{"gpt2-124m.json", 64, 8, 1174.1}, Run{"gpt2-1.5b.json", 8, 16, 3196.6}}) {
+    INFO(r.config);
+    const Plan plan = one_gpu_plan(r.config, {"batch.micro_batch_size=" + std::to_string(r.micro),
+                                              "batch.global_batch_tokens=" + std::to_string(r.micro * r.accum * 1024),
+                                              "parallel.zero_stage=0"});
+    REQUIRE(plan.layouts.size() == 1);
+    const StepTime& t = plan.layouts[0].time;
+    CHECK(plan.layouts[0].layout.cfg.batch.grad_accum_steps == r.accum);
+    CHECK(t.comm_s() == 0);
+    CHECK(t.optimizer_s > 0);
+    CHECK(t.step_s * 1e3 == Approx(r.measured_ms).epsilon(0.10));
+  }
+}
+
+TEST_CASE("the flat --mfu model is kept, and the kernel model's compute is the stages'", "[plan]") {
+  const std::vector<std::string> sets = {"batch.micro_batch_size=64", "batch.global_batch_tokens=524288",
+                                         "recompute.mode=selective"};
+  Hardware flat;
+  flat.mfu = 0.5;
+  const Plan a = one_gpu_plan("gpt2-124m.json", sets, flat), b = one_gpu_plan("gpt2-124m.json", sets);
+  const StepTime &ta = a.layouts[0].time, &tb = b.layouts[0].time;
+  CHECK(ta.optimizer_s == 0);
+  CHECK(ta.recompute_s == Approx(ta.compute_s * 4 * 12 * 768 * 1024 /
+                                 flops_per_token(build_param_table(a.example.model), a.example.model, 1024, "palm")));
+  const std::vector<StageCompute> st = stage_compute(b.example, KernelTable::h100());
+  REQUIRE(st.size() == 1);
+  CHECK(tb.compute_s == Approx(8 * (st[0].forward_s + st[0].backward_s)));
+  CHECK(tb.recompute_s == Approx(8 * st[0].recompute_s));
+  CHECK(tb.recompute_s > 0);
+  CHECK(tb.recompute_s < 0.1 * tb.compute_s);  // attention's forward only
+}
+
+TEST_CASE("plan --kernels reads kernel_bench --json; a bad table exits 2 naming the key", "[plan]") {
+  const fs::path dir = fs::temp_directory_path() / ("picotrain_kernels_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  // The H100 table with every rate halved: a GPU half as fast everywhere takes twice the compute.
+  nlohmann::json j = nlohmann::json::parse(h100_kernel_table_json());
+  for (auto& r : j["rows"]) {
+    r["rate"] = r["rate"].get<double>() / 2;
+    r["median_ms"] = r["median_ms"].get<double>() * 2;
+  }
+  j["flop_ceiling_tflops"] = j["flop_ceiling_tflops"].get<double>() / 2;
+  j["bandwidth_ceiling_gbps"] = j["bandwidth_ceiling_gbps"].get<double>() / 2;
+  const std::string slow = (dir / "slow.json").string();
+  std::ofstream(slow) << j.dump();
+  Hardware hw;
+  hw.kernels = std::make_shared<KernelTable>(KernelTable::from_file(slow));
+  const std::vector<std::string> sets = {"batch.micro_batch_size=8", "batch.global_batch_tokens=65536"};
+  const Plan fast = one_gpu_plan("gpt2-124m.json", sets), half = one_gpu_plan("gpt2-124m.json", sets, hw);
+  CHECK(half.layouts[0].time.compute_s == Approx(2 * fast.layouts[0].time.compute_s));
+
+  const std::string cfg = std::string(PICOTRAIN_SOURCE_DIR) + "/configs/gpt2-124m.json";
+  const Launch ok = run_command(std::string(PICOTRAIN_BIN) + " plan --config " + cfg + " --gpus 1 --kernels " + slow);
+  INFO(ok.output);
+  CHECK(ok.exit_code == 0);
+  CHECK_THAT(ok.output, Contains(slow));
+  j.erase("flop_ceiling_tflops");
+  const std::string bad = (dir / "bad.json").string();
+  std::ofstream(bad) << j.dump();
+  const Launch refused = run_command(std::string(PICOTRAIN_BIN) + " plan --config " + cfg + " --gpus 1 --kernels " + bad);
+  CHECK(refused.exit_code == 2);
+  CHECK_THAT(refused.output, Contains("flop_ceiling_tflops"));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("--gpu profiles carry the datasheet numbers; flags override any of them", "[plan]") {
+  const GpuProfile& h200 = gpu_profile("h200");
+  CHECK(h200.peak_bf16_tflops == 989.4);
+  CHECK(h200.memory_gib == 141);
+  CHECK(h200.hbm_gbps == 4800);
+  CHECK(gpu_profile("a100-80g").peak_bf16_tflops == 312);
+  CHECK(gpu_profile("a100-40g").hbm_gbps == 1555);
+  CHECK(gpu_profile("b200").peak_bf16_tflops == 2250);
+  // The profiles agree with the trainer's own peak table where both name a GPU.
+  CHECK(gpu_profile("h100-sxm").peak_bf16_tflops == gpu_peak_tflops("NVIDIA H100 80GB HBM3"));
+  CHECK(gpu_profile("h100-pcie").peak_bf16_tflops == gpu_peak_tflops("NVIDIA H100 PCIe"));
+  CHECK(gpu_profile("a100-80g").peak_bf16_tflops == gpu_peak_tflops("NVIDIA A100-SXM4-80GB"));
+  CHECK_THROWS_WITH(gpu_profile("v100"), Contains("a100-40g, a100-80g, h100-sxm, h100-pcie, h200, b200"));
+  // The default Hardware is the h100-sxm profile.
+  const Hardware def, h100 = hardware_of(gpu_profile("h100-sxm"), 8);
+  CHECK(def.peak_tflops == h100.peak_tflops);
+  CHECK(def.gpu_memory_gib == h100.gpu_memory_gib);
+  CHECK(def.hbm_gbps == h100.hbm_gbps);
+  CHECK(def.nvlink_gbps == h100.nvlink_gbps);
+  CHECK(def.network_gbps == h100.network_gbps);
+
+  // Another GPU gets the H100 table scaled: the H200's matmuls as fast (same tensor cores), its
+  // memory-bound kernels 4.8/3.35 faster; the B200's matmuls 2250/989.4 faster.
+  const std::vector<std::string> sets = {"batch.micro_batch_size=8", "batch.global_batch_tokens=65536"};
+  const Plan on_h100 = one_gpu_plan("gpt2-124m.json", sets);
+  const Plan on_h200 = one_gpu_plan("gpt2-124m.json", sets, hardware_of(h200, 8));
+  const Plan on_b200 = one_gpu_plan("gpt2-124m.json", sets, hardware_of(gpu_profile("b200"), 8));
+  const double t100 = on_h100.layouts[0].time.compute_s;
+  CHECK(on_h200.layouts[0].time.compute_s < t100);
+  CHECK(on_h200.layouts[0].time.compute_s > t100 / (4800.0 / 3350));
+  CHECK(on_h200.layouts[0].time.optimizer_s == Approx(on_h100.layouts[0].time.optimizer_s * 3350 / 4800));
+  CHECK(on_b200.layouts[0].time.compute_s < on_h200.layouts[0].time.compute_s);
+  CHECK(on_b200.layouts[0].time.compute_s > t100 / (8000.0 / 3350) * 0.999);
+
+  const std::string cfg = std::string(PICOTRAIN_SOURCE_DIR) + "/configs/gpt2-124m.json";
+  const Launch b200 = run_command(std::string(PICOTRAIN_BIN) + " plan --config " + cfg + " --gpus 8 --gpu b200");
+  INFO(b200.output);
+  CHECK(b200.exit_code == 0);
+  CHECK_THAT(b200.output, Contains("b200: 2250.0 TFLOP/s dense bf16, 180 GiB, HBM 8000 GB/s"));
+  CHECK_THAT(b200.output, Contains("NVLink 900 GB/s"));
+  const Launch over = run_command(std::string(PICOTRAIN_BIN) + " plan --config " + cfg +
+                                  " --gpus 8 --gpu a100-80g --peak-tflops 300 --nvlink-gbps 200");
+  CHECK(over.exit_code == 0);
+  CHECK_THAT(over.output, Contains("a100-80g: 300.0 TFLOP/s dense bf16, 80 GiB, HBM 2039 GB/s"));
+  CHECK_THAT(over.output, Contains("NVLink 200 GB/s"));
+  const Launch bad = run_command(std::string(PICOTRAIN_BIN) + " plan --config " + cfg + " --gpus 8 --gpu v100");
+  CHECK(bad.exit_code == 2);
+  CHECK_THAT(bad.output, Contains("--gpu v100"));
+  CHECK_THAT(bad.output, Contains("h100-pcie"));
+}
+
+TEST_CASE("collectives: alpha-beta with the ring or tree bus factor; overlap hides what compute covers", "[plan]") {
+  const Link nvlink{450, 2e-6};
+  const double gb = 1e9;
+  // Ring all-reduce of 1 GB over 8: 14 steps of latency, 2*7/8 of the buffer.
+  CHECK(collective_s(Collective::all_reduce, gb, 8, nvlink) == Approx(14 * 2e-6 + 1.75 * gb / 450e9));
+  CHECK(collective_s(Collective::all_gather, gb, 8, nvlink) == Approx(7 * 2e-6 + 0.875 * gb / 450e9));
+  CHECK(collective_s(Collective::reduce_scatter, gb, 1, nvlink) == 0);
+  CHECK(collective_s(Collective::send, gb, 2, nvlink) == Approx(2e-6 + gb / 450e9));
+  // A small buffer on many ranks: the tree's 2 log2(n) steps beat the ring's 2(n-1).
+  const double tree = 2 * 10 * 6e-6 + 2 * 1e3 / 50e9;
+  CHECK(collective_s(Collective::all_reduce, 1e3, 1024, Link{50, 6e-6}) == Approx(tree));
+  // What a compute window cannot hide, never less than the tail after it.
+  CHECK(exposed_s(10, 4) == 6);
+  CHECK(exposed_s(10, 40) == 0);
+  CHECK(exposed_s(10, 40, 1) == 1);
+  CHECK(exposed_s(0.5, 40, 1) == 0.5);
+
+  // The trainer's schedule: ZeRO-1 gradient buckets run beside the last backward. GPT-2 124M on
+  // 8 nodes of one GPU (dp over the network): part of the reduce-scatter is hidden; with nothing
+  // overlapped it is all exposed, and tp overlap hides tp's all-reduces.
+  const std::string cfg = std::string(PICOTRAIN_SOURCE_DIR) + "/configs/gpt2-124m.json";
+  Hardware hw;
+  hw.gpus_per_node = 1;
+  Hardware none = hw;
+  none.overlap.dp_grads = false;
+  const Plan a = make_plan(cfg, {}, 8, hw), b = make_plan(cfg, {}, 8, none);
+  auto find = [](const Plan& p, const std::string& name) -> const StepTime& {
+    for (const auto& l : p.layouts)
+      if (l.layout.name() == name) return l.time;
+    FAIL("no layout " << name);
+    throw;
+  };
+  const StepTime &dp_overlap = find(a, "dp8 tp1 pp1 cp1"), &dp_exposed = find(b, "dp8 tp1 pp1 cp1");
+  CHECK(dp_exposed.hidden_s == 0);
+  CHECK(dp_overlap.hidden_s > 0);
+  CHECK(dp_overlap.dp_s + dp_overlap.hidden_s == Approx(dp_exposed.dp_s));
+  CHECK(dp_overlap.step_s < dp_exposed.step_s);
+  Hardware tp_overlap = hw;
+  tp_overlap.overlap.tp = true;
+  const Plan c = make_plan(cfg, {}, 8, tp_overlap);
+  CHECK(find(c, "dp4 tp2 pp1 cp1").tp_s < find(a, "dp4 tp2 pp1 cp1").tp_s);
+  CHECK_THAT(format_plan(c, tp_overlap, cfg), Contains("overlapped with compute: dp grads, tp; exposed: zero gathers"));
+}
+
+TEST_CASE("the pipeline bubble comes from simulating the schedule, uneven stages included", "[plan]") {
+  // The simulator's per-rank scale: all 1 changes nothing, all 2 doubles every time, an uneven
+  // pipeline lies between its slowest and fastest even ones.
+  const int pp = 4, m = 8;
+  std::vector<std::vector<PipeAction>> lists;
+  for (int r = 0; r < pp; r++) lists.push_back(pipeline_schedule(PipeSchedule::one_f_one_b, pp, 1, m, r));
+  auto makespan = [&](std::vector<double> scale) {
+    PipeCosts costs;
+    costs.rank_scale = std::move(scale);
+    const PipeSimReport rep = simulate_pipeline(lists, 1, m, costs, PipeComm::blocking);
+    REQUIRE(rep.ok());
+    return rep.makespan;
+  };
+  const double even = makespan({});
+  CHECK(even == Approx((m + pp - 1) * 3.0));  // (m + pp - 1)(F + B), pp_bubble.h
+  CHECK(makespan({1, 1, 1, 1}) == even);
+  CHECK(makespan({2, 2, 2, 2}) == Approx(2 * even));
+  const double uneven = makespan({1, 0.5, 0.5, 0.5});
+  CHECK(uneven < even);
+  CHECK(uneven > makespan({0.5, 0.5, 0.5, 0.5}));
+  CHECK_THROWS_WITH(simulate_pipeline(lists, 1, m, PipeCosts{1, 2, {1, 1}}), Contains("one factor per pipeline rank"));
+
+  // The planner: GPT-2 124M on pp2 (dp4, 2 micro-batches each) in the measured-kernel model. The
+  // step is the simulated makespan plus what follows it; the first stage (embeddings) and the
+  // last (head, loss) differ, and the bubble is near 1F1B's (pp-1)/m of the busy time.
+  const Plan plan = make_plan(std::string(PICOTRAIN_SOURCE_DIR) + "/configs/gpt2-124m.json",
+                              {"batch.micro_batch_size=16"}, 8, Hardware{});
+  int found = 0;
+  for (const LayoutPlan& l : plan.layouts) {
+    if (l.layout.name() != "dp4 tp1 pp2 cp1") continue;
+    found++;
+    const StepTime& t = l.time;
+    const int micro = l.layout.cfg.batch.grad_accum_steps;
+    const double busy = t.compute_s + t.recompute_s + t.tp_s + t.cp_s + t.pp_s + t.ep_s;
+    CHECK(t.step_s == Approx(busy + t.bubble_s + t.dp_s + t.optimizer_s));
+    const double formula = busy * pipeline_bubble_ratio(PipeSchedule::one_f_one_b, 2, 1, micro);
+    CHECK(t.bubble_s > 0.5 * formula);
+    CHECK(t.bubble_s <= formula * 1.0001);
+    const std::vector<StageCompute> st = stage_compute(l.layout.cfg, KernelTable::h100());
+    CHECK(st[0].total_s() != Approx(st[1].total_s()));
+  }
+  CHECK(found == 1);
+}
+
+TEST_CASE("--search-micro-batch keeps each layout's fastest micro-batch size that fits", "[plan]") {
+  const std::string cfg = std::string(PICOTRAIN_SOURCE_DIR) + "/configs/gpt2-124m.json";
+  const Plan fixed = make_plan(cfg, {}, 16, Hardware{});
+  const Plan searched = make_plan(cfg, {}, 16, Hardware{}, PlanSearch{.micro_batches = true});
+  REQUIRE(fixed.layouts.size() == searched.layouts.size());
+  int changed = 0;
+  for (const LayoutPlan& s : searched.layouts) {
+    INFO(s.layout.name());
+    const auto f = std::find_if(fixed.layouts.begin(), fixed.layouts.end(),
+                                [&](const LayoutPlan& l) { return l.layout.name() == s.layout.name(); });
+    REQUIRE(f != fixed.layouts.end());
+    CHECK(s.time.step_s <= f->time.step_s);
+    const int mbs = s.layout.cfg.batch.micro_batch_size;
+    CHECK(64 % mbs == 0);  // the config's 64, halved
+    if (mbs != 64) {
+      changed++;
+      CHECK(s.layout.cfg.batch.grad_accum_steps == f->layout.cfg.batch.grad_accum_steps * (64 / mbs));
+      CHECK(s.time.step_s < f->time.step_s);
+    }
+  }
+  CHECK(changed > 0);  // the pipeline layouts gain most: a smaller bubble
+  const Launch out = run_command(std::string(PICOTRAIN_BIN) + " plan --config " + cfg + " --gpus 16 --search-micro-batch");
+  CHECK(out.exit_code == 0);
+  CHECK_THAT(out.output, Contains("micro accum"));
+}
