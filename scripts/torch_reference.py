@@ -116,6 +116,12 @@ readers of the checkpoint, the dumps and the Hugging Face folders (checkpoint, d
 models (models), the training pass on them (objective), the comparison (compare) and --self-test
 (self_test); this file is the command line.
 
+--mc-task FILE --mc-scores SCORES --mc-seq-len T checks `picotrain eval --task FILE --scores
+SCORES --set batch.seq_len=T` instead: the task file is read and tokenized here (bytes), every
+ending scored in float64 from the checkpoint's weights, and each example's token ids, summed and
+mean losses (relative bound --tol-mc, 1e-4) and predictions compared (torch_ref/multiple_choice.py
+defines the scoring; ctest torch_mc_reference).
+
 Exit status: 0 every quantity within its bound, 1 something is not, 2 the checkpoint or a dump
 is missing or malformed, or a dump was not made from this checkpoint (its master weights' chunk
 checksums differ).
@@ -133,6 +139,7 @@ from torch_ref.compare import compare, compare_hf
 from torch_ref.dump import read_dump
 from torch_ref.hf import read_hf_folder
 from torch_ref.models import forward  # noqa: F401 (test/torch_reference.sh)
+from torch_ref.multiple_choice import compare_scores, read_scores, score as score_multiple_choice
 from torch_ref.objective import reference, round_bf16
 from torch_ref.self_test import self_test
 
@@ -151,9 +158,18 @@ def main():
     ap.add_argument("--self-test", action="store_true",
                     help="check this script's Llama and Mixtral against a loop written from the definitions, "
                          "then exit")
+    ap.add_argument("--mc-task", metavar="JSONL",
+                    help="a multiple-choice task (HellaSwag's JSONL): score it from the checkpoint and compare with "
+                         "--mc-scores (see torch_ref/multiple_choice.py); no DUMP needed")
+    ap.add_argument("--mc-scores", metavar="JSONL", help="what `picotrain eval --task JSONL --scores` wrote")
+    ap.add_argument("--mc-seq-len", type=int, default=0, help="the eval's batch.seq_len (row length)")
+    ap.add_argument("--mc-max-examples", type=int, default=0, help="the eval's --max-examples (0: all)")
+    ap.add_argument("--tol-mc", type=float, default=1e-4, help="relative bound on the endings' losses (1e-4)")
     args = ap.parse_args()
     if args.self_test:
         return self_test()
+    if args.mc_task:
+        return check_multiple_choice(args)
     if not args.checkpoint or not args.dumps:
         ap.error("--checkpoint and at least one DUMP are required")
 
@@ -207,6 +223,28 @@ def main():
             print("%-10s %s over the bound: %s" % ("hf", path, ", ".join(bad)))
     print("torch_reference: %s" % ("FAIL: " + ", ".join(failed) if failed else "all within bounds"))
     return 1 if failed else 0
+
+
+def check_multiple_choice(args):
+    """--mc-task: the task scored here in float64 against picotrain's scores (exit 0, 1 or 2)."""
+    if not args.checkpoint or not args.mc_scores or args.mc_seq_len < 2:
+        print("torch_reference: --mc-task needs --checkpoint, --mc-scores and --mc-seq-len", file=sys.stderr)
+        return 2
+    try:
+        step_dir, manifest, weights = read_checkpoint(args.checkpoint)
+        theirs = read_scores(args.mc_scores)
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        mine, skipped = score_multiple_choice(weights, manifest["model"], args.mc_task, args.mc_seq_len,
+                                              args.mc_max_examples, device)
+    except BadInput as e:
+        print("torch_reference: %s" % e, file=sys.stderr)
+        return 2
+    print("torch_reference: %s (step %d): %s on %s, rows of %d" % (step_dir, manifest["step"],
+                                                                  manifest["model"]["arch"], args.mc_task,
+                                                                  args.mc_seq_len))
+    bad = compare_scores(mine, skipped, theirs, args.tol_mc)
+    print("torch_reference: %s" % ("FAIL: multiple choice" if bad else "all within bounds"))
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ const std::string kConfig = std::string(PICOTRAIN_SOURCE_DIR) + "/configs/tiny.j
 const std::map<std::string, std::string> kRequired = {
     {"prepare", "--input /nonexistent --out /tmp/picotrain_cli_numbers"},
     {"sample", "--checkpoint /tmp"},
+    {"eval", "--checkpoint /tmp"},
     {"plan", "--config " + kConfig},
 };
 
@@ -62,6 +63,9 @@ TEST_CASE("every numeric flag says in words what it accepts", "[cli]") {
       {"plan", "--nvlink-gbps", "-1", "--nvlink-gbps must be > 0, got -1"},
       {"plan", "--network-gbps", "0", "--network-gbps must be > 0, got 0"},
       {"plan", "--peak-tflops", "0", "--peak-tflops must be > 0, got 0"},
+      {"plan", "--hbm-gbps", "0", "--hbm-gbps must be > 0, got 0"},
+      {"eval", "--tokens", "-1", "--tokens must be >= 0, got -1 (0: all)"},
+      {"eval", "--max-examples", "2.5", "--max-examples must be a whole number >= 0, got '2.5'"},
       {"plan", "--mfu", "2", "--mfu must be > 0 and <= 1, got 2"},
       {"plan", "--mfu", "0", "--mfu must be > 0 and <= 1, got 0"},
   };
@@ -90,7 +94,7 @@ TEST_CASE("good numeric values pass the checks", "[cli]") {
   // The planner runs with every numeric flag given a valid value (the upper ends included).
   const Launch l = run_command(kBin + " plan --config " + kConfig +
                                " --gpus 8 --gpus-per-node 8 --gpu-memory-gib 80 --nvlink-gbps 450 "
-                               "--network-gbps 50 --peak-tflops 989.4 --mfu 1");
+                               "--network-gbps 50 --peak-tflops 989.4 --hbm-gbps 3350 --mfu 1");
   INFO(l.output);
   CHECK(l.exit_code == 0);
 }

@@ -402,7 +402,7 @@ TEST_CASE("unknown keys and wrong types in the file", "[config]") {
   SECTION("unknown section, even when empty") {
     j["modle"] = json::object();
     CHECK_THAT(error_of_json(j), Contains("unknown section modle (valid sections: run, model, moe, parallel, recompute, batch, "
-                                          "optim, schedule, precision, data, checkpoint, logging)"));
+                                          "optim, schedule, precision, data, eval, checkpoint, logging)"));
   }
   SECTION("a section that is not an object") {
     j["model"] = 3;

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/ckpt/hf_tokenizer_files.h"
 #include "core/common/error.h"
 #include "core/tokenizer/byte_unicode.h"
 #include "core/tokenizer/hf_tokenizer.h"
@@ -21,32 +22,6 @@ using Catch::Matchers::Contains;
 using nlohmann::json;
 
 namespace {
-
-// GPT-2's tokenizer.json as Hugging Face's gpt2 repository has it: encoder.json as the vocabulary,
-// vocab.bpe's lines as the merges (here in the ["a", "b"] form, Llama 3's file has the "a b" one),
-// <|endoftext|> as an added special token, ByteLevel pre-tokenizer with GPT-2's regex.
-json gpt2_tokenizer_json() {
-  json merges = json::array();
-  std::istringstream lines(slurp(gpt2_dir() + "/vocab.bpe"));
-  for (std::string line; std::getline(lines, line);) {
-    if (line.empty() || line.starts_with("#version")) continue;
-    const size_t space = line.find(' ');
-    merges.push_back({line.substr(0, space), line.substr(space + 1)});
-  }
-  const json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
-  return {{"version", "1.0"},
-          {"added_tokens",
-           {{{"id", 50256}, {"content", "<|endoftext|>"}, {"single_word", false}, {"lstrip", false}, {"rstrip", false},
-             {"normalized", true}, {"special", true}}}},
-          {"normalizer", nullptr},
-          {"pre_tokenizer", byte_level},
-          {"post_processor", byte_level},
-          {"decoder", byte_level},
-          {"model",
-           {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"continuing_subword_prefix", ""},
-            {"end_of_word_suffix", ""}, {"fuse_unk", false}, {"byte_fallback", false},
-            {"vocab", json::parse(slurp(gpt2_dir() + "/encoder.json"))}, {"merges", merges}}}};
-}
 
 // The ids Hugging Face's JavaScript reader gives for each text (valid UTF-8 only).
 std::vector<Ids> hf_reference_ids(const std::string& tokenizer_json, const std::vector<std::string>& texts) {
@@ -144,40 +119,6 @@ void check_against_reference(const Tokenizer& tok, const std::string& tokenizer_
   CHECK(tokens > 10000);
 }
 
-// A byte-level tokenizer.json small enough to reason about: the 256 byte tokens, then `extra`
-// tokens (spelled in byte characters) with ids from 256, the merges, the pre-tokenizer, and the
-// added tokens.
-json tiny_tokenizer(const std::vector<std::string>& extra, const json& merges, const json& pre_tokenizer,
-                    const json& added = json::array()) {
-  json vocab = json::object();
-  for (int b = 0; b < 256; ++b) {  // spelled in byte characters (byte_unicode.h), all below U+0800
-    const char32_t c = gpt2_byte_to_unicode()[b];
-    std::string spelled;
-    if (c < 0x80) {
-      spelled += static_cast<char>(c);
-    } else {
-      spelled += static_cast<char>(0xC0 | (c >> 6));
-      spelled += static_cast<char>(0x80 | (c & 0x3F));
-    }
-    vocab[spelled] = b;
-  }
-  for (size_t i = 0; i < extra.size(); ++i) vocab[extra[i]] = 256 + static_cast<int>(i);
-  return {{"added_tokens", added},
-          {"normalizer", nullptr},
-          {"pre_tokenizer", pre_tokenizer},
-          {"decoder", {{"type", "ByteLevel"}}},
-          {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", merges}}}};
-}
-
-const json kByteLevelNoRegex = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}};
-
-std::string write_json(const TempDir& dir, const std::string& name, const json& j) {
-  fs::create_directories(dir.path / name);
-  const std::string path = (dir.path / name / "tokenizer.json").string();
-  std::ofstream(path, std::ios::binary) << j.dump();
-  return path;
-}
-
 std::string load_error(const std::string& path) {
   try {
     HfTokenizer tok(path, "test");
@@ -217,7 +158,7 @@ TEST_CASE("llama3: ids match the reference encoder (@huggingface/tokenizers unde
 
 TEST_CASE("gpt2 tokenizer.json: ids match the reference encoder, and GPT-2's own files", "[tokenizer][gpt2]") {
   TempDir dir;
-  const std::string path = write_json(dir, "gpt2", gpt2_tokenizer_json());
+  const std::string path = write_json(dir, "gpt2", json(ckpt::gpt2_tokenizer_json(gpt2_dir())));
   const HfTokenizer tok(path, "gpt2-json");
   CHECK(tok.vocab_size() == 50257);
   CHECK(tok.merge_count() == 50000);

@@ -309,6 +309,7 @@ TEST_CASE("docs/log.md's metrics table names every field of metrics.jsonl, and n
   m.step = m.total_steps = 1;
   m.phases = pt::PhaseTimes{};
   m.val_loss = m.pp_bubble = m.pp_wait_ms = m.moe_aux = m.moe_max_load = 1.0;
+  m.task = pt::TaskAccuracy{"hellaswag", 0.5, 0.5};
   m.skipped_steps = 1;
   { pt::MetricsLog((dir / "metrics.jsonl").string(), "palm").log(m); }
   std::ifstream in(dir / "metrics.jsonl");

@@ -1,5 +1,6 @@
 // Helpers for the tokenizer tests: the GPT-2 and Llama 3 files (fetched by scripts/get_data.sh --tokenizer),
-// the reference ids from npm packages' JavaScript encoders run under node, and a temp dir.
+// the reference ids from npm packages' JavaScript encoders run under node, a temp dir, and tiny
+// tokenizer.json files written for a test.
 #pragma once
 #include <unistd.h>
 
@@ -13,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "core/tokenizer/byte_unicode.h"
 #include "core/tokenizer/gpt2_tokenizer.h"
 #include "core/tokenizer/hf_tokenizer.h"
 
@@ -100,6 +102,42 @@ inline std::vector<std::vector<int32_t>> reference_ids(const std::vector<std::st
   if (!fs::exists(fs::path(gpt2_dir()) / "Encoder.js"))
     FAIL(gpt2_dir() << "/Encoder.js is missing: run scripts/get_data.sh --tokenizer");
   return node_reference_ids("gpt2_reference.js", {gpt2_dir()}, texts);
+}
+
+// A byte-level tokenizer.json small enough to reason about: the 256 byte tokens, then `extra`
+// tokens (spelled in byte characters) with ids from 256, the merges, the pre-tokenizer, and the
+// added tokens.
+inline nlohmann::json tiny_tokenizer(const std::vector<std::string>& extra, const nlohmann::json& merges,
+                                     const nlohmann::json& pre_tokenizer,
+                                     const nlohmann::json& added = nlohmann::json::array()) {
+  nlohmann::json vocab = nlohmann::json::object();
+  for (int b = 0; b < 256; ++b) {  // spelled in byte characters (byte_unicode.h), all below U+0800
+    const char32_t c = gpt2_byte_to_unicode()[b];
+    std::string spelled;
+    if (c < 0x80) {
+      spelled += static_cast<char>(c);
+    } else {
+      spelled += static_cast<char>(0xC0 | (c >> 6));
+      spelled += static_cast<char>(0x80 | (c & 0x3F));
+    }
+    vocab[spelled] = b;
+  }
+  for (size_t i = 0; i < extra.size(); ++i) vocab[extra[i]] = 256 + static_cast<int>(i);
+  return {{"added_tokens", added},
+          {"normalizer", nullptr},
+          {"pre_tokenizer", pre_tokenizer},
+          {"decoder", {{"type", "ByteLevel"}}},
+          {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", merges}}}};
+}
+
+inline const nlohmann::json kByteLevelNoRegex = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}};
+
+// Writes `j` as <dir>/<name>/tokenizer.json; returns its path.
+inline std::string write_json(const TempDir& dir, const std::string& name, const nlohmann::json& j) {
+  fs::create_directories(dir.path / name);
+  const std::string path = (dir.path / name / "tokenizer.json").string();
+  std::ofstream(path, std::ios::binary) << j.dump();
+  return path;
 }
 
 }  // namespace pt::test

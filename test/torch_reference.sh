@@ -43,33 +43,9 @@ SRC=$3
 read -r -a BACKENDS <<<"${TORCH_REFERENCE_BACKENDS:-cpu:fp32}"
 read -r -a ARCHS <<<"${TORCH_REFERENCE_ARCHS:-gpt2 llama mixtral}"
 
-PY=""
-for candidate in ${PICOTRAIN_PYTHON:-} python3 /usr/bin/python3; do
-  if command -v "$candidate" >/dev/null 2>&1 && "$candidate" -c "import torch, numpy" >/dev/null 2>&1; then
-    PY=$candidate
-    break
-  fi
-done
-if [ -z "$PY" ]; then
-  echo "torch_reference: skipped: no python3 with torch and numpy (Debian: apt-get install python3-torch)"
-  exit 77
-fi
-
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/picotrain_torch_reference.XXXXXX")
-trap 'rm -rf "$WORK"' EXIT
-
-# expect RC WHAT COMMAND...: runs COMMAND, shows its output, fails the test unless it exits RC.
-expect() {
-  local want=$1 what=$2 rc=0
-  shift 2
-  echo "== $what (expect exit $want)"
-  "$@" >"$WORK/out.log" 2>&1 || rc=$?
-  cat "$WORK/out.log"
-  if [ "$rc" -ne "$want" ]; then
-    echo "torch_reference: FAILED: $what exited $rc, expected $want"
-    exit 1
-  fi
-}
+TEST_NAME=torch_reference
+# PY, WORK and expect.
+source "$(dirname "$0")/torch_test_support.sh"
 
 # The script's Llama and Mixtral against its loop over the definitions, before it judges picotrain's.
 expect 0 "torch_reference.py --self-test" "$PY" "$SRC/scripts/torch_reference.py" --self-test

@@ -92,6 +92,13 @@ void CheckpointWriter::add_strided_chunk(const std::string& name, const std::vec
 }
 
 std::string CheckpointWriter::commit(Manifest meta) {
+  for (const auto& [name, source] : meta.copies) {
+    auto& f = files_[name];
+    check(!f, "checkpoint file " + name + " is written twice");
+    f = std::make_unique<FileWriter>((fs::path(tmp_) / name).string());
+    const std::string bytes = read_small_file(source);
+    f->write(bytes.data(), bytes.size());
+  }
   meta.files.clear();
   for (auto& [name, f] : files_) {
     meta.files.push_back(FileEntry{name, f->offset()});

@@ -40,7 +40,8 @@ class CheckpointWriter {
   void add_strided_chunk(const std::string& name, const std::vector<int64_t>& shape, const std::string& file,
                          uint64_t begin, uint64_t run, uint64_t stride, const float* data, size_t n);
 
-  // Steps 1-3 above with `meta` (its files and tensors are filled in here). Returns step_N's path.
+  // Steps 1-3 above with `meta` (its files and tensors are filled in here; its `copies` are copied
+  // in first). Returns step_N's path.
   std::string commit(Manifest meta);
   // A joined writer's part: fsyncs and closes its files and returns them and their chunks.
   Manifest finish_part();

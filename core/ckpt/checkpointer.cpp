@@ -10,6 +10,7 @@
 
 #include "core/ckpt/checkpoint_dir.h"
 #include "core/ckpt/checkpoint_reader.h"
+#include "core/ckpt/checkpoint_tokenizer.h"
 #include "core/ckpt/checkpoint_writer.h"
 #include "core/ckpt/durable_io.h"
 #include "core/ckpt/tp_chunks.h"
@@ -266,6 +267,7 @@ std::string Checkpointer::save(const TrainState& state, ParamStore& store, Ops& 
                  {"cp", par.cp},                  {"zero_stage", par.zero_stage}, {"dp_replicate", par.dp_replicate},
                  {"ep", par.ep}};
   meta.config = config_to_json(cfg_);
+  record_tokenizer(meta, cfg_.data.tokenizer);
 
   const int rank = world_ ? world_->members()[world_->rank()] : 0;
   const std::vector<Part> held = parts(store);

@@ -91,7 +91,8 @@ const char* safetensors_dtype_name(HfDtype dtype);
 // (picotrain's, 50257 ids) has <|endoftext|> = 50256 to begin and end documents; another
 // vocabulary has no id picotrain knows, so the fields are null rather than a config class's
 // default (GPT2Config's 50256 would point past a smaller embedding; LlamaConfig's 1 and 2 name
-// ordinary tokens).
+// ordinary tokens). export_hf replaces both with the tokenizer's bos/eos when the folder gets
+// tokenizer files (hf_tokenizer_files.h).
 nlohmann::ordered_json end_of_text_id(const ModelSection& model);
 
 // The GPT-2 entry (hf_gpt2.cpp), the Llama entry (hf_llama.cpp) and the Mixtral entry

@@ -6,12 +6,18 @@
 #include <map>
 
 #include "core/ckpt/checkpoint_reader.h"
+#include "core/ckpt/checkpoint_tokenizer.h"
 #include "core/ckpt/durable_io.h"
 #include "core/ckpt/imported_checkpoint.h"
 #include "core/ckpt/llmc_model_file.h"
 #include "core/ckpt/manifest.h"
+#include "core/ckpt/hf_tokenizer_files.h"
 #include "core/ckpt/safetensors.h"
+#include "core/common/console.h"
 #include "core/common/error.h"
+#include "core/model/model_tokenizer.h"
+#include "core/model/sampler.h"
+#include "core/tokenizer/hf_tokenizer.h"
 
 namespace pt::ckpt {
 
@@ -89,6 +95,36 @@ bool ends_with(const std::string& s, const std::string& end) {
   return s.size() >= end.size() && s.compare(s.size() - end.size(), end.size(), end) == 0;
 }
 
+// The tokenizer an export ships: the one the checkpoint records (which must load), else the one
+// its vocabulary implies when its files are here; null when there is none (the folder then has
+// no tokenizer files, as before checkpoints recorded one).
+std::unique_ptr<Tokenizer> exported_tokenizer(const Manifest& manifest, const std::string& dir, const ModelSection& m) {
+  if (!manifest.tokenizer.is_null()) return tokenizer_for_checkpoint(dir, m, "", "");
+  const std::string name = tokenizer_for_vocab(m.vocab_size);
+  if (name.empty()) return nullptr;
+  try {
+    return make_tokenizer(name);
+  } catch (const ConfigError& e) {
+    print_line(Stream::err, std::string("warning   | convert: no tokenizer files in the folder: ") + e.what());
+    return nullptr;
+  }
+}
+
+// The tokenizer.json of an imported folder, when picotrain can read it and it fits the model: the
+// imported checkpoint records it. One it cannot read (a SentencePiece model) is left out with a
+// warning: the weights are still the model.
+std::string imported_tokenizer(const std::string& in_dir, const ModelSection& m) {
+  if (!fs::exists(in_folder(in_dir, kTokenizerFile))) return "";
+  try {
+    const HfTokenizer tok(in_dir, in_dir);
+    check_tokenizer_fits(tok, m.vocab_size, "the tokenizer of " + in_dir);
+    return in_dir;
+  } catch (const ConfigError& e) {
+    print_line(Stream::err, std::string("warning   | convert: the imported checkpoint records no tokenizer: ") + e.what());
+    return "";
+  }
+}
+
 }  // namespace
 
 bool is_hf_model_folder(const std::string& dir) {
@@ -127,8 +163,14 @@ std::string export_hf(const std::string& checkpoint, const std::string& out_dir,
     }
   }
   out.commit();
-  // config.json last: a folder with a new config.json has the weights it describes.
-  write_file_atomic(in_folder(out_dir, kHfConfigFile), arch.config_json(m, dtype).dump(2) + "\n");
+  nlohmann::ordered_json config = arch.config_json(m, dtype);
+  if (const std::unique_ptr<Tokenizer> tok = exported_tokenizer(r.manifest(), dir, m))
+    if (const auto special = write_hf_tokenizer_files(*tok, m, out_dir)) {
+      config["bos_token_id"] = special->bos_id >= 0 ? nlohmann::ordered_json(special->bos_id) : nullptr;
+      config["eos_token_id"] = special->eos_id >= 0 ? nlohmann::ordered_json(special->eos_id) : nullptr;
+    }
+  // config.json last: a folder with a new config.json has the weights and tokenizer it describes.
+  write_file_atomic(in_folder(out_dir, kHfConfigFile), config.dump(2) + "\n");
   return dir;
 }
 
@@ -176,7 +218,7 @@ std::string import_hf(const std::string& in_dir, const std::string& out_dir) {
     throw RuntimeError(f.path() + ": tensor " + st.name + " is not a parameter of " + arch.class_name +
                        " as picotrain builds it (config " + config_path + ")");
   }
-  return write_imported_checkpoint(out_dir, m, table, weights, in_dir);
+  return write_imported_checkpoint(out_dir, m, table, weights, in_dir, imported_tokenizer(in_dir, m));
 }
 
 }  // namespace pt::ckpt

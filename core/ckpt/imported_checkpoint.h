@@ -15,9 +15,11 @@ namespace pt::ckpt {
 void refuse_nonempty_import_target(const std::string& out_dir);
 
 // Commits `weights` (table order, table.total_numel() floats) as step_00000000 in `out_dir`
-// and points latest at it; `source` is recorded in the manifest's layout. Returns the step
-// directory.
+// and points latest at it; `source` is recorded in the manifest's layout and `tokenizer` (a
+// make_tokenizer name or path; "": none) as the model's tokenizer (checkpoint_tokenizer.h).
+// Returns the step directory.
 std::string write_imported_checkpoint(const std::string& out_dir, const ModelSection& model, const ParamTable& table,
-                                      const std::vector<float>& weights, const std::string& source);
+                                      const std::vector<float>& weights, const std::string& source,
+                                      const std::string& tokenizer = "");
 
 }  // namespace pt::ckpt

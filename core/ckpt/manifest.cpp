@@ -88,6 +88,7 @@ nlohmann::ordered_json manifest_to_json(const Manifest& m) {
   }
   j["tensors"] = tensors;
   j["config"] = m.config;
+  if (!m.tokenizer.is_null()) j["tokenizer"] = m.tokenizer;  // only then: files without one are as before
   return j;
 }
 
@@ -133,6 +134,7 @@ Manifest manifest_from_json(const std::string& text, const std::string& path) {
   m.model = get<json>(j, "model", path);
   m.layout = get<json>(j, "layout", path);
   m.config = get<json>(j, "config", path);
+  if (j.contains("tokenizer")) m.tokenizer = get<json>(j, "tokenizer", path);  // absent before tokenizers were recorded
 
   std::map<std::string, uint64_t> file_size;
   for (const auto& f : get<json>(j, "files", path)) {

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -96,8 +97,12 @@ struct Manifest {
   nlohmann::json model;     // the model-shape keys (model_shape_json)
   nlohmann::json layout;    // world size and parallel degrees of the writer (informational)
   nlohmann::json config;    // the writer's full resolved config
+  nlohmann::json tokenizer;  // the model's tokenizer (checkpoint_tokenizer.h); null: none recorded
   std::vector<FileEntry> files;
   std::vector<TensorEntry> tensors;
+  // Files CheckpointWriter::commit copies into the checkpoint as {name there, source path}; the
+  // copies are then listed in `files` like any other. Not itself written to manifest.json.
+  std::vector<std::pair<std::string, std::string>> copies;
 
   const TensorEntry* find(const std::string& name) const;
 };

@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "core/common/error.h"
+#include "core/tokenizer/tokenizer.h"
 
 namespace pt::config {
 namespace {
@@ -179,6 +180,13 @@ auto each_at_least(int min) {
 
 auto not_empty = [](const std::string& v) { return v.empty() ? std::string("must not be empty") : std::string(); };
 
+// Read when the run starts (the trainer checks model.vocab_size against it); here only its name.
+auto tokenizer_rule = [](const std::string& v) {
+  return v.empty() || is_tokenizer_name(v)
+             ? std::string()
+             : std::string("must be \"\" (by model.vocab_size), ") + kTokenizerNames + ", an existing path";
+};
+
 auto dp_rule = [](int v) { return v == -1 || v >= 1 ? std::string() : std::string("must be -1 (derived) or >= 1"); };
 
 auto hang_timeout_rule = [](double v) {
@@ -333,7 +341,14 @@ std::vector<ConfigKey> build_table() {
       .add("val", &DataSection::val)  // "": no validation
       .add("val_every_steps", &DataSection::val_every_steps, at_least(0))
       .add("final_val", &DataSection::final_val)
-      .add("val_tokens", &DataSection::val_tokens, at_least(0));
+      .add("val_tokens", &DataSection::val_tokens, at_least(0))
+      .add("tokenizer", &DataSection::tokenizer, tokenizer_rule);
+
+  SectionKeys(k, "eval", &RunConfig::eval)
+      .add("task", &EvalSection::task)  // "": none
+      .add("every_steps", &EvalSection::every_steps, at_least(0))
+      .add("max_examples", &EvalSection::max_examples, at_least(0))
+      .add("name", &EvalSection::name);  // "": from the task's file name
 
   SectionKeys(k, "checkpoint", &RunConfig::checkpoint)
       .add("dir", &CheckpointSection::dir)  // "": <out_dir>/checkpoints

@@ -35,6 +35,8 @@ std::string_view section_intro(std::string_view section) {
     return "The world size (ranks started by the launcher) must equal `dp*tp*pp*cp`.";
   if (section == "recompute")
     return "Activation recompute (see [activation recompute](parallel.md#activation-recompute)).";
+  if (section == "eval")
+    return "A multiple-choice benchmark scored during training (`picotrain eval` scores a checkpoint the same way).";
   if (section == "optim")
     return "AdamW with decoupled weight decay (on matrices only) and global-norm gradient clipping.";
   return {};
@@ -245,6 +247,28 @@ const std::vector<KeyMeaning>& key_meanings() {
        "says when validation runs and on how many tokens; a validation longer than 10 s logs its progress."},
       {"data.val_tokens",
        "Validation tokens per evaluation, rounded down to whole batches; `0`: the whole validation set; >= 0."},
+      {"data.tokenizer",
+       "The tokenizer the shards were prepared with: `bytes`, `gpt2`, `llama3`, or the path of a byte-level BPE "
+       "`tokenizer.json` (or of a folder holding one); `\"\"`: the one `model.vocab_size` implies (256, 50257, "
+       "128256), as before the key existed. The run checks that `model.vocab_size` is at least its vocabulary, "
+       "prints training samples with it, and records it in each checkpoint (a path's file is copied in), so "
+       "`picotrain sample` and `convert --format hf` use it."},
+      // ---- eval
+      {"eval.task",
+       "A multiple-choice task in HellaSwag's JSONL format (`ctx`, `endings`, `label` per line; "
+       "`scripts/get_data.sh --hellaswag` fetches HellaSwag's validation set) scored during training as llm.c "
+       "scores HellaSwag: each ending's loss given its context, accuracy by the summed (`<name>_acc`) and by the "
+       "per-token mean loss (`<name>_acc_norm`) in `metrics.jsonl`, the step line and the run report. Tokenized "
+       "with the run's tokenizer (`data.tokenizer`, else the one `model.vocab_size` implies); rows of "
+       "`batch.seq_len` tokens, longer contexts cut from the left, an example whose ending alone does not fit "
+       "skipped. `\"\"`: none. See [evaluation](running.md#evaluation)."},
+      {"eval.every_steps",
+       "Score `task` every this many steps and after the last one; `0`: after the last step only; >= 0."},
+      {"eval.max_examples",
+       "Score the task's first this many examples; `0`: all of them; >= 0."},
+      {"eval.name",
+       "The task's name in the log's fields (`<name>_acc`, `<name>_acc_norm`); `\"\"`: the task file's name up "
+       "to its first `_` or `.` (`hellaswag_val.jsonl`: `hellaswag`)."},
       // ---- checkpoint
       {"checkpoint.dir",
        "Checkpoint directory; `\"\"`: `<run.out_dir>/checkpoints`."},

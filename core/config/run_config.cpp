@@ -82,6 +82,10 @@ RunConfig config_from_json(const nlohmann::json& j, const std::vector<std::strin
 }
 
 RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides, int world_size) {
+  return config_from_json(read_config_file(path), overrides, world_size);
+}
+
+nlohmann::json read_config_file(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw ConfigError("cannot read config file " + path + ": " + std::strerror(errno));
   std::stringstream text;
@@ -92,7 +96,7 @@ RunConfig load_config(const std::string& path, const std::vector<std::string>& o
   } catch (const json::parse_error& e) {
     throw ConfigError("config file " + path + " is not valid JSON: " + without_exception_tag(e.what()));
   }
-  return config_from_json(j, overrides, world_size);
+  return j;
 }
 
 nlohmann::json config_to_json(const RunConfig& cfg) {

@@ -153,6 +153,18 @@ struct DataSection {
   int val_every_steps = 0;  // 0: never during the run (N > 0: every N steps and after the last)
   bool final_val = false;   // validate after the last step even when val_every_steps is 0
   int64_t val_tokens = 0;   // 0: the whole val set... rounded down to whole batches
+  // The tokenizer the shards were prepared with (make_tokenizer's names or a tokenizer.json path);
+  // "": the one model.vocab_size implies. Checkpoints record it (core/ckpt/checkpoint_tokenizer.h).
+  std::string tokenizer;
+};
+
+// A multiple-choice task scored during training (core/eval/mc_score.h; `picotrain eval` scores
+// the same way from a checkpoint).
+struct EvalSection {
+  std::string task;          // HellaSwag-format JSONL; "": none
+  int every_steps = 0;       // N > 0: every N steps and after the last; 0: after the last only
+  int64_t max_examples = 0;  // the task's first examples; 0: all of them
+  std::string name;          // the log's fields <name>_acc, <name>_acc_norm; "": from the task's file name
 };
 
 struct CheckpointSection {
@@ -190,6 +202,7 @@ struct RunConfig {
   ScheduleSection schedule;
   PrecisionSection precision;
   DataSection data;
+  EvalSection eval;
   CheckpointSection checkpoint;
   LoggingSection logging;
 
@@ -200,6 +213,9 @@ struct RunConfig {
 // when it is valid JSON, else taken as a string), checks every rule for a world of
 // `world_size` ranks and fills in derived values. Throws ConfigError.
 RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides, int world_size);
+
+// The JSON of a config file, unchecked (ConfigError when it cannot be read or is not JSON).
+nlohmann::json read_config_file(const std::string& path);
 
 // The same from an already-parsed JSON object (tests use this).
 RunConfig config_from_json(const nlohmann::json& j, const std::vector<std::string>& overrides, int world_size);

@@ -69,6 +69,10 @@ std::string MetricsLog::step_line(const StepMetrics& m) const {
     std::snprintf(buf, sizeof buf, " | val %.4f", *m.val_loss);
     line += buf;
   }
+  if (m.task) {
+    std::snprintf(buf, sizeof buf, " | %s acc %.4f norm %.4f", m.task->name.c_str(), m.task->acc, m.task->acc_norm);
+    line += buf;
+  }
   return line;
 }
 
@@ -92,6 +96,10 @@ void MetricsLog::log(const StepMetrics& m) {
       if (phase != StepPhase::pp_comm || m.pp_bubble) j[std::string(step_phase_name(phase)) + "_ms"] = (*m.phases)[phase];
     }
   if (m.val_loss) j["val_loss"] = *m.val_loss;
+  if (m.task) {
+    j[m.task->name + "_acc"] = m.task->acc;
+    j[m.task->name + "_acc_norm"] = m.task->acc_norm;
+  }
   if (m.pp_bubble) j["pp_bubble"] = *m.pp_bubble;
   if (m.pp_wait_ms) j["pp_wait_ms"] = *m.pp_wait_ms;
   if (m.moe_aux) j["moe_aux"] = *m.moe_aux;

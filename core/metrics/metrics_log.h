@@ -10,6 +10,13 @@
 
 namespace pt {
 
+// A multiple-choice task's result (eval.task): logged as <name>_acc and <name>_acc_norm.
+struct TaskAccuracy {
+  std::string name;  // e.g. "hellaswag"
+  double acc = 0;       // the ending with the lowest summed loss is the label's, over the examples
+  double acc_norm = 0;  // ... with the lowest mean loss per token
+};
+
 struct StepMetrics {
   int step = 0;           // 1-based: the number of optimizer steps done
   int total_steps = 0;
@@ -28,6 +35,7 @@ struct StepMetrics {
   // pp_comm_ms with pipeline parallel): dt_ms minus their sum is data reading and host overhead.
   std::optional<PhaseTimes> phases;
   std::optional<double> val_loss;
+  std::optional<TaskAccuracy> task;  // on the steps eval.task is scored
   // Pipeline parallel only (pp > 1): the measured bubble, idle over total time of the step's
   // schedule averaged over the pipeline's ranks, and the mean time a rank spent in send/recv.
   std::optional<double> pp_bubble;

@@ -177,6 +177,9 @@ class DecoderStage {
   // head; valid when it ran with dloss == 0 and in one chunk: B*T rows of logits within
   // head_chunks.h's budget, as for the small models that read them).
   Tensor logits() const;
+  // Each token's loss of the last forward, [B*T] f32 (this rank's tokens; 0 where the target is
+  // < 0; the head; the same on every tp rank): what per-example scores (core/eval) sum.
+  Tensor token_losses() const { return losses_; }
   const StageDims& dims() const { return d_; }
   // Bytes of activation memory (every slot, the shared buffers, backward scratch, the context-
   // parallel attention's scratch, and the tensor-parallel layers' and vocab-parallel cross-

@@ -1,7 +1,6 @@
 #include "core/model/sample_run.h"
 
 #include <algorithm>
-#include <map>
 #include <memory>
 #include <mutex>
 
@@ -10,6 +9,7 @@
 #include "core/common/error.h"
 #include "core/model/expert_split.h"
 #include "core/model/kv_cache_decoder.h"
+#include "core/model/model_tokenizer.h"
 #include "core/model/param_table.h"
 #include "core/common/console.h"
 
@@ -59,19 +59,8 @@ void run_sample_command(const SampleCommand& c, std::FILE* out) {
   if (c.options.max_new_tokens < 0) throw ConfigError("sample -n " + std::to_string(c.options.max_new_tokens) + " must be >= 0");
   const CheckpointWeights w = read_checkpoint_weights(c.checkpoint);
   const ModelSection& m = w.model;
-
-  std::string name = c.tokenizer;
-  if (name.empty()) {
-    name = tokenizer_for_vocab(m.vocab_size);
-    if (name.empty())
-      throw ConfigError("sample: the model's vocabulary (" + std::to_string(m.vocab_size) +
-                        ") is none of " + vocabularies_with_a_tokenizer() +
-                        "; name one with --tokenizer");
-  }
-  const std::unique_ptr<Tokenizer> tok = make_tokenizer(name, c.tokenizer_dir);
-  if (tok->vocab_size() > m.vocab_size)
-    throw ConfigError("sample --tokenizer " + name + " has " + std::to_string(tok->vocab_size()) +
-                      " tokens but the model in " + w.dir + " only " + std::to_string(m.vocab_size));
+  const std::unique_ptr<Tokenizer> tok = tokenizer_for_checkpoint(w.dir, m, c.tokenizer, c.tokenizer_dir);
+  const std::string name = tok->name();
 
   SampleOptions o = c.options;
   o.stop_token = c.stop_at_eot ? end_of_text(*tok) : -1;
@@ -102,29 +91,28 @@ void run_sample_command(const SampleCommand& c, std::FILE* out) {
 
 namespace {
 
-// Tokenizers for training samples, loaded once per process; a null entry is one that failed
-// (and was warned about once).
-std::shared_ptr<const Tokenizer> training_tokenizer(int vocab_size) {
-  static std::mutex mu;
-  static std::map<int, std::shared_ptr<const Tokenizer>> loaded;
-  const std::lock_guard<std::mutex> lock(mu);
-  if (const auto it = loaded.find(vocab_size); it != loaded.end()) return it->second;
-  std::shared_ptr<const Tokenizer> tok;
-  const std::string name = tokenizer_for_vocab(vocab_size);
+// The run's tokenizer for training samples (run_tokenizer_name), shared with the start-up check;
+// null when there is none or it fails to load, which is warned about once per process.
+std::shared_ptr<const Tokenizer> training_tokenizer(const RunConfig& cfg) {
+  static std::once_flag warned;
+  const std::string name = run_tokenizer_name(cfg);
   if (name.empty()) {
-    print_linef(Stream::out,
-                "warning   | logging.sample_every: model.vocab_size=%d is none of %s, so there is no tokenizer to "
-                "print samples with; skipping them",
-                vocab_size, vocabularies_with_a_tokenizer());
-  } else {
-    try {
-      tok = make_tokenizer(name);
-    } catch (const std::exception& e) {
-      print_line(Stream::out, std::string("warning   | logging.sample_every: skipping samples: ") + e.what());
-    }
+    std::call_once(warned, [&] {
+      print_linef(Stream::out,
+                  "warning   | logging.sample_every: model.vocab_size=%d is none of %s and data.tokenizer is not set, "
+                  "so there is no tokenizer to print samples with; skipping them",
+                  cfg.model.vocab_size, vocabularies_with_a_tokenizer());
+    });
+    return nullptr;
   }
-  loaded[vocab_size] = tok;
-  return tok;
+  try {
+    return shared_tokenizer(name);
+  } catch (const std::exception& e) {
+    std::call_once(warned, [&] {
+      print_line(Stream::out, std::string("warning   | logging.sample_every: skipping samples: ") + e.what());
+    });
+    return nullptr;
+  }
 }
 
 // Prints `text` as log lines under a header, each line behind the log's column.
@@ -156,7 +144,7 @@ std::optional<TrainingSample> print_training_sample(const RunConfig& cfg, int st
   std::vector<float> gathered;
   if (!store.layout().params_resident() || pieces || experts_elsewhere) gathered = gather_master();
   if (!lead) return std::nullopt;
-  const std::shared_ptr<const Tokenizer> tok = training_tokenizer(cfg.model.vocab_size);
+  const std::shared_ptr<const Tokenizer> tok = training_tokenizer(cfg);
   if (!tok) return std::nullopt;
 
   const std::unique_ptr<KvCacheDecoder> decoder =
@@ -176,7 +164,7 @@ TrainingSample sample_training_text(const RunConfig& cfg, KvCacheDecoder& decode
   o.seed = cfg.run.seed;
   o.stop_token = end_of_text(tok);
   const std::vector<int32_t> ids = generate(decoder, prompt_context(tok, lg.sample_prompt), o, tok.vocab_size());
-  return {lg.sample_prompt + tok.decode(ids), ids.size(), describe(o), tokenizer_for_vocab(cfg.model.vocab_size)};
+  return {lg.sample_prompt + tok.decode(ids), ids.size(), describe(o), tok.name()};
 }
 
 }  // namespace pt

@@ -25,7 +25,7 @@ namespace pt {
 struct SampleCommand {
   std::string checkpoint;     // a step_N directory, or a checkpoint directory (its `latest`)
   std::string prompt;
-  std::string tokenizer;      // make_tokenizer's names; "": by the model's vocabulary (tokenizer_for_vocab)
+  std::string tokenizer;      // make_tokenizer's names; "": the checkpoint's (tokenizer_for_checkpoint)
   std::string tokenizer_dir;  // gpt2's or llama3's files; "": default_tokenizer_dir(tokenizer)
   Device device = Device::cpu;
   SampleOptions options;      // stop_token is set from the tokenizer when stop_at_eot
@@ -59,7 +59,7 @@ struct TrainingSample {
   std::string text;       // the prompt and its continuation, decoded
   size_t tokens = 0;      // tokens sampled after the prompt
   std::string settings;   // "temperature 0.8, top-k 200, seed 1337"
-  std::string tokenizer;  // "bytes" | "gpt2"
+  std::string tokenizer;  // its name(): "bytes", "gpt2", "llama3" or a path
 };
 TrainingSample sample_training_text(const RunConfig& cfg, KvCacheDecoder& decoder, const Tokenizer& tok);
 
@@ -68,8 +68,9 @@ TrainingSample sample_training_text(const RunConfig& cfg, KvCacheDecoder& decode
 // lead rank prints logging.sample_tokens tokens sampled after logging.sample_prompt (seed
 // run.seed, temperature 0.8, top-k 200) into the log. Parameters sharded by ZeRO-3, split by
 // tensor parallel or (experts) by expert parallel are first gathered with `gather_master`, which
-// is collective: every rank calls this function at the same steps. The tokenizer comes from model.vocab_size (256: bytes, 50257: gpt2); when there
-// is none, or the gpt2 files are missing, samples are skipped with one warning.
+// is collective: every rank calls this function at the same steps. The tokenizer is data.tokenizer, else
+// the one model.vocab_size implies (run_tokenizer_name); when there is none, or its files are
+// missing, samples are skipped with one warning.
 // Returns what the lead rank printed (nothing on the other ranks, or when no sample was due or
 // there is no tokenizer).
 std::optional<TrainingSample> print_training_sample(const RunConfig& cfg, int step, bool run_finished,

@@ -1,6 +1,6 @@
 // The run report's plots, drawn by gnuplot (Debian's gnuplot-nox; scripts/setup.sh installs it):
-// loss.png, train and validation loss against tokens, and throughput.png, tokens/s against step,
-// from the metrics.jsonl records. Without gnuplot (or when it fails) there are no plots and the
+// loss.png, train and validation loss against tokens, throughput.png, tokens/s against step, and
+// with eval.task task.png, its acc and acc_norm against tokens, from the metrics.jsonl records. Without gnuplot (or when it fails) there are no plots and the
 // note says why: plots never fail a run.
 #pragma once
 #include <string>

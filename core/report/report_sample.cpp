@@ -5,21 +5,22 @@
 #include <nlohmann/json.hpp>
 
 #include "core/model/kv_cache_decoder.h"
+#include "core/model/model_tokenizer.h"
 #include "core/model/sample_run.h"
 
 namespace pt {
 
 ReportSample sample_for_report(const RunConfig& cfg, const float* weights, Ops& ops) {
   ReportSample r;
-  const std::string name = tokenizer_for_vocab(cfg.model.vocab_size);
+  const std::string name = run_tokenizer_name(cfg);
   if (name.empty()) {
     r.note = "no sample: model.vocab_size=" + std::to_string(cfg.model.vocab_size) +
-             " is none of " + vocabularies_with_a_tokenizer();
+             " is none of " + vocabularies_with_a_tokenizer() + " and data.tokenizer is not set";
     return r;
   }
-  std::unique_ptr<Tokenizer> tok;
+  std::shared_ptr<const Tokenizer> tok;
   try {
-    tok = make_tokenizer(name);
+    tok = shared_tokenizer(name);
   } catch (const std::exception& e) {
     r.note = std::string("no sample: ") + e.what();
     return r;

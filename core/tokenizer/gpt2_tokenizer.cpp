@@ -47,7 +47,7 @@ class Gpt2Encoder final : public TokenEncoder {
   BpePieceEncoder pieces_;
 };
 
-Gpt2Tokenizer::Gpt2Tokenizer(const std::string& dir) {
+Gpt2Tokenizer::Gpt2Tokenizer(const std::string& dir) : dir_(dir) {
   const fs::path root(dir);
   const std::string enc_path = (root / "encoder.json").string();
   const std::string bpe_path = (root / "vocab.bpe").string();

@@ -39,6 +39,7 @@ class Gpt2Tokenizer final : public Tokenizer {
   }
 
   int32_t eot_id() const { return eot_; }  // 50256 in GPT-2's files
+  const std::string& dir() const { return dir_; }  // the folder the files were read from
   size_t merge_count() const { return model_->merge_count(); }
 
  private:
@@ -46,6 +47,7 @@ class Gpt2Tokenizer final : public Tokenizer {
   std::unique_ptr<BpeModel> model_;
   RegexPattern pattern_{kGpt2SplitPattern, "GPT-2 tokenizer"};
   int32_t eot_ = -1;
+  std::string dir_;
 };
 
 }  // namespace pt

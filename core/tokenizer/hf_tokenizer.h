@@ -40,6 +40,7 @@ class HfTokenizer final : public Tokenizer {
   size_t next_cut(std::string_view text, size_t from) const override { return pt::next_cut(cut_, text, from); }
 
   size_t merge_count() const { return model_->merge_count(); }
+  const std::string& file() const { return path_; }  // the tokenizer.json read
 
  private:
   friend class HfEncoder;

@@ -27,9 +27,9 @@ std::unique_ptr<Tokenizer> make_tokenizer(const std::string& name, const std::st
   throw ConfigError("unknown tokenizer '" + name + "' (known: " + kTokenizerNames + ")");
 }
 
-bool is_tokenizer_name(const std::string& name) {
-  return name == "bytes" || name == "gpt2" || name == "llama3" || std::filesystem::exists(name);
-}
+bool is_named_tokenizer(const std::string& name) { return name == "bytes" || name == "gpt2" || name == "llama3"; }
+
+bool is_tokenizer_name(const std::string& name) { return is_named_tokenizer(name) || std::filesystem::exists(name); }
 
 // The source tree is compiled in: the files are fetched there by scripts/get_data.sh, and
 // picotrain is run from a build inside it. A binary moved elsewhere takes --tokenizer-dir.

@@ -59,6 +59,9 @@ class Tokenizer {
 // default_tokenizer_dir(name). Throws ConfigError for an unknown name or missing/broken files.
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& name, const std::string& dir = "");
 
+// bytes, gpt2, llama3: the tokenizers known by name, whose files (if any) are picotrain's own.
+bool is_named_tokenizer(const std::string& name);
+
 // Whether make_tokenizer takes `name`: a known name, or an existing file or folder (checked when
 // it is read). For command-line checks.
 bool is_tokenizer_name(const std::string& name);

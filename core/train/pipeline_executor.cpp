@@ -291,6 +291,18 @@ double PipelineExecutor::forward_only(const int32_t* inputs, const int32_t* targ
   return loss;
 }
 
+std::vector<float> PipelineExecutor::head_token_losses() {
+  for (const auto& ch : chunks_) {
+    if (!ch->layers().head) continue;
+    const Tensor t = ch->token_losses();
+    std::vector<float> out(t.numel);
+    ops_.download(out.data(), DType::f32, t, t.numel);
+    return out;
+  }
+  check(false, "internal error: PipelineExecutor::head_token_losses on a rank without the head");
+  return {};
+}
+
 uint64_t forward_fingerprint(Ops& ops, const DecoderStage& chunk) {
   const Tensor t = chunk.last_hidden();
   std::vector<unsigned char> bytes(t.numel * dtype_size(t.dtype));

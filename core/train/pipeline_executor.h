@@ -92,6 +92,8 @@ class PipelineExecutor {
   // the summed per-token losses on the head's rank, 0 elsewhere. `fingerprints` (optional):
   // receives each of this rank's chunks' forward_fingerprint, in chunk order.
   double forward_only(const int32_t* inputs, const int32_t* targets, std::vector<uint64_t>* fingerprints = nullptr);
+  // After forward_only, on the head's rank: each token's loss (B x T/cp, 0 where the target is < 0).
+  std::vector<float> head_token_losses();
 
   // The corruption check (run.replay_every_steps). While on, train_step keeps the
   // forward_fingerprint of each chunk's forward of micro-batch 0 (recorded_fingerprints(), in

@@ -44,6 +44,11 @@ void Trainer::read_batch(DataLoader& data, uint64_t cursor, int64_t first_sequen
   global_targets_.resize(n);
   data.load(cursor, first_sequence, global_inputs_.data(), global_targets_.data());
   if (batch_observer_ && micro >= 0) batch_observer_(micro, global_inputs_.data(), global_targets_.data(), n);
+  take_cp_part(inputs, targets);
+}
+
+void Trainer::take_cp_part(int32_t* inputs, int32_t* targets) const {
+  const int B = cfg_.batch.micro_batch_size;
   const std::vector<int32_t> in = cp_split_->take(global_inputs_, B, coord_.cp);
   const std::vector<int32_t> tg = cp_split_->take(global_targets_, B, coord_.cp);
   std::copy(in.begin(), in.end(), inputs);
@@ -57,6 +62,7 @@ int64_t Trainer::sequences_per_step() const {
 }
 
 StepResult Trainer::step() {
+  check(train_data_ != nullptr, "Trainer::step needs data.train (this trainer was made for evaluation only)");
   const int B = cfg_.batch.micro_batch_size, T = cfg_.batch.seq_len;
   const int accum = cfg_.batch.grad_accum_steps, dp = cfg_.parallel.dp, pp = cfg_.parallel.pp;
   // The loss is the token-weighted mean over the whole global batch, so each token's
@@ -211,7 +217,7 @@ std::string Trainer::save_checkpoint() {
   const ProgressWatchdog::LongWork save(watchdog_.get(), "the save of the checkpoint of step " + std::to_string(step_),
                                         cfg_.checkpoint.save_timeout_s, "checkpoint.save_timeout_s");
   const auto t0 = Clock::now();
-  const std::string path = ckpt_->save({step_, cursor_, guard_->record()}, *store_, ops_, train_data_->total_tokens());
+  const std::string path = ckpt_->save({step_, cursor_, guard_->record()}, *store_, ops_, train_tokens());
   guard_->saved();
   const double seconds = seconds_since(t0);
   time_.checkpoint += seconds;
@@ -387,7 +393,8 @@ void Trainer::run() {
 
     const bool last = step_ == total;
     const bool do_val = validates_after(step_);
-    if (!do_val && step_ % lg.every_steps != 0 && !last) continue;
+    const bool do_task = scores_task_after(step_);
+    if (!do_val && !do_task && step_ % lg.every_steps != 0 && !last) continue;
 
     StepMetrics m;
     m.step = step_;
@@ -420,6 +427,13 @@ void Trainer::run() {
                     static_cast<long long>(cfg_.data.val_tokens), cfg_.data.val_tokens == 0 ? ": the whole split" : "");
       const auto te = Clock::now();
       m.val_loss = evaluate();
+      time_.eval += seconds_since(te);
+    }
+    if (do_task) {
+      if (watchdog_) watchdog_->beat("the scoring of eval.task after step " + std::to_string(step_));
+      const auto te = Clock::now();
+      const McScores scores = *score_eval_task();
+      m.task = TaskAccuracy{eval_task_name(), scores.acc(), scores.acc_norm()};
       time_.eval += seconds_since(te);
     }
     if (par.pp > 1) {

@@ -2,7 +2,8 @@
 // (batch.global_batch_tokens tokens from the global cursor) as grad_accum_steps micro-batches,
 // sums their gradients, clips, updates with AdamW at the scheduled learning rate, and logs.
 // Validation runs every data.val_every_steps steps and after the last step (or only after the
-// last with data.final_val).
+// last with data.final_val), and so does the multiple-choice task eval.task (eval.every_steps;
+// trainer_eval.cpp).
 //
 // Data parallel: the ranks lie on the Grid (dp x tp x pp x cp; dp with ZeRO 0-3 and HSDP, and
 // pp run here). DP rank d reads sequences (m*dp + d)*B .. +B-1 of micro-step m from the global
@@ -32,6 +33,7 @@
 #include "core/dist/grid.h"
 #include "core/dist/process_groups.h"
 #include "core/dist/world.h"
+#include "core/eval/mc_score.h"
 #include "core/metrics/metrics_log.h"
 #include "core/metrics/step_timeline.h"
 #include "core/model/decoder_stage.h"
@@ -88,6 +90,8 @@ struct InjectedFaults {
 
 class Trainer {
  public:
+  // With data.train empty the trainer is for evaluation only (`picotrain eval`,
+  // core/eval/eval_command.h): it reads no training data and step() refuses to run.
   Trainer(const RunConfig& cfg, const World& world, Ops& ops);
   ~Trainer();
 
@@ -101,6 +105,17 @@ class Trainer {
   int64_t val_batches() const;
   // Whether the validation runs after step `step` (data.val_every_steps, data.final_val).
   bool validates_after(int step) const;
+  // Multiple-choice scoring (core/eval/mc_score.h), the same forward path as evaluate(): each
+  // row's summed loss over its ending's tokens, on every rank (collective over the world). The
+  // rows' micro-batches (batch.micro_batch_size rows of seq_len) go to the dp ranks in turn, so
+  // the result does not depend on the layout.
+  std::vector<double> mc_row_losses(const McLayout& layout);
+  // eval.task scored now (collective); nullopt without one.
+  std::optional<McScores> score_eval_task();
+  // Whether eval.task is scored after step `step` (eval.every_steps, and after the last one).
+  bool scores_task_after(int step) const;
+  // The log's name of eval.task's fields (<name>_acc): eval.name, else from its file name.
+  std::string eval_task_name() const;
   // The whole run: start-up report, steps with logging and validation, final summary.
   void run();
 
@@ -162,6 +177,13 @@ class Trainer {
   // parallel part of each (B x T/cp); `micro` >= 0: a training micro-batch (for the observer).
   void read_batch(DataLoader& data, uint64_t cursor, int64_t first_sequence, int micro, int32_t* inputs,
                   int32_t* targets);
+  // This rank's context-parallel part of the whole micro-batch in global_inputs_/global_targets_.
+  void take_cp_part(int32_t* inputs, int32_t* targets) const;
+  // Tokens in data.train (0 for an evaluation-only trainer, which has none).
+  uint64_t train_tokens() const { return train_data_ ? train_data_->total_tokens() : 0; }
+  // eval.task's rows (setup_local); null without one.
+  void load_eval_task();
+  std::unique_ptr<McLayout> eval_task_;
 
   RunConfig cfg_;
   World world_;

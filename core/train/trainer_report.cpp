@@ -55,8 +55,8 @@ void Trainer::write_session_report(RunSummary s, const std::vector<Stall>& step_
       s.sample_text = sample.text;
       s.sample_note = sample.note;
     } else {
-      s.sample_note = "no sample: the log's tokenizer for model.vocab_size=" + std::to_string(cfg_.model.vocab_size) +
-                      " is missing (see its warning)";
+      s.sample_note = "no sample: the log had no tokenizer (data.tokenizer=\"" + cfg_.data.tokenizer +
+                      "\", model.vocab_size=" + std::to_string(cfg_.model.vocab_size) + "; see its warning)";
     }
   } else if (cfg_.parallel.pp == 1) {
     const auto t0 = Clock::now();

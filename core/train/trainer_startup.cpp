@@ -8,6 +8,7 @@
 #include "core/common/console.h"
 #include "core/metrics/process_clock.h"
 #include "core/model/expert_split.h"
+#include "core/model/model_tokenizer.h"
 #include "core/plan/stage_memory.h"
 #include "core/train/memory_plan.h"
 #include "core/train/pp_bubble.h"
@@ -83,7 +84,7 @@ Trainer::Trainer(const RunConfig& cfg, const World& world, Ops& ops)
     guard_ = std::make_unique<RunGuard>(cfg.run);
     // A checkpoint overwrites every master weight (Checkpointer::load reads each tensor of the
     // table whole), so the initial weights are drawn only when there is none to resume from.
-    if (const auto st = ckpt_->restore(*store_, ops, train_data_->total_tokens())) {
+    if (const auto st = ckpt_->restore(*store_, ops, train_tokens())) {
       step_ = st->step;
       cursor_ = st->cursor;
       guard_ = std::make_unique<RunGuard>(cfg.run, st->health);
@@ -111,6 +112,11 @@ void Trainer::setup_local() {
   if (want != "auto" && want != have)
     throw ConfigError("precision.compute_dtype=" + want + " but the " + device_name(ops.device()) +
                       " backend computes in " + have);
+  // data.tokenizer must fit the model. Checked by the first rank alone, which loads it anyway to
+  // print samples (shared_tokenizer keeps the copy); a failure here stops every rank.
+  if (world_.rank == 0 && !cfg.data.tokenizer.empty())
+    check_tokenizer_fits(*shared_tokenizer(cfg.data.tokenizer), cfg.model.vocab_size,
+                         "data.tokenizer=" + cfg.data.tokenizer);
   const auto& par = cfg.parallel;
   grid_ = std::make_unique<Grid>(par);
   check(grid_->world_size() == world_.size, "the layout has " + std::to_string(grid_->world_size()) +
@@ -147,8 +153,10 @@ void Trainer::setup_local() {
   startup_lap("buffers", t0);
 
   const int B = cfg.batch.micro_batch_size, T = cfg.batch.seq_len;
-  train_data_ = std::make_unique<DataLoader>(cfg.data.train, cfg.model.vocab_size, B, T);
+  // An evaluation-only trainer (`picotrain eval`, core/eval/eval_command.h) reads no training data.
+  if (!cfg.data.train.empty()) train_data_ = std::make_unique<DataLoader>(cfg.data.train, cfg.model.vocab_size, B, T);
   if (!cfg.data.val.empty()) val_data_ = std::make_unique<DataLoader>(cfg.data.val, cfg.model.vocab_size, B, T);
+  load_eval_task();  // eval.task: read and tokenized by every rank alike
   startup_lap("data", t0);
   // Context parallel: each rank keeps its part of every sequence it reads (T / cp tokens).
   cp_split_ = std::make_unique<CpSplit>(cp_split_kind(parse_cp_impl(par.cp_impl)), T, par.cp);
@@ -255,6 +263,16 @@ void Trainer::print_startup() const {
     else data += " unused (data.val_every_steps=0 and data.final_val=false)";
   }
   print_line(out, data);
+  if (eval_task_) {
+    const McLayout& t = *eval_task_;
+    const std::string when = cfg_.eval.every_steps > 0
+                                 ? format("every %d steps and after the last", cfg_.eval.every_steps)
+                                 : std::string("after the last step");
+    print_linef(out, "eval      | %s as %s_acc/_acc_norm %s: %zu examples (%lld skipped: an ending longer than "
+                "batch.seq_len; %lld with the context cut from the left)",
+                cfg_.eval.task.c_str(), eval_task_name().c_str(), when.c_str(), t.first_row.size(),
+                static_cast<long long>(t.skipped), static_cast<long long>(t.truncated));
+  }
   const auto& ck = cfg_.checkpoint;
   std::string ckpt =
       format("checkpoint| %s into %s, keeping the newest %d", ck.cadence().c_str(), ck.dir.c_str(), ck.keep_latest);

@@ -1,7 +1,7 @@
 """The reader of a Hugging Face folder written by `picotrain convert --format hf`: its own
 safetensors reader, config.json checked to describe the checkpoint's model (GPT2LMHeadModel,
-LlamaForCausalLM or MixtralForCausalLM), and the tensors renamed, transposed and padded back to
-picotrain's names and shapes.
+LlamaForCausalLM or MixtralForCausalLM), the tensors renamed, transposed and padded back to
+picotrain's names and shapes, and its tokenizer files, when it has them, checked (hf_tokenizer.py).
 """
 import json
 import os
@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from . import BadInput
+from .hf_tokenizer import check_hf_tokenizer
 from .shapes import model_shapes
 
 
@@ -53,7 +54,9 @@ def read_hf_folder(path, model):
     except (OSError, ValueError) as e:
         raise BadInput("cannot read %s/config.json: %s" % (path, e))
     read = read_llama_folder if model["arch"] == "llama" else read_gpt2_folder
-    return config, read(path, config, model)
+    weights = read(path, config, model)
+    check_hf_tokenizer(path, config)  # when the folder has one: it fits the model and names its bos/eos
+    return config, weights
 
 
 def pad_vocab_rows(a, model):
