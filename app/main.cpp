@@ -275,6 +275,7 @@ struct PlanArgs {
   std::string kernels;  // --kernels: kernel_bench --json of the user's GPU
   std::string gpu = "h100-sxm";
   pt::PlanSearch search;
+  bool json = false;     // --json
   pt::Hardware hw;       // the flags as given; run_plan lays the set ones over --gpu's profile
   CLI::App* cmd = nullptr;
 };
@@ -339,6 +340,14 @@ void add_plan_command(CLI::App& app, PlanArgs& a) {
                 "For each layout also try batch.micro_batch_size halved down to 1 (more micro-batches: a smaller "
                 "pipeline bubble and less activation memory, smaller kernels) and keep the fastest that fits; the "
                 "micro column says which");
+  cmd->add_flag("--search-pipeline", a.search.pipeline_schedules,
+                "For each layout with pp > 1 also try the interleaved schedule with 2 to 8 virtual stages (blocks "
+                "split as evenly as they go, the first and last stages lighter) and, for an interleaved config, "
+                "1F1B, and keep the fastest that fits; the sched column says which");
+  cmd->add_flag("--json", a.json,
+                "Print the plan as JSON for scripts: each layout's schedule, memory (GiB), step breakdown (ms: compute, "
+                "recompute, exposed communication per axis, bubble, optimizer), MFU, binding constraint, and the "
+                "invalid layouts with the rule each breaks");
 }
 
 struct KeysArgs {
@@ -385,7 +394,7 @@ int run_plan(const PlanArgs& a) {
   hw.mfu = a.hw.mfu;
   if (!a.kernels.empty()) hw.kernels = std::make_shared<pt::KernelTable>(pt::KernelTable::from_file(a.kernels));
   const pt::Plan plan = pt::make_plan(a.config, a.overrides, a.gpus, hw, a.search);
-  pt::print_line(pt::Stream::out, pt::format_plan(plan, hw, a.config));
+  pt::print_line(pt::Stream::out, a.json ? pt::format_plan_json(plan, hw, a.config) : pt::format_plan(plan, hw, a.config));
   return 0;
 }
 

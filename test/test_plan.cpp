@@ -419,7 +419,8 @@ TEST_CASE("picotrain plan: help names every option and default; bad input exits 
   const Launch help = run_command(std::string(PICOTRAIN_BIN) + " plan --help");
   CHECK(help.exit_code == 0);
   for (const char* flag : {"--config", "--gpus", "--gpus-per-node", "--gpu-memory-gib", "--nvlink-gbps", "--network-gbps",
-                           "--peak-tflops", "--mfu", "--kernels", "--gpu", "--hbm-gbps", "--search-micro-batch", "--set"})
+                           "--peak-tflops", "--mfu", "--kernels", "--gpu", "--hbm-gbps", "--search-micro-batch", "--search-pipeline",
+                           "--json", "--set"})
     CHECK_THAT(help.output, Contains(flag));
   for (const char* def : {"=8", "=80", "=450", "=50", "=989.4"}) CHECK_THAT(help.output, Contains(def));
 

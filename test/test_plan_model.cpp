@@ -66,6 +66,14 @@ Plan one_gpu_plan(const std::string& config, const std::vector<std::string>& set
   return make_plan(std::string(PICOTRAIN_SOURCE_DIR) + "/configs/" + config, sets, 1, hw);
 }
 
+// The layout of `plan` with the same dp/tp/pp/cp as `l` (a search's choice against the plan
+// without it); null when there is none.
+const LayoutPlan* same_layout(const Plan& plan, const LayoutPlan& l) {
+  for (const LayoutPlan& p : plan.layouts)
+    if (p.layout.name() == l.layout.name()) return &p;
+  return nullptr;
+}
+
 }  // namespace
 
 TEST_CASE("the compiled-in kernel table is the H100 report's, row by row", "[plan]") {
@@ -338,9 +346,8 @@ TEST_CASE("--search-micro-batch keeps each layout's fastest micro-batch size tha
   int changed = 0;
   for (const LayoutPlan& s : searched.layouts) {
     INFO(s.layout.name());
-    const auto f = std::find_if(fixed.layouts.begin(), fixed.layouts.end(),
-                                [&](const LayoutPlan& l) { return l.layout.name() == s.layout.name(); });
-    REQUIRE(f != fixed.layouts.end());
+    const LayoutPlan* f = same_layout(fixed, s);
+    REQUIRE(f != nullptr);
     CHECK(s.time.step_s <= f->time.step_s);
     const int mbs = s.layout.cfg.batch.micro_batch_size;
     CHECK(64 % mbs == 0);  // the config's 64, halved
@@ -354,4 +361,98 @@ TEST_CASE("--search-micro-batch keeps each layout's fastest micro-batch size tha
   const Launch out = run_command(std::string(PICOTRAIN_BIN) + " plan --config " + cfg + " --gpus 16 --search-micro-batch");
   CHECK(out.exit_code == 0);
   CHECK_THAT(out.output, Contains("micro accum"));
+}
+
+TEST_CASE("even_pp_layers: as even as the blocks go, the first and last stages lighter", "[plan]") {
+  // Llama 3 405B's 126 layers on pp16, as the Llama 3 paper ran them (one layer off the first
+  // and the last stage): configs/llama3-405b.json's own split.
+  std::vector<int> v1 = {7};
+  for (int i = 0; i < 14; i++) v1.push_back(8);
+  v1.push_back(7);
+  CHECK(even_pp_layers(126, 16) == v1);
+  // Interleaved over 2 virtual stages: 32 chunks of 3 or 4 blocks, the lighter at the ends.
+  const std::vector<int> v2 = even_pp_layers(126, 32);
+  CHECK(v2.size() == 32);
+  CHECK(v2.front() == 3);
+  CHECK(v2.back() == 3);
+  CHECK(std::count(v2.begin(), v2.end(), 4) == 30);
+  CHECK(even_pp_layers(10, 4) == std::vector<int>{2, 3, 3, 2});
+  CHECK(even_pp_layers(11, 4) == std::vector<int>{2, 3, 3, 3});
+  CHECK(even_pp_layers(12, 4) == std::vector<int>{3, 3, 3, 3});
+  CHECK_THROWS_AS(even_pp_layers(3, 4), ConfigError);
+}
+
+TEST_CASE("--search-pipeline tries interleaved with each v and keeps the fastest that fits", "[plan]") {
+  // GPT-2 124M cut to 10 layers, micro-batches of 32: no v >= 2 divides 10 blocks over pp2
+  // evenly, so each interleaved variant carries its own pp_layers.
+  const std::string cfg = std::string(PICOTRAIN_SOURCE_DIR) + "/configs/gpt2-124m.json";
+  const std::vector<std::string> sets = {"batch.micro_batch_size=32", "model.n_layers=10"};
+  const Plan fixed = make_plan(cfg, sets, 4, Hardware{});
+  const Plan searched = make_plan(cfg, sets, 4, Hardware{}, PlanSearch{.pipeline_schedules = true});
+  REQUIRE(fixed.layouts.size() == searched.layouts.size());
+  int interleaved = 0;
+  for (const LayoutPlan& s : searched.layouts) {
+    INFO(s.layout.name());
+    const LayoutPlan* f = same_layout(fixed, s);
+    REQUIRE(f != nullptr);
+    CHECK(s.time.step_s <= f->time.step_s);
+    const ParallelSection& par = s.layout.cfg.parallel;
+    if (par.pp_schedule != "interleaved") continue;
+    interleaved++;
+    CHECK(s.time.step_s < f->time.step_s);  // chosen only when faster
+    CHECK(s.time.bubble_s < f->time.bubble_s);
+    CHECK(par.pp_virtual_stages >= 2);
+    CHECK(par.pp_virtual_stages <= kMaxVirtualStages);
+    CHECK(par.pp_layers == even_pp_layers(10, par.pp * par.pp_virtual_stages));
+    // Megatron's rule (pp_schedule.cpp): micro-batches enter the chunks in groups of pp.
+    CHECK(s.layout.cfg.batch.grad_accum_steps % par.pp == 0);
+  }
+  CHECK(interleaved > 0);  // dp2 pp2 (8 micro-batches): a quarter-size bubble outweighs more sends
+}
+
+TEST_CASE("an interleaved layout whose micro-batch count is not a multiple of pp is not valid", "[plan]") {
+  // gpt2-124m: 512 sequences of 64 per micro-batch; dp4 pp2: 2 micro-batches, fine; dp4 pp4 (16
+  // GPUs): also 2, not a multiple of 4, refused by the schedule, as `picotrain train` would.
+  const std::string cfg = std::string(PICOTRAIN_SOURCE_DIR) + "/configs/gpt2-124m.json";
+  const Plan plan = make_plan(cfg, {"parallel.pp_schedule=interleaved", "parallel.pp_virtual_stages=3"}, 16, Hardware{});
+  const auto bad = std::find_if(plan.invalid.begin(), plan.invalid.end(),
+                                [](const LayoutCandidate& c) { return c.name() == "dp4 tp1 pp4 cp1"; });
+  REQUIRE(bad != plan.invalid.end());
+  CHECK_THAT(bad->invalid, Contains("batch.grad_accum_steps=2"));
+  CHECK_THAT(bad->invalid, Contains("multiple of parallel.pp=4"));
+  const Launch out =
+      run_command(std::string(PICOTRAIN_BIN) + " plan --config " + cfg + " --gpus 16 --search-pipeline");
+  CHECK(out.exit_code == 0);
+  CHECK_THAT(out.output, Contains("sched micro accum"));
+}
+
+TEST_CASE("plan --json: each layout's breakdown sums to its step; the why line names #1 and #2", "[plan]") {
+  const std::string cfg = std::string(PICOTRAIN_SOURCE_DIR) + "/configs/gpt2-124m.json";
+  const std::string cmd = std::string(PICOTRAIN_BIN) + " plan --config " + cfg + " --gpus 4 --set model.n_layers=10";
+  const Launch out = run_command(cmd + " --json");
+  REQUIRE(out.exit_code == 0);
+  const nlohmann::json j = nlohmann::json::parse(out.output.substr(out.output.find('{')));
+  const Plan plan = make_plan(cfg, {"model.n_layers=10"}, 4, Hardware{});
+  REQUIRE(j["layouts"].size() == plan.layouts.size());
+  REQUIRE(j["invalid"].size() == plan.invalid.size());
+  CHECK_THAT(j["invalid"][0]["rule"].get<std::string>(), Contains("model.n_layers=10 must be divisible"));
+  for (size_t i = 0; i < plan.layouts.size(); i++) {
+    const nlohmann::json& l = j["layouts"][i];
+    INFO(l.dump());
+    CHECK(l["layout"] == plan.layouts[i].layout.name());
+    const nlohmann::json& ms = l["time_ms"];
+    double sum = 0;
+    for (const char* part : {"compute", "recompute", "bubble", "optimizer"}) sum += ms[part].get<double>();
+    for (const char* axis : {"tp", "cp", "pp", "ep", "dp"}) sum += ms["exposed_comm"][axis].get<double>();
+    CHECK(sum == Approx(ms["step"].get<double>()).epsilon(1e-9));
+    CHECK(ms["step"].get<double>() == Approx(1e3 * plan.layouts[i].time.step_s));
+    CHECK(l["memory_gib"]["total"].get<double>() == Approx(plan.layouts[i].peak().total() / (1024.0 * 1024 * 1024)));
+    CHECK(l["binding"] == binding_constraint(plan.layouts[i]));
+  }
+  // dp4 beats dp2 cp2 on one node: ring attention's exchanges are the difference.
+  CHECK(plan.layouts[0].layout.name() == "dp4 tp1 pp1 cp1");
+  CHECK_THAT(j["why_best"].get<std::string>(), Contains("#1 dp4 tp1 pp1 cp1 before #2 " + plan.layouts[1].layout.name()));
+  CHECK_THAT(binding_constraint(plan.layouts[0]), Contains("compute"));
+  const Launch text = run_command(cmd);
+  CHECK_THAT(text.output, Contains("why       | " + why_best(plan)));
 }

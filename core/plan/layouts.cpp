@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/common/error.h"
+#include "core/train/pp_schedule.h"
 
 namespace pt {
 
@@ -28,14 +29,35 @@ nlohmann::json read_config_json(const std::string& config_path) {
   return j;
 }
 
+// The config as `picotrain train` resolves it, and the pipeline schedule's own rules, which the
+// trainer checks only when it builds the schedule (the interleaved schedule's micro-batch count a
+// multiple of pp): a layout breaking them is not valid rather than an error out of the plan.
+RunConfig resolve_layout(const nlohmann::json& j, const std::vector<std::string>& sets, int gpus) {
+  RunConfig cfg = config_from_json(j, sets, gpus);
+  const ParallelSection& par = cfg.parallel;
+  check_pipeline_schedule(parse_pipe_schedule(par.pp_schedule), par.pp, par.pp_virtual_stages,
+                          cfg.batch.grad_accum_steps);
+  return cfg;
+}
+
 }  // namespace
+
+std::vector<int> even_pp_layers(int n_layers, int chunks) {
+  if (chunks < 1 || n_layers < chunks)
+    throw ConfigError("cannot split model.n_layers=" + std::to_string(n_layers) + " into " + std::to_string(chunks) +
+                      " pipeline stages of at least one block each");
+  std::vector<int> out(static_cast<size_t>(chunks), n_layers / chunks + 1);
+  const int lighter = chunks - n_layers % chunks;  // the stages with n_layers/chunks blocks
+  for (int i = 0; i < lighter; i++) out[static_cast<size_t>(i % 2 == 0 ? i / 2 : chunks - 1 - i / 2)] -= 1;
+  return out;
+}
 
 LayoutCandidate resolve_with(const std::string& config_path, const LayoutCandidate& c, int gpus,
                              const std::vector<std::string>& extra) {
   LayoutCandidate out = c;
   out.sets.insert(out.sets.end(), extra.begin(), extra.end());
   try {
-    out.cfg = config_from_json(read_config_json(config_path), out.sets, gpus);
+    out.cfg = resolve_layout(read_config_json(config_path), out.sets, gpus);
     out.invalid.clear();
   } catch (const ConfigError& e) {
     out.invalid = e.what();
@@ -64,7 +86,7 @@ std::vector<LayoutCandidate> enumerate_layouts(const std::string& config_path, c
           sets.push_back(std::string("parallel.") + key + "=" + std::to_string(value));
         c.sets = sets;
         try {
-          c.cfg = config_from_json(j, sets, gpus);
+          c.cfg = resolve_layout(j, sets, gpus);
         } catch (const ConfigError& e) {
           c.invalid = e.what();
         }

@@ -33,4 +33,10 @@ std::vector<LayoutCandidate> enumerate_layouts(const std::string& config_path, c
 LayoutCandidate resolve_with(const std::string& config_path, const LayoutCandidate& c, int gpus,
                              const std::vector<std::string>& extra);
 
+// n_layers blocks over `chunks` virtual stages (parallel.pp_layers) as evenly as they go: each
+// gets n_layers/chunks or one more, and the lighter ones go to the ends first (first, last,
+// second, second to last, ...), since the first virtual stage also holds the embedding and the
+// last the head and the loss. Llama 3 405B's 126 layers on 16 stages: 7, 8 x 14, 7, as Meta ran it.
+std::vector<int> even_pp_layers(int n_layers, int chunks);
+
 }  // namespace pt

@@ -1,7 +1,11 @@
 #include "core/plan/plan.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <optional>
+
+#include <nlohmann/json.hpp>
 
 #include "core/common/error.h"
 #include "core/common/format.h"
@@ -60,7 +64,133 @@ bool better(const LayoutPlan& a, const LayoutPlan& b) {
   return a.time.step_s < b.time.step_s;
 }
 
+// The pipeline schedules a layout may run, as overrides of its config: first its own (no
+// override), then what PlanSearch::pipeline_schedules adds.
+std::vector<std::vector<std::string>> schedule_variants(const LayoutCandidate& c, const PlanSearch& search) {
+  std::vector<std::vector<std::string>> out = {{}};
+  const ParallelSection& par = c.cfg.parallel;
+  const int layers = c.cfg.model.n_layers;
+  if (!search.pipeline_schedules || par.pp < 2) return out;
+  // The config's own pp_layers has one entry per stage of its own schedule: another schedule
+  // gets its own split, as even as the blocks allow (the trainer's even split when it divides).
+  auto schedule = [&](const char* name, int v) {
+    std::vector<std::string> sets = {std::string("parallel.pp_schedule=") + name,
+                                     "parallel.pp_virtual_stages=" + std::to_string(v)};
+    if (layers % (par.pp * v) != 0 || !par.pp_layers.empty())
+      sets.push_back("parallel.pp_layers=" + nlohmann::json(even_pp_layers(layers, par.pp * v)).dump());
+    return sets;
+  };
+  const bool interleaved = par.pp_schedule == "interleaved";
+  if (interleaved) out.push_back(schedule("1f1b", 1));
+  for (int v = 2; v <= kMaxVirtualStages && par.pp * v <= layers; v++)
+    if (!interleaved || v != par.pp_virtual_stages) out.push_back(schedule("interleaved", v));
+  return out;
+}
+
+// The best of a layout's variants: each pipeline schedule of schedule_variants, each with its
+// micro-batch size and (PlanSearch::micro_batches) that size halved down to 1.
+LayoutPlan best_variant(const std::string& config_path, const LayoutCandidate& c, int gpus, const Hardware& hw,
+                        const PlanSearch& search) {
+  std::optional<LayoutPlan> best;
+  for (const std::vector<std::string>& schedule : schedule_variants(c, search)) {
+    const LayoutCandidate base = schedule.empty() ? c : resolve_with(config_path, c, gpus, schedule);
+    if (!base.valid()) continue;  // e.g. interleaved with a micro-batch count not a multiple of pp
+    const int own = base.cfg.batch.micro_batch_size;
+    for (int mbs = own; mbs >= 1; mbs = search.micro_batches ? mbs / 2 : 0) {
+      LayoutCandidate variant =
+          mbs == own ? base : resolve_with(config_path, base, gpus, {"batch.micro_batch_size=" + std::to_string(mbs)});
+      if (!variant.valid()) continue;
+      LayoutPlan lp = plan_layout(std::move(variant), hw);
+      if (!best || better(lp, *best)) best = std::move(lp);
+    }
+  }
+  return std::move(*best);  // the first variant is c itself, valid
+}
+
+// The sched column: "-" without a pipeline, else the schedule ("intl4": interleaved, v = 4).
+std::string schedule_label(const ParallelSection& par) {
+  if (par.pp == 1) return "-";
+  if (par.pp_schedule == "interleaved") return "intl" + std::to_string(par.pp_virtual_stages);
+  return par.pp_schedule;
+}
+
+// A step's parts as the table shows them (communication: what is exposed, per axis); they sum
+// to StepTime::step_s.
+struct StepPart {
+  const char* name;
+  double s;
+  bool comm;  // exposed communication of one axis
+};
+std::vector<StepPart> step_parts(const StepTime& t) {
+  return {{"compute", t.compute_s, false}, {"recompute", t.recompute_s, false}, {"tp", t.tp_s, true},
+          {"cp", t.cp_s, true},            {"pp", t.pp_s, true},                {"ep", t.ep_s, true},
+          {"dp", t.dp_s, true},            {"bubble", t.bubble_s, false},       {"optimizer", t.optimizer_s, false}};
+}
+
 }  // namespace
+
+std::string binding_constraint(const LayoutPlan& l) {
+  if (!l.fits) return "memory: " + l.why_not;
+  const auto parts = step_parts(l.time);
+  const StepPart& top =
+      *std::max_element(parts.begin(), parts.end(), [](const StepPart& a, const StepPart& b) { return a.s < b.s; });
+  return format("%s%s (%.0f%% of the step)", top.name, top.comm ? " communication" : "", 100 * top.s / l.time.step_s);
+}
+
+std::string why_best(const Plan& plan) {
+  if (plan.layouts.size() < 2) return "";
+  const LayoutPlan &a = plan.layouts[0], &b = plan.layouts[1];
+  const std::string head = "#1 " + a.layout.name() + " before #2 " + b.layout.name() + ": ";
+  if (a.fits != b.fits) return head + "#2 does not fit (" + b.why_not + ")";
+  if (a.time.tp_crosses_nodes != b.time.tp_crosses_nodes) return head + "#2's tp groups span nodes";
+  // The two parts that differ most, by how much #1 saves (negative: where #1 pays more).
+  std::vector<StepPart> diff = step_parts(b.time);
+  const std::vector<StepPart> mine = step_parts(a.time);
+  for (size_t i = 0; i < diff.size(); i++) diff[i].s -= mine[i].s;
+  std::sort(diff.begin(), diff.end(), [](const StepPart& x, const StepPart& y) { return std::abs(x.s) > std::abs(y.s); });
+  std::string out = head + format("%.1f ms (%.1f%%) less per step", 1e3 * (b.time.step_s - a.time.step_s),
+                                  100 * (b.time.step_s - a.time.step_s) / b.time.step_s);
+  for (size_t i = 0; i < 2; i++)
+    out += format("%s %s %+.1f ms", i == 0 ? ", mostly" : ",", diff[i].name, -1e3 * diff[i].s);
+  return out + " (#1 minus #2); #1's limit: " + binding_constraint(a);
+}
+
+std::string format_plan_json(const Plan& plan, const Hardware& hw, const std::string& config_path) {
+  using nlohmann::json;
+  json layouts = json::array();
+  for (const LayoutPlan& l : plan.layouts) {
+    const ParallelSection& par = l.layout.cfg.parallel;
+    const MemoryPlan& p = l.peak();
+    json ms = json::object(), exposed = json::object();
+    for (const StepPart& part : step_parts(l.time)) (part.comm ? exposed : ms)[part.name] = 1e3 * part.s;
+    ms["exposed_comm"] = exposed;
+    ms["hidden_comm"] = 1e3 * l.time.hidden_s;
+    ms["step"] = 1e3 * l.time.step_s;
+    layouts.push_back({
+        {"layout", l.layout.name()},
+        {"dp", par.dp}, {"tp", par.tp}, {"pp", par.pp}, {"cp", par.cp},
+        {"pp_schedule", par.pp_schedule}, {"pp_virtual_stages", par.pp_virtual_stages}, {"pp_layers", par.pp_layers},
+        {"micro_batch_size", l.layout.cfg.batch.micro_batch_size},
+        {"grad_accum_steps", l.layout.cfg.batch.grad_accum_steps},
+        {"memory_gib", {{"params", (p.params + p.params_working) / kGiB}, {"grads", (p.grads + p.grads_working) / kGiB},
+                        {"optimizer", (p.master + p.optimizer) / kGiB}, {"activations", p.activations / kGiB},
+                        {"total", p.total() / kGiB}, {"stage", l.peak_stage}}},
+        {"fits", l.fits},
+        {"time_ms", ms},
+        {"tokens_per_s", l.time.tokens_per_s},
+        {"mfu", l.time.mfu},
+        {"links", l.time.links},
+        {"binding", binding_constraint(l)},
+        {"overrides", l.layout.sets},
+    });
+  }
+  json invalid = json::array();
+  for (const LayoutCandidate& c : plan.invalid) invalid.push_back({{"layout", c.name()}, {"rule", c.invalid}});
+  const json out = {{"config", config_path}, {"gpus", plan.gpus},
+                    {"gpu", hw.gpu},         {"why_best", why_best(plan)},
+                    {"layouts", layouts},    {"invalid", invalid}};
+  return out.dump(2);
+}
 
 Plan make_plan(const std::string& config_path, const std::vector<std::string>& overrides, int gpus,
                const Hardware& hardware, const PlanSearch& search) {
@@ -78,14 +208,7 @@ Plan make_plan(const std::string& config_path, const std::vector<std::string>& o
       plan.invalid.push_back(std::move(c));
       continue;
     }
-    LayoutPlan best = plan_layout(c, hw);
-    for (int mbs = c.cfg.batch.micro_batch_size / 2; search.micro_batches && mbs >= 1; mbs /= 2) {
-      LayoutCandidate smaller = resolve_with(config_path, c, gpus, {"batch.micro_batch_size=" + std::to_string(mbs)});
-      if (!smaller.valid()) continue;
-      LayoutPlan lp = plan_layout(std::move(smaller), hw);
-      if (better(lp, best)) best = std::move(lp);
-    }
-    plan.layouts.push_back(std::move(best));
+    plan.layouts.push_back(best_variant(config_path, c, gpus, hw, search));
   }
   std::stable_sort(plan.layouts.begin(), plan.layouts.end(), better);
   if (!plan.layouts.empty()) plan.example = plan.layouts.front().layout.cfg;
@@ -131,23 +254,25 @@ std::string format_plan(const Plan& plan, const Hardware& hw, const std::string&
     const int fitting = static_cast<int>(std::count_if(plan.layouts.begin(), plan.layouts.end(),
                                                        [](const LayoutPlan& l) { return l.fits; }));
     out += format("%zu valid layouts of %zu (dp*tp*pp*cp = %d), %d fit; best first. Memory per GPU in GiB on the largest "
-               "stage (opt: master weights + Adam moments; acts: activations); predicted milliseconds per step:\n",
+               "stage (opt: master weights + Adam moments; acts: activations); predicted milliseconds per step; sched: the "
+               "pipeline schedule (intlN: interleaved over N virtual stages):\n",
                plan.layouts.size(), combos, plan.gpus, fitting);
-    out += format("%3s  %-16s %5s %5s | %6s %6s %6s %6s %6s | %8s %6s %6s %6s %6s %8s | %9s %6s | %s\n", "#", "layout",
-                  "micro", "accum", "params", "grads", "opt", "acts", "total", "compute", "recomp", "comm", "bubble", "optim", "step",
+    out += format("%3s  %-16s %6s %5s %5s | %6s %6s %6s %6s %6s | %8s %6s %6s %6s %6s %8s | %9s %6s | %s\n", "#", "layout",
+                  "sched", "micro", "accum", "params", "grads", "opt", "acts", "total", "compute", "recomp", "comm", "bubble", "optim", "step",
                   "tokens/s", "MFU", "fits; links");
     int n = 0;
     for (const LayoutPlan& l : plan.layouts) {
       const MemoryPlan& p = l.peak();
       const StepTime& t = l.time;
-      out += format("%3d  %-16s %5d %5d | %6.2f %6.2f %6.2f %6.2f %6.2f | %8.1f %6.1f %6.1f %6.1f %6.1f %8.1f | %9.0f %5.1f%% | "
+      out += format("%3d  %-16s %6s %5d %5d | %6.2f %6.2f %6.2f %6.2f %6.2f | %8.1f %6.1f %6.1f %6.1f %6.1f %8.1f | %9.0f %5.1f%% | "
                     "%s%s%s\n",
-                    ++n, l.layout.name().c_str(), l.layout.cfg.batch.micro_batch_size, l.layout.cfg.batch.grad_accum_steps,
+                    ++n, l.layout.name().c_str(), schedule_label(l.layout.cfg.parallel).c_str(), l.layout.cfg.batch.micro_batch_size, l.layout.cfg.batch.grad_accum_steps,
                     (p.params + p.params_working) / kGiB, (p.grads + p.grads_working) / kGiB,
                     (p.master + p.optimizer) / kGiB, p.activations / kGiB, p.total() / kGiB, t.compute_s * 1e3,
                     t.recompute_s * 1e3, t.comm_s() * 1e3, t.bubble_s * 1e3, t.optimizer_s * 1e3, t.step_s * 1e3,
                     t.tokens_per_s, 100 * t.mfu, l.fits ? "yes" : "NO", t.links.empty() ? "" : "; ", t.links.c_str());
     }
+    if (plan.layouts.size() > 1) out += "why       | " + why_best(plan) + "\n";
     bool header = false;
     for (const LayoutPlan& l : plan.layouts) {
       if (l.fits) continue;

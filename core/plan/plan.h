@@ -35,7 +35,15 @@ struct PlanSearch {
   // Try batch.micro_batch_size halved down to 1 for each layout (more micro-batches: a smaller
   // pipeline bubble, less activation memory, smaller kernels) and keep the fastest that fits.
   bool micro_batches = false;
+  // With pp > 1, also try the interleaved schedule over v = 2..kMaxVirtualStages virtual stages
+  // (each of at least one block; an uneven split from even_pp_layers when v*pp does not divide
+  // n_layers) and, for an interleaved config, 1F1B; keep the fastest that fits.
+  bool pipeline_schedules = false;
 };
+
+// Beyond 8 chunks per rank each chunk's sends and kernels are too small to pay (Megatron-LM's
+// published runs use v <= 8), and every v is another simulated schedule per layout.
+constexpr int kMaxVirtualStages = 8;
 
 // Throws ConfigError for a bad config or options (see enumerate_layouts).
 Plan make_plan(const std::string& config_path, const std::vector<std::string>& overrides, int gpus, const Hardware& hw,
@@ -43,5 +51,16 @@ Plan make_plan(const std::string& config_path, const std::vector<std::string>& o
 
 // The text `picotrain plan` prints.
 std::string format_plan(const Plan& plan, const Hardware& hw, const std::string& config_path);
+
+// `picotrain plan --json`: every valid layout, best first, with its schedule, memory (GiB), step
+// breakdown (ms: compute, recompute, exposed communication per axis, bubble, optimizer), the
+// binding constraint, and the invalid layouts with the rule each breaks.
+std::string format_plan_json(const Plan& plan, const Hardware& hw, const std::string& config_path);
+
+// What limits a layout: memory when it does not fit, else the largest part of its step.
+std::string binding_constraint(const LayoutPlan& l);
+
+// One line on why the first layout beats the second: the parts of the step that differ most.
+std::string why_best(const Plan& plan);
 
 }  // namespace pt
