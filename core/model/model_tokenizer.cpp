@@ -1,5 +1,6 @@
 #include "core/model/model_tokenizer.h"
 
+#include <exception>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -20,12 +21,24 @@ std::string run_tokenizer_name(const RunConfig& cfg) {
 }
 
 std::shared_ptr<const Tokenizer> shared_tokenizer(const std::string& name) {
+  struct Loaded {
+    std::shared_ptr<const Tokenizer> tokenizer;
+    std::exception_ptr failure;
+  };
   static std::mutex mu;
-  static std::map<std::string, std::shared_ptr<const Tokenizer>> loaded;
+  static std::map<std::string, Loaded> loaded;
   const std::lock_guard<std::mutex> lock(mu);
-  std::shared_ptr<const Tokenizer>& tok = loaded[name];
-  if (!tok) tok = make_tokenizer(name);
-  return tok;
+  const auto [it, first] = loaded.try_emplace(name);
+  Loaded& l = it->second;
+  if (first) {
+    try {
+      l.tokenizer = make_tokenizer(name);
+    } catch (...) {
+      l.failure = std::current_exception();
+    }
+  }
+  if (l.failure) std::rethrow_exception(l.failure);
+  return l.tokenizer;
 }
 
 void check_tokenizer_fits(const Tokenizer& tok, int vocab_size, const std::string& source) {

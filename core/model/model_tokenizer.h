@@ -15,6 +15,7 @@ std::string run_tokenizer_name(const RunConfig& cfg);
 
 // make_tokenizer(name) from its default files, loaded once per process and shared: the start-up
 // check and every training sample use the one copy (Llama 3's tokenizer.json is 9 MB of JSON).
+// A load that failed is not tried again: each later call rethrows its exception.
 std::shared_ptr<const Tokenizer> shared_tokenizer(const std::string& name);
 
 // Throws ConfigError when the tokenizer's ids do not all have a row in the model's embedding:
