@@ -29,6 +29,8 @@ TARGET_SPEEDUP_124M = 1.3
 TARGET_MFU_124M = 0.50
 TARGET_MFU_15B = 0.55
 TARGET_MFU_LLAMA_1B = 0.50
+TARGET_FP8_15B = 1.25  # issue #35: FP8 tokens/s over bf16's, GPT-2 1.5B
+TARGET_FP8_LLAMA_1B = 1.3  # and the 1B Llama
 # Issue #30: attention fwd+bwd against the faster SDPA back end (flash, cuDNN) at every shape, more
 # from T 4k on, and an absolute forward rate at head size 128, T 8k.
 TARGET_ATTENTION = 1.0
@@ -288,6 +290,8 @@ def main(argv=None):
     p124 = picotrain_run(path("picotrain_124m.jsonl"), args.skip_124m)
     p15 = picotrain_run(path("picotrain_1.5b.jsonl"), args.skip_15b)
     pl1 = picotrain_run(path("picotrain_llama1b.jsonl"), args.skip_1b)
+    p15_fp8 = picotrain_run(path("picotrain_1.5b_fp8.jsonl"), args.skip_15b)
+    pl1_fp8 = picotrain_run(path("picotrain_llama1b_fp8.jsonl"), args.skip_1b)
 
     md = ["# picotrain GPU benchmarks (issues #9, #30)", ""]
     try:
@@ -327,6 +331,21 @@ def main(argv=None):
     md.append("| Llama 1B (Llama 3.2 1B's shape, T 2048, configs/llama3-1b.json): MFU (PaLM formula) | %s | not run | "
               "| >= %.0f%% | %s |" % (fmt(ml1 and 100 * ml1, "%.1f%%"), 100 * TARGET_MFU_LLAMA_1B,
                                      met(ml1, TARGET_MFU_LLAMA_1B)))
+
+    # FP8 (issue #35, FP8=1): tokens/s against the bf16 run of the same config in this call, and the
+    # last step's loss gap (the target: within 1% after the run's steps).
+    for label, fp8_run, bf16_run, target in (("GPT-2 1.5B", p15_fp8, p15, TARGET_FP8_15B),
+                                             ("Llama 1B", pl1_fp8, pl1, TARGET_FP8_LLAMA_1B)):
+        if not fp8_run:
+            continue
+        speedup = bf16_run and fp8_run["tokens_per_s"] / bf16_run["tokens_per_s"]
+        gap = "n/a"
+        if bf16_run and fp8_run["loss_last"] is not None and bf16_run["loss_last"]:
+            gap = "%+.2f%%" % (100 * (fp8_run["loss_last"] - bf16_run["loss_last"]) / bf16_run["loss_last"])
+        md.append("| %s, FP8 tensorwise: tokens/s (loss gap at the last step %s) | %s | %s (bf16) | %s | >= %.2fx bf16 | %s |"
+                  % (label, gap,
+                     fmt(fp8_run["tokens_per_s"], "%.0f"), fmt(bf16_run and bf16_run["tokens_per_s"], "%.0f"),
+                     fmt(speedup, "%.2fx"), target, met(speedup, target)))
 
     # attention (issue #30): ours (kernel_bench's "attention" rows) against the faster SDPA back end
     attention_targets, attention_section = attention_report((kb, ka), sdpa)
@@ -422,6 +441,8 @@ def main(argv=None):
     for name, obj in (("picotrain 124M (aggregated from picotrain_124m.jsonl)", p124),
                       ("picotrain 1.5B (aggregated from picotrain_1.5b.jsonl)", p15),
                       ("picotrain Llama 1B (aggregated from picotrain_llama1b.jsonl)", pl1),
+                      ("picotrain 1.5B in FP8 (picotrain_1.5b_fp8.jsonl)", p15_fp8),
+                      ("picotrain Llama 1B in FP8 (picotrain_llama1b_fp8.jsonl)", pl1_fp8),
                       ("torch_124m.json", t124), ("torch_1.5b.json", t15), ("attention_sdpa.json", sdpa),
                       ("kernel_attention.json", ka), ("kernel_bench.json", kb)):
         if obj is not None:

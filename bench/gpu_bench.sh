@@ -17,7 +17,9 @@
 #   7. bench/torch_gpt2.py at the same shape and tokens (torch.compile, flash SDPA, fused AdamW)
 #   8. picotrain train, GPT-2 1.5B (configs/gpt2-1.5b.json), B 8 x 16, STEPS_15B steps: MFU; then
 #      a Llama of Llama 3.2 1B's shape (configs/llama3-1b.json, T 2048), B 8 x ACCUM_1B: MFU
-#   9. bench/bench_summary.py: the summary
+#   9. with FP8=1 (issue #35), after them: the same 1.5B and Llama 1B runs with precision.fp8=tensorwise
+#      (every block layer's product in FP8), for tokens/s and the loss gap against the bf16 runs
+#  10. bench/bench_summary.py: the summary
 # ATTN_ONLY=1 runs steps 1, 3, 4 and 9 alone (builds kernel_bench only): the attention comparison
 # in a short second device call.
 # Every step runs under `timeout`, capped by what is left of the budget; a step that no longer fits
@@ -34,6 +36,8 @@
 # ATTN_ONLY (0), ATTN_WARMUP (2), ATTN_REPS (10),
 # STEPS_124M (20), SKIP_124M (5), B_124M (64), ACCUM_124M (8), STEPS_15B (10), SKIP_15B (3),
 # B_15B (8), ACCUM_15B (16), STEPS_1B (8), SKIP_1B (3), B_1B (8), ACCUM_1B (8), TORCH_15B (0; 1 also runs torch_gpt2.py at 1.5B, if time is left),
+# FP8 (0; 1 also runs step 9, about as long again as the 1.5B and 1B runs: run it where the budget
+# allows, e.g. a second call with a larger BUDGET_S),
 # NSYS (0; 1 also profiles 6 steps of 124M at 2 micro-batches under `nsys profile --stats=true`;
 # on the lent H100s of 2026-11 nsys was not on the PATH), GPU_BIN (as scripts/gpu_check.sh: the
 # prebuilt .gpubin by default when present; empty builds here).
@@ -188,7 +192,7 @@ picotrain_run() {
     --set batch.micro_batch_size="$b" --set batch.seq_len="$t" --set batch.global_batch_tokens=$((b * t * accum)) \
     --set schedule.total_steps="$steps" --set schedule.warmup_steps=2 --set logging.every_steps=1 \
     --set logging.sample_every=0 --set parallel.zero_stage=0 --set checkpoint.every_steps=0 \
-    --set checkpoint.final=false
+    --set checkpoint.final=false ${RUN_SET:+--set "$RUN_SET"}
   local rc=$?
   [ "$DRY_RUN" = 1 ] || cp "$run/metrics.jsonl" "$OUT/$name.jsonl" 2>/dev/null
   return $rc
@@ -214,6 +218,17 @@ if [ $BUILT -eq 0 ]; then
 else
   record picotrain_1.5b skip 0 "no build"
   record picotrain_llama1b skip 0 "no build"
+fi
+# Optional (FP8=1): the 1.5B and 1B runs again with every block layer's product in FP8.
+if [ "${FP8:-0}" = 1 ]; then
+  if [ $BUILT -eq 0 ]; then
+    RUN_SET=precision.fp8=tensorwise picotrain_run picotrain_1.5b_fp8 configs/gpt2-1.5b.json "$B_15B" "$ACCUM_15B" \
+      "$STEPS_15B" 200
+    RUN_SET=precision.fp8=tensorwise RUN_T=$T_1B picotrain_run picotrain_llama1b_fp8 configs/llama3-1b.json "$B_1B" \
+      "$ACCUM_1B" "$STEPS_1B" 150
+  else
+    record picotrain_fp8 skip 0 "no build"
+  fi
 fi
 # Optional: Nsight Systems over a few 124M steps, for the measured per-kernel time of real steps
 # (gaps and host syncs included); the report stays in $BUILD, its kernel summary goes to the log.

@@ -10,7 +10,8 @@
 //    forward and backward, attention, GELU (alone, and fused into the fc matmuls next to the
 //    unfused pair), residual adds, the memsets backward does, the fused softmax + cross-entropy,
 //    the loss sum, the gradient norm, AdamW (one call over all parameters, and one call per
-//    parameter tensor as the trainer does), dtype casts;
+//    parameter tensor as the trainer does), dtype casts; beside them (0 calls per step) the FP8
+//    casts and products at the block's four matmul shapes next to bf16's (kernel_bench_fp8.cpp);
 //  - attention forward, backward and both, causal, at the shapes bench/attention_sdpa.py gives
 //    PyTorch's flash and cuDNN SDPA: head dim 64 and 128, T 1k/2k/4k/8k/16k, hidden 2048 (NH =
 //    2048/hd), B*T = 16384 tokens (FlashAttention's benchmarks), multi-head and grouped-query 8:1
@@ -47,7 +48,8 @@
 //
 // The files: kernel_bench.h (the pieces they share), kernel_bench_harness.cpp (the timing, the
 // buffers, the ceilings), kernel_bench_model.cpp (the training step's ops),
-// kernel_bench_attention.cpp (the attention table), kernel_bench_report.cpp (markdown and JSON),
+// kernel_bench_fp8.cpp (the FP8 rows), kernel_bench_attention.cpp (the attention table),
+// kernel_bench_report.cpp (markdown and JSON),
 // and this one: the command line and the order of the tables.
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -134,7 +136,10 @@ int main_impl(int argc, char** argv) {
 
   Bench b(*ops, warmup, reps);
   bench_ceilings(b, *ops, copy_bytes, matmul_n);
-  for (const ModelShape& m : models) bench_model(b, *ops, m);
+  for (const ModelShape& m : models) {
+    bench_model(b, *ops, m);
+    bench_fp8(b, *ops, m);
+  }
   if (!no_attention) {
     std::fprintf(stderr, "attention: %d warm-up + %d timed reps per op\n", att_warmup, att_reps);
     b.set_repetitions(att_warmup, att_reps);

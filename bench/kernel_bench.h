@@ -95,6 +95,8 @@ struct ModelShape {
 void bench_ceilings(Bench& b, Ops& ops, size_t copy_bytes, int matmul_n);
 // kernel_bench_model.cpp: every op of a GPT-2 training step at micro-batch B.
 void bench_model(Bench& b, Ops& ops, const ModelShape& m);
+// kernel_bench_fp8.cpp: the FP8 casts and products at the model's block shapes (comparison rows).
+void bench_fp8(Bench& b, Ops& ops, const ModelShape& m);
 // kernel_bench_attention.cpp: attention at bench/attention_sdpa.py's shapes.
 void bench_attention(Bench& b, Ops& ops, int tokens, int hidden, const std::vector<int>& seq_lens,
                      const std::vector<int>& groups);

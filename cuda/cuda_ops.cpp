@@ -1,5 +1,6 @@
 // CudaOps (see cuda_ops.h): its lifetime, memory, transfers and time marks. The ops are in
-// cuda_ops_layers.cpp and cuda_ops_attention.cpp, their argument checks in cuda_ops_args.h.
+// cuda_ops_layers.cpp, cuda_ops_attention.cpp and cuda_ops_fp8.cpp, their argument checks in
+// cuda_ops_args.h.
 // Host code only, compiled by g++ against the CUDA runtime headers.
 #include "cuda/cuda_ops.h"
 
@@ -48,6 +49,7 @@ CudaOps::CudaOps(DType compute_dtype) : compute_(compute_dtype) {
                 prop.multiProcessorCount, static_cast<double>(prop.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0),
                 dtype_name(compute_dtype));
   description_ = desc;
+  fp8_ = prop.major > 8 || (prop.major == 8 && prop.minor >= 9);
   cudaStream_t s = nullptr;
   // A blocking stream: it orders with the legacy default stream, so raw cudaMemcpy/cudaMemset on
   // our buffers (tests, cuda_memory.h) see every op queued before them.

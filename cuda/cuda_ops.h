@@ -125,6 +125,14 @@ class CudaOps final : public Ops {
                     float beta2, float eps, float weight_decay, int t, float grad_scale) override;
   double sum_squares(Tensor x, size_t n) override;
   double sum(Tensor x, size_t n) override;
+  // FP8 (cuda_ops_fp8.cpp): the casts run on any GPU; fp8_matmul needs compute capability 8.9+.
+  void fp8_amax(Tensor amax, Tensor x, int rows, int cols, Fp8Amax over) override;
+  void fp8_quantize(Tensor q, Tensor scale_inv, Tensor x, Tensor amaxes, int n_amax, int rows, int cols,
+                    bool transpose, bool per_row) override;
+  // per_row (cuBLASLt's outer-vector scales) needs compute capability 9.0+ besides.
+  void fp8_matmul(Tensor out, Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, Tensor bias, int M, int N,
+                  int K, bool accumulate, bool per_row) override;
+  bool supports_fp8() const override { return fp8_; }
 
  private:
   // At least `bytes` of device memory for the current op's temporaries (valid until the next call).
@@ -133,6 +141,7 @@ class CudaOps final : public Ops {
 
   DType compute_;
   std::string description_;
+  bool fp8_ = false;  // compute capability 8.9 or more: FP8 tensor cores (Ada, Hopper and later)
   void* stream_ = nullptr;  // cudaStream_t
   gpu::MatmulContext* matmul_ = nullptr;
   void* scratch_ = nullptr;

@@ -70,31 +70,10 @@
 #include "cuda/cuda_common.h"
 #include "cuda/elementwise.h"
 #include "cuda/gelu.h"
+#include "cuda/matmul_context.h"
 #include "cuda/matmul_cublaslt.h"
 
-#define CUBLAS_CHECK(expr)                                                                                \
-  do {                                                                                                    \
-    cublasStatus_t pt_status_ = (expr);                                                                   \
-    if (pt_status_ != CUBLAS_STATUS_SUCCESS)                                                              \
-      throw ::pt::RuntimeError(std::string(__FILE__) + ":" + std::to_string(__LINE__) + ": " #expr " failed: " + \
-                               cublasLtGetStatusName(pt_status_) + " (" + cublasLtGetStatusString(pt_status_) +  \
-                               ")");                                                                      \
-  } while (0)
-
 namespace pt::gpu {
-
-constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // Hopper's fastest kernels want 32 MiB
-
-struct MatmulContext {
-  cublasLtHandle_t handle = nullptr;
-  void* workspace = nullptr;
-  struct Choice {
-    bool ok = false;  // false: the heuristic offered nothing for this problem
-    cublasLtMatmulAlgo_t algo{};
-  };
-  std::map<std::string, Choice> algos;  // problem key -> the heuristic's choice
-  bool warned_fallback = false;
-};
 
 namespace {
 
@@ -199,20 +178,6 @@ void gemm_fallback(const Gemm& g, cudaStream_t stream) {
     CUDA_CHECK_LAUNCH();
   });
 }
-
-// RAII for the cuBLASLt descriptors of one call.
-struct Descriptors {
-  cublasLtMatmulDesc_t op = nullptr;
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
-  cublasLtMatmulPreference_t pref = nullptr;
-  ~Descriptors() {
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (d) cublasLtMatrixLayoutDestroy(d);
-    if (b) cublasLtMatrixLayoutDestroy(b);
-    if (a) cublasLtMatrixLayoutDestroy(a);
-    if (op) cublasLtMatmulDescDestroy(op);
-  }
-};
 
 // Creates the operation and layout descriptors of `g` with epilogue `epi`.
 void make_descriptors(Descriptors& desc, const Gemm& g, Epilogue epi) {

@@ -38,6 +38,7 @@ typedef enum {
 } ncclResult_t;
 
 typedef enum {
+  ncclUint8 = 1,
   ncclInt32 = 2,
   ncclFloat32 = 7,
   ncclFloat64 = 8,

@@ -71,7 +71,7 @@ static_assert(ncclSuccess == int(::ncclSuccess) && ncclUnhandledCudaError == int
               ncclSystemError == int(::ncclSystemError) && ncclInternalError == int(::ncclInternalError) &&
               ncclInvalidArgument == int(::ncclInvalidArgument) && ncclInvalidUsage == int(::ncclInvalidUsage) &&
               ncclRemoteError == int(::ncclRemoteError) && ncclInProgress == int(::ncclInProgress));
-static_assert(ncclInt32 == int(::ncclInt32) && ncclFloat32 == int(::ncclFloat32) &&
+static_assert(ncclUint8 == int(::ncclUint8) && ncclInt32 == int(::ncclInt32) && ncclFloat32 == int(::ncclFloat32) &&
               ncclFloat64 == int(::ncclFloat64) && ncclBfloat16 == int(::ncclBfloat16));
 static_assert(ncclSum == int(::ncclSum));
 

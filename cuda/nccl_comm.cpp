@@ -25,6 +25,8 @@ nccl::ncclDataType_t nccl_type(DType t) {
     case DType::f32: return nccl::ncclFloat32;
     case DType::bf16: return nccl::ncclBfloat16;
     case DType::i32: return nccl::ncclInt32;
+    case DType::f8e4m3:
+    case DType::f8e5m2: return nccl::ncclUint8;  // moved as bits, never reduced
   }
   throw RuntimeError("NcclComm: unknown dtype");
 }

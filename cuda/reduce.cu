@@ -4,7 +4,8 @@
 // Algorithm: two passes, both with a split fixed by n alone, so the result is bitwise the
 // same on every run and every GPU:
 //   1. up to kPartials blocks of 256 threads walk the input in 16-byte chunks (4 f32 or 8 bf16),
-//      grid-stride, each thread with kUnroll chunks in flight per step; a thread accumulates its
+//      grid-stride, each thread with kUnroll chunks in flight per step (visit_packed_chunks,
+//      packed_visit.cuh, shared with the FP8 amax); a thread accumulates its
 //      elements in double, in order, the block sums its threads in a fixed tree (block_sum) and
 //      writes one double partial. The last n % chunk elements go to block 0's first threads.
 //   2. one block sums the partials in the same fixed tree and writes the result.
@@ -18,6 +19,7 @@
 // those of 1.5B (1.56G, 6.2 GB) ~1.5 ms. 1024 x 256 threads with 64 bytes in flight each keep
 // ~16 MB in flight, several times what HBM needs to stream at full rate.
 #include "cuda/cuda_common.h"
+#include "cuda/packed_visit.cuh"
 #include "cuda/reduce.h"
 
 namespace pt::gpu {
@@ -37,32 +39,11 @@ __device__ __forceinline__ double term(float x) {
 // kAligned: x is 16-byte aligned and each chunk is one load; otherwise VEC scalar loads.
 template <typename T, bool kSquare, bool kAligned>
 __global__ void __launch_bounds__(kBlock) partial_sums_kernel(double* partial, const T* x, size_t n) {
-  constexpr int VEC = 16 / sizeof(T);
+  constexpr int VEC = kChunkElems<T>;
   __shared__ double shared[kBlock / kWarpSize];
-  const size_t chunks = n / VEC;
-  const size_t step = static_cast<size_t>(gridDim.x) * kBlock * kUnroll;
   double acc = 0.0;
-  for (size_t first = static_cast<size_t>(blockIdx.x) * kBlock * kUnroll + threadIdx.x; first < chunks;
-       first += step) {
-    Packed<T, VEC> v[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const size_t chunk = first + static_cast<size_t>(u) * kBlock;
-      if (chunk >= chunks) continue;
-      if constexpr (kAligned) {
-        v[u] = load_packed<T, VEC>(x + chunk * VEC);
-      } else {
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) v[u].v[k] = x[chunk * VEC + k];
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
-      if (first + static_cast<size_t>(u) * kBlock < chunks)
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) acc += term<kSquare>(to_float(v[u].v[k]));
-  }
-  if (blockIdx.x == 0 && threadIdx.x < n % VEC) acc += term<kSquare>(to_float(x[chunks * VEC + threadIdx.x]));
+  visit_packed_chunks<kBlock, kUnroll, kAligned>(x, n, [&](T v) { acc += term<kSquare>(to_float(v)); });
+  if (blockIdx.x == 0 && threadIdx.x < n % VEC) acc += term<kSquare>(to_float(x[n / VEC * VEC + threadIdx.x]));
   acc = block_sum<kBlock>(acc, shared);
   if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# ctest attention_ptx: proof, without a GPU, that the flash-attention kernels compile to the
-# instructions they are written for and that no kernel spills. For each (file, arch) row of CHECKS
+# ctest attention_ptx: proof, without a GPU, that the flash-attention kernels (and the FP8 cast
+# kernels) compile to the instructions they are written for and that no kernel spills. For each (file, arch) row of CHECKS
 # below, nvcc compiles the file for that arch alone (device code only, as a cubin, with --keep so
 # the PTX stays) and -Xptxas -v reports each function's resources. Then:
 #   1. the PTX (comments removed) must match every pattern the row names (see PTX below);
@@ -44,6 +44,12 @@ declare -A PTX=(
   [setmaxnreg]='setmaxnreg\.(inc|dec)\.sync\.aligned\.u32'
   # A Hopper-only kernel built for an older arch: its body is a trap (never launched there).
   [trap]='^[[:space:]]*trap;'
+  # FP8 casts (cuda/fp8_cast.cu): the scaling multiply without .ftz (mul.rn.ftz.f32 would flush
+  # subnormal inputs under --use_fast_math and break bit-identity with CpuOps), 16-byte loads and
+  # the transposed kernel's 16-byte code stores.
+  [mul.rn.noftz]='mul\.rn\.f32[[:space:]]'
+  [ld.v4]='ld\.global(\.nc)?\.v4\.'
+  [st.v4]='st\.global\.v4\.'
 )
 
 # What is checked: one row per (file, arch), with the PTX names it must contain. A file built for
@@ -57,6 +63,8 @@ CHECKS=(
   "cuda/flash_attention_backward.cu sm_90a   ldmatrix ldmatrix.trans cp.async cp.async.wait mma.bf16"
   "cuda/flash_attention_forward_sm90.cu sm_90a wgmma cp.async.bulk.tensor mbarrier.wait setmaxnreg"
   "cuda/flash_attention_forward_sm90.cu sm_80 trap"
+  "cuda/fp8_cast.cu                 sm_80    mul.rn.noftz ld.v4 st.v4"
+  "cuda/fp8_cast.cu                 sm_90a   mul.rn.noftz ld.v4 st.v4"
 )
 
 # Spill bytes (stores and loads, each) a file's kernels may have; everything else must spill

@@ -26,6 +26,19 @@ inline std::vector<float> random_floats(size_t n, uint32_t seed, float lo = -1.0
 
 inline std::vector<double> to_double(const std::vector<float>& v) { return {v.begin(), v.end()}; }
 
+// Rows [r0, r0 + n) of a row-major matrix with `cols` columns.
+inline std::vector<float> rows_of(const std::vector<float>& m, int cols, int r0, int n) {
+  return {m.begin() + size_t(r0) * cols, m.begin() + size_t(r0 + n) * cols};
+}
+
+// Columns [c0, c0 + n) of a row-major [rows, cols] matrix, as a contiguous [rows, n] one.
+inline std::vector<float> cols_of(const std::vector<float>& m, int rows, int cols, int c0, int n) {
+  std::vector<float> out(size_t(rows) * n);
+  for (int r = 0; r < rows; r++)
+    for (int c = 0; c < n; c++) out[size_t(r) * n + c] = m[size_t(r) * cols + c0 + c];
+  return out;
+}
+
 // CpuOps tensors made from host vectors, released when the Buffers goes out of scope.
 class Buffers {
  public:

@@ -4,7 +4,13 @@
 //    the final data cursor, fp32 master weights and both Adam moments (the same runs and checks
 //    as the CPU's test_ckpt_resume.cpp, through ckpt_test_support.h). The runs are three
 //    separate backends in one process, so this also proves run-to-run determinism of the
-//    kernels and of cuBLASLt's algorithm choice (asked afresh by each new CudaOps).
+//    kernels and of cuBLASLt's algorithm choice (asked afresh by each new CudaOps). Once more
+//    in bf16 with FP8 products (precision.fp8 = "tensorwise", every block layer): dynamic
+//    tensorwise scaling keeps no state from step to step, so the checkpoint needs none and the
+//    resume stays bit-exact (the cast kernels' integer amax and cuBLASLt's FP8 algorithm are
+//    deterministic too). The fixture's shapes suit the GPU's FP8 products (multiples of 16):
+//    2 x 16 tokens per micro-batch, d_model 128, qkv 384, MLP 512. Skipped, with a warning, on a
+//    GPU without FP8 tensor cores.
 //  - The checkpoint the GPU run wrote after step 4 resumes on the CPU backend (fp32) and
 //    continues close to the GPU's own steps 5..8 (not bitwise: different kernels). The state
 //    is identical at the resume, so only the kernels' arithmetic and its growth over 4 AdamW
@@ -54,9 +60,10 @@ constexpr int kAt = 4, kTotal = 8;
 // 8 steps, so the resumed run must continue it from step 4.
 std::vector<std::string> model_sets() { return {"model.d_model=128", "model.n_heads=2", "schedule.total_steps=8"}; }
 
-std::vector<std::string> gpu_sets(DType mode) {
+std::vector<std::string> gpu_sets(DType mode, bool fp8 = false) {
   std::vector<std::string> s = model_sets();
   s.push_back(std::string("precision.compute_dtype=") + mode_name(mode));
+  if (fp8) s.push_back("precision.fp8=tensorwise");
   return s;
 }
 
@@ -94,10 +101,19 @@ double relative(double got, double ref) { return std::fabs(got - ref) / std::fab
 }  // namespace
 
 TEST_CASE("GPU resume is bit-exact: 8 steps straight equal 4 + checkpoint + resume + 4", "[gpu][ckpt]") {
-  for (DType mode : {DType::f32, DType::bf16}) {
-    DYNAMIC_SECTION("compute " << mode_name(mode)) {
-      CkptFixture fx(std::string("gpu_resume_") + mode_name(mode));
-      const ResumeRuns runs = run_straight_and_resumed(fx, cuda_factory(mode), kAt, kTotal, gpu_sets(mode));
+  struct Run {
+    DType mode;
+    bool fp8;
+  };
+  for (const Run run : {Run{DType::f32, false}, Run{DType::bf16, false}, Run{DType::bf16, true}}) {
+    const DType mode = run.mode;
+    DYNAMIC_SECTION("compute " << mode_name(mode) << (run.fp8 ? " + FP8" : "")) {
+      if (run.fp8 && !make_cuda_ops(mode)->supports_fp8()) {
+        WARN("no FP8 tensor cores on this GPU: the FP8 resume did not run");
+        continue;
+      }
+      CkptFixture fx(std::string("gpu_resume_") + mode_name(mode) + (run.fp8 ? "_fp8" : ""));
+      const ResumeRuns runs = run_straight_and_resumed(fx, cuda_factory(mode), kAt, kTotal, gpu_sets(mode, run.fp8));
       check_bit_exact_resume(runs, fx);
       // Not vacuous: the runs trained (finite losses, non-zero gradients).
       for (const StepResult& s : runs.straight) {

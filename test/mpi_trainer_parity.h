@@ -56,6 +56,7 @@ struct Layout {
   int experts = 0, top_k = 2, moe_every = 1, shared = 0;
   int ep = 1;  // expert parallel: ep of the dp ranks split the experts
   int dp_replicate = 1;  // HSDP: ZeRO shards within dp / dp_replicate ranks, replicated across
+  std::string fp8 = "off";  // precision.fp8 (every block layer when on)
   int ranks() const { return pp * dp * tp * cp; }
 
   // Variations, so that a test names each layout in one expression:
@@ -69,6 +70,9 @@ struct Layout {
   Layout with_tied() const { return with([](Layout& l) { l.tied = true; }); }
   Layout with_ep(int n) const { return with([&](Layout& l) { l.ep = n; }); }
   Layout with_hsdp(int replicas) const { return with([&](Layout& l) { l.dp_replicate = replicas; }); }
+  Layout with_fp8(const std::string& recipe = "tensorwise") const {
+    return with([&](Layout& l) { l.fp8 = recipe; });
+  }
   // Sparse blocks every `every`-th block, with `n_shared` shared experts.
   Layout with_moe_every(int every, int n_shared) const {
     return with([&](Layout& l) { l.moe_every = every, l.shared = n_shared; });
@@ -88,6 +92,7 @@ struct Layout {
                   dp_replicate > 1 ? (", " + std::to_string(dp_replicate) + " HSDP replicas").c_str() : "",
                   recompute.c_str());
     std::string d = buf;
+    if (fp8 != "off") d += ", FP8 " + fp8;
     if (arch != "gpt2") d += tied ? ", tied head" : ", untied head";
     if (experts > 0) {
       std::snprintf(buf, sizeof buf, ", %d experts (top %d, every %d block, %d shared, ep %d)", experts, top_k,
@@ -126,6 +131,7 @@ inline RunConfig parity_config(const Layout& l, const std::filesystem::path& dir
       {"checkpoint", {{"dir", l.checkpoints.empty() ? (dir / "unused").string() : l.checkpoints},
                       {"resume", l.resume}}},
   };
+  if (l.fp8 != "off") j["precision"] = {{"fp8", l.fp8}};
   if (l.arch != "gpt2")
     j["model"].update({{"arch", l.arch}, {"n_kv_heads", l.kv_heads}, {"tie_embeddings", l.tied}});
   if (l.experts > 0)
@@ -169,15 +175,33 @@ inline RunResult train(const Layout& l, const World& world, const std::filesyste
   return collect(t, steps);
 }
 
+// How closely a layout must follow one rank: losses (each step's and the validation loss), the
+// gradient norms and the final weights, relative.
+struct ParityBounds {
+  double loss = 1e-5, grad_norm = 1e-5, weights = 1e-5;
+};
+
+// FP8 products (precision.fp8): a layout quantises with the same scales as one rank (the layer
+// tests in mpi_tensor_parallel.cpp and mpi_fp8.cpp prove it exact, at the edges of the formats'
+// range where the scales' groups matter), but the fp32 values it quantises differ in their last
+// bits (sums in another order), and now and then such a difference moves a value across an FP8
+// rounding boundary: one element then changes by an FP8 step, 1/8 to 1/4 of itself in e5m2
+// gradients. The losses barely notice: up to 1.1e-5 relative in 10 steps (a validation loss
+// under rowwise scales); gradient norms and, through Adam, weights move by up to 9e-4 (measured
+// 2026-11-28 over the 2-rank layouts). What these bounds still catch is FP8 wiring that is
+// wrong for a layout (an operand or a scale from the wrong rank: O(1) errors).
+inline constexpr ParityBounds kFp8Bounds{3e-5, 3e-3, 3e-3};
+
 // Losses and norms of the steps `got` ran; once it has reached the reference's last step, also
 // the final weights and (when it evaluated) the validation loss.
-inline void check_parity(const RunResult& got, const RunResult& want, bool check_val = true) {
+inline void check_parity(const RunResult& got, const RunResult& want, bool check_val = true,
+                         const ParityBounds& bound = {}) {
   for (size_t s = 0; s < got.steps.size(); s++) {
     const size_t ref = got.first_step + s;
     INFO("step " << ref + 1);
     REQUIRE(ref < want.steps.size());
-    CHECK(got.steps[s].loss == Approx(want.steps[ref].loss).epsilon(1e-5));
-    CHECK(got.steps[s].grad_norm == Approx(want.steps[ref].grad_norm).epsilon(1e-5));
+    CHECK(got.steps[s].loss == Approx(want.steps[ref].loss).epsilon(bound.loss));
+    CHECK(got.steps[s].grad_norm == Approx(want.steps[ref].grad_norm).epsilon(bound.grad_norm));
     CHECK(got.steps[s].lr == want.steps[ref].lr);
     // Mixture of experts: the balancing loss and the busiest expert's load (0 when dense).
     CHECK(got.steps[s].moe_aux == Approx(want.steps[ref].moe_aux).epsilon(1e-5));
@@ -192,8 +216,8 @@ inline void check_parity(const RunResult& got, const RunResult& want, bool check
     all_ref.insert(all_ref.end(), ref.begin(), ref.end());
   }
   CHECK(!got.weights.empty());
-  CHECK(relative_l2(all, all_ref) < 1e-5);
-  if (check_val) CHECK(got.val_loss == Approx(want.val_loss).epsilon(1e-5));
+  CHECK(relative_l2(all, all_ref) < bound.weights);
+  if (check_val) CHECK(got.val_loss == Approx(want.val_loss).epsilon(bound.loss));
 }
 
 // The tied embedding's two copies, on the first and the last stage of each pipeline, are equal
@@ -218,7 +242,7 @@ inline void check_trains_like(const Layout& l, const World& world, const std::fi
   REQUIRE(l.ranks() == world.size);
   INFO(l.describe());
   const RunResult r = train(l, world, dir);
-  check_parity(r, reference);
+  check_parity(r, reference, true, l.fp8 == "off" ? ParityBounds{} : kFp8Bounds);
   check_tied_copies(r, l, world);
 }
 
@@ -255,7 +279,8 @@ inline void check_activation_memory(Layout l, const World& world, const std::fil
     size_t want = 0;
     for (size_t c = 0; c < ex.chunks().size(); c++)
       want += decoder_activation_bytes(dims, parse_cp_impl(l.cp_impl), DType::f32, ex.chunks()[c], ex.slots()[c],
-                                       parse_recompute(mode));
+                                       parse_recompute(mode),
+                                       fp8_recipe(l.fp8, cfg.precision.fp8_layers, cfg.precision.fp8_grad_format));
     CHECK(ex.activation_bytes() == want);
     t.step();
     const size_t plan = plan_stage_memory(cfg, build_param_table(cfg.model), DType::f32).at(0).plan.total();

@@ -182,7 +182,7 @@ TEST_CASE("llama3: decode(encode(x)) == x for any bytes, invalid UTF-8 included"
     REQUIRE(tok.decode(tok.encode(s)) == s);
   };
   for (const auto& s : all_cases()) roundtrip(s);
-  for (const std::string s : {"\xff", "abc\x80def", "\xe2\x82", "price: 5\xe2\x82 each", "\xc0\xaf", "\xed\xa0\x80",
+  for (const std::string s : {"\xff", "abc\x80" "def", "\xe2\x82", "price: 5\xe2\x82 each", "\xc0\xaf", "\xed\xa0\x80",
                               "a \xff b", "caf\xe9", "\x80\x80\x80 \n\xbf", "<|eot_id|>\xff<|eot_id|>", "12\xff" "34"})
     roundtrip(s);
   std::mt19937 gen(11);

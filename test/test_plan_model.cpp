@@ -456,3 +456,51 @@ TEST_CASE("plan --json: each layout's breakdown sums to its step; the why line n
   const Launch text = run_command(cmd);
   CHECK_THAT(text.output, Contains("why       | " + why_best(plan)));
 }
+
+TEST_CASE("precision.fp8: the FP8 layers' products at the FP8 rate, plus their casts; refused without FP8", "[plan][fp8]") {
+  // GPT-2 1.5B on one H100: 48 blocks, 16 micro-batches of 8 x 1024 tokens, d_model 1600.
+  const std::vector<std::string> sets = {"batch.micro_batch_size=8", "batch.global_batch_tokens=131072",
+                                         "parallel.zero_stage=0"};
+  const auto with = [&](const std::string& layers) {
+    std::vector<std::string> s = sets;
+    s.push_back("precision.fp8=tensorwise");
+    s.push_back("precision.fp8_layers=" + layers);
+    return one_gpu_plan("gpt2-1.5b.json", s).layouts.at(0).time;
+  };
+  const StepTime bf16 = one_gpu_plan("gpt2-1.5b.json", sets).layouts.at(0).time;
+  CHECK(bf16.fp8_casts_s == 0);
+  // The bf16 time of one block's four linear layers (forward and backward), from the kernel table.
+  const KernelTable& k = KernelTable::h100();
+  const double n = 8 * 1024, c = 1600, f = 4 * 1600;
+  const auto both = [&](double ic, double oc) { return k.matmul_s(n, ic, oc, false) + k.matmul_s(n, ic, oc, true); };
+  const double per_block[] = {both(c, 3 * c), both(c, c), both(c, f), both(f, c)};  // qkv, attn_out, mlp_up, mlp_down
+  const double speedup = Hardware{}.fp8_speedup, blocks_times_micro = 48 * 16;
+  REQUIRE(speedup == Approx(2.0).epsilon(1e-3));  // H100 SXM: 1978.9 / 989.4 TFLOP/s
+  double all_products = 0;
+  for (double t : per_block) all_products += t;
+  // All four layers: the products' saving is exactly (1 - 1/speedup) of their bf16 time; the
+  // casts, a memory pass over each operand, come on top.
+  const StepTime all = with("all");
+  const double saving = bf16.compute_s - (all.compute_s - all.fp8_casts_s);
+  CHECK(saving == Approx(blocks_times_micro * all_products * (1 - 1 / speedup)).epsilon(1e-6));
+  // The casts' bytes per layer and micro-batch: each of x, w (forward) and dout, dout^T, w^T, x^T
+  // (backward) read twice in bf16 (amax, then cast) and written once as bytes: 5 bytes a value.
+  double cast_bytes = 0;
+  for (auto [ic, oc] : {std::pair{c, 3 * c}, {c, c}, {c, f}, {f, c}})
+    cast_bytes += 5 * (2 * n * ic + 2 * oc * ic + 2 * n * oc);
+  cast_bytes *= blocks_times_micro;
+  CHECK(all.fp8_casts_s > cast_bytes / 3.35e12);  // no faster than the H100's HBM
+  CHECK(all.fp8_casts_s < cast_bytes / (0.3 * 3.35e12));
+  CHECK(all.compute_s < bf16.compute_s);
+  // One layer only: its own saving, and its own casts.
+  const StepTime qkv = with("qkv");
+  CHECK(bf16.compute_s - (qkv.compute_s - qkv.fp8_casts_s) ==
+        Approx(blocks_times_micro * per_block[0] * (1 - 1 / speedup)).epsilon(1e-6));
+  CHECK(qkv.fp8_casts_s > 0);
+  CHECK(qkv.fp8_casts_s < all.fp8_casts_s);
+  // A GPU without FP8 tensor cores: a config error naming the key and the GPU.
+  std::vector<std::string> a100 = sets;
+  a100.push_back("precision.fp8=tensorwise");
+  CHECK_THROWS_WITH(one_gpu_plan("gpt2-1.5b.json", a100, hardware_of(gpu_profile("a100-80g"), 8)),
+                    Catch::Contains("precision.fp8=tensorwise") && Catch::Contains("a100-80g"));
+}

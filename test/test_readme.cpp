@@ -308,7 +308,7 @@ TEST_CASE("docs/log.md's metrics table names every field of metrics.jsonl, and n
   pt::StepMetrics m;
   m.step = m.total_steps = 1;
   m.phases = pt::PhaseTimes{};
-  m.val_loss = m.pp_bubble = m.pp_wait_ms = m.moe_aux = m.moe_max_load = 1.0;
+  m.val_loss = m.pp_bubble = m.pp_wait_ms = m.moe_aux = m.moe_max_load = m.mfu_fp8 = 1.0;
   m.task = pt::TaskAccuracy{"hellaswag", 0.5, 0.5};
   m.skipped_steps = 1;
   { pt::MetricsLog((dir / "metrics.jsonl").string(), "palm").log(m); }
@@ -326,7 +326,7 @@ TEST_CASE("docs/log.md's metrics table names every field of metrics.jsonl, and n
   REQUIRE(begin != lines.end());
   auto end = std::find_if(begin + 1, lines.end(), [](const std::string& l) { return l.rfind("## ", 0) == 0; });
   std::set<std::string> named, in_rows;
-  const std::regex code(R"(`([a-z_]+)`)");
+  const std::regex code(R"(`([a-z_0-9]+)`)");
   for (auto l = begin; l != end; ++l) {
     for (std::sregex_iterator c(l->begin(), l->end(), code), e; c != e; ++c) named.insert((*c)[1]);
     if (l->rfind("| `", 0) != 0) continue;

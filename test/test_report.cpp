@@ -409,6 +409,32 @@ TEST_CASE("checkpoint.final=false: no final checkpoint, and the done line and th
              Contains("## Trained model") && Contains("was not saved: checkpoint.final=false"));
 }
 
+TEST_CASE("an FP8 run says so: the fp8 line, mfu_fp8 in metrics.jsonl, the report's precision and MFU", "[report][fp8]") {
+  CkptFixture fx("report_fp8");
+  const std::string cfg = write_config(fx, 3);
+  const Launch l = run_command(std::string(PICOTRAIN_BIN) + " train --config " + cfg +
+                               " --set precision.fp8=tensorwise --set precision.fp8_layers=qkv,mlp_down"
+                               " --set logging.peak_tflops=1000 --set checkpoint.final=false");
+  INFO(l.output);
+  REQUIRE(l.exit_code == 0);
+  // On the CPU the emulation's FP8 peak is the fp32 one (here the configured 1000 TFLOP/s).
+  CHECK_THAT(l.output, Contains("fp8       | tensorwise: the products of qkv,mlp_down in FP8 (gradients e5m2); "
+                                "mfu_fp8 = tflops_per_gpu / FP8 peak 1000.0000 TFLOP/s"));
+  const json r = check_report(fx.dir / "run");
+  CHECK(r["precision"]["fp8"] == "tensorwise");
+  CHECK(r["precision"]["fp8_layers"] == "qkv,mlp_down");
+  CHECK(r["throughput"]["mfu_fp8"].is_number());
+  CHECK(r["throughput"]["mfu_fp8"].get<double>() == Approx(r["throughput"]["mfu"].get<double>()));
+  CHECK_THAT(read_text((fx.dir / "run" / "report.md").string()),
+             Contains("FP8 tensorwise products (layers qkv,mlp_down, gradients e5m2)") &&
+                 Contains("| MFU against the FP8 peak |"));
+  // Without FP8: no fp8 line, no field.
+  const Launch off = run_command(std::string(PICOTRAIN_BIN) + " train --config " + cfg +
+                                 " --set logging.peak_tflops=1000 --set checkpoint.final=false");
+  CHECK_THAT(off.output, !Contains("fp8       |"));
+  CHECK(check_report(fx.dir / "run")["throughput"]["mfu_fp8"].is_null());
+}
+
 TEST_CASE("an MFU above 100% is never printed without a warning that the peak is wrong", "[report]") {
   CkptFixture fx("report_mfu_high");
   const std::string cfg = write_config(fx, 3);

@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "core/common/error.h"
+#include "core/parallel/fp8_linear.h"
 #include "core/tokenizer/tokenizer.h"
 
 namespace pt::config {
@@ -187,6 +188,23 @@ auto tokenizer_rule = [](const std::string& v) {
              : std::string("must be \"\" (by model.vocab_size), ") + kTokenizerNames + ", an existing path";
 };
 
+// FP8: the recipes this build has; delayed scaling (Transformer Engine's) is named as not here.
+auto fp8_rule = [](const std::string& v) {
+  if (v == "off" || v == "tensorwise" || v == "rowwise") return std::string();
+  if (v == "delayed")
+    return std::string("\"delayed\" scaling is not implemented yet: must be \"off\", \"tensorwise\" or \"rowwise\"");
+  return std::string("must be one of \"off\", \"tensorwise\", \"rowwise\"");
+};
+
+auto fp8_layers_rule = [](const std::string& v) {
+  try {
+    parse_fp8_layers(v);
+    return std::string();
+  } catch (const std::exception& e) {
+    return std::string(e.what());
+  }
+};
+
 auto dp_rule = [](int v) { return v == -1 || v >= 1 ? std::string() : std::string("must be -1 (derived) or >= 1"); };
 
 auto hang_timeout_rule = [](double v) {
@@ -334,7 +352,10 @@ std::vector<ConfigKey> build_table() {
 
   SectionKeys(k, "precision", &RunConfig::precision)
       .add("compute_dtype", &PrecisionSection::compute_dtype, one_of({"auto", "fp32", "bf16"}))
-      .add("master_weights", &PrecisionSection::master_weights, one_of({"fp32"}));
+      .add("master_weights", &PrecisionSection::master_weights, one_of({"fp32"}))
+      .add("fp8", &PrecisionSection::fp8, fp8_rule)
+      .add("fp8_layers", &PrecisionSection::fp8_layers, fp8_layers_rule)
+      .add("fp8_grad_format", &PrecisionSection::fp8_grad_format, one_of({"e5m2", "e4m3"}));
 
   SectionKeys(k, "data", &RunConfig::data)
       .add("train", &DataSection::train, not_empty)

@@ -234,6 +234,18 @@ const std::vector<KeyMeaning>& key_meanings() {
        "`fp32`, `bf16`, or `auto` (fp32 on the CPU backend, bf16 on CUDA)."},
       {"precision.master_weights",
        "Dtype of the weights the optimizer updates; only `fp32`."},
+      {"precision.fp8",
+       "`off`, `tensorwise` or `rowwise`: the blocks' linear layers multiply in FP8 (e4m3 weights and "
+       "activations), sums in fp32, with power-of-two scales from the largest values at the time: one per tensor "
+       "(`tensorwise`), or one per row of each operand (`rowwise`: per token and per feature). Needs a GPU of "
+       "compute capability 8.9 or later (Ada, Hopper; `rowwise`: 9.0, Hopper); the CPU backend emulates it "
+       "exactly. `delayed` (scales from an amax history) is refused: only the two dynamic recipes are "
+       "implemented."},
+      {"precision.fp8_layers",
+       "With `precision.fp8`: `all`, or a comma-separated list of `qkv`, `attn_out`, `mlp_up`, `mlp_down`. The "
+       "LM head, attention and MoE experts stay in the compute dtype."},
+      {"precision.fp8_grad_format",
+       "With `precision.fp8`: the output gradients' format in backward, `e5m2` (wider range) or `e4m3`."},
       // ---- data
       {"data.train",
        "Glob of llm.c token shards (`.bin`) to train on; not empty."},

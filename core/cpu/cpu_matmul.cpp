@@ -25,12 +25,14 @@
 #include <vector>
 
 #include "core/cpu/cpu_args.h"
+#include "core/cpu/cpu_gemm.h"
 #include "core/cpu/cpu_ops.h"
 #include "core/cpu/cpu_parallel.h"
 
 namespace pt {
 
 namespace {
+using cpu::Strided;
 
 constexpr int kRows = 4;        // rows of the register tile
 constexpr int kPanel = 8;       // columns of the register tile (2 SSE vectors)
@@ -38,13 +40,6 @@ constexpr int kK = 256;         // K block: one B panel block is 8 KiB (L1), an 
 constexpr int kRowTile = 64;    // rows of C per work item
 constexpr int kPanelTile = 16;  // panels (128 columns) of C per work item
 static_assert(kRowTile % kRows == 0, "a row tile is whole row groups (the packing buffer assumes it)");
-
-// A strided matrix view: element (i, j) is p[i * rs + j * cs].
-struct Strided {
-  const float* p;
-  long long rs, cs;
-  float at(long long i, long long j) const { return p[i * rs + j * cs]; }
-};
 
 // Packs rows [r0, r0+rows) x k [k0, k0+kc) of A into row groups: group g holds [kc][kRows].
 void pack_a(float* dst, Strided a, int r0, int rows, int k0, int kc) {
@@ -84,6 +79,10 @@ inline void micro_kernel(const float* a, const float* b, int kc, float acc[kRows
   for (int r = 0; r < kRows; r++)
     for (int j = 0; j < kPanel; j++) acc[r][j] = c[r][j];
 }
+
+}  // namespace
+
+namespace cpu {
 
 // C[M, Ncols] (row stride ldc) = init + A[M, K] @ B[K, Ncols], where init is C itself when
 // accumulating, else bias[col] (or 0 when bias is null).
@@ -135,7 +134,7 @@ void gemm(float* C, long long ldc, int M, int Ncols, int K, Strided a, Strided b
   }
 }
 
-}  // namespace
+}  // namespace cpu
 
 void CpuOps::matmul_forward(Tensor out, Tensor inp, Tensor w, Tensor bias, int N, int IC, int OC) {
   cpu::check_dims("matmul_forward", {N, IC, OC});
@@ -144,7 +143,7 @@ void CpuOps::matmul_forward(Tensor out, Tensor inp, Tensor w, Tensor bias, int N
   const float* wt = cpu::f32_arg(w, size_t(OC) * IC, "matmul_forward", "w");
   const float* bs = cpu::optional_f32_arg(bias, OC, "matmul_forward", "bias");
   // out = inp @ w^T: B(k, col) = w[col, k].
-  gemm(o, OC, N, OC, IC, Strided{x, IC, 1}, Strided{wt, 1, IC}, bs, /*accumulate=*/false);
+  cpu::gemm(o, OC, N, OC, IC, Strided{x, IC, 1}, Strided{wt, 1, IC}, bs, /*accumulate=*/false);
 }
 
 void CpuOps::matmul_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, int N,
@@ -156,12 +155,12 @@ void CpuOps::matmul_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, 
   const float* dy = cpu::f32_arg(dout, size_t(N) * OC, "matmul_backward", "dout");
   if (dx) {
     const float* wt = cpu::f32_arg(w, size_t(OC) * IC, "matmul_backward", "w");
-    gemm(dx, IC, N, IC, OC, Strided{dy, OC, 1}, Strided{wt, IC, 1}, nullptr, /*accumulate=*/false);
+    cpu::gemm(dx, IC, N, IC, OC, Strided{dy, OC, 1}, Strided{wt, IC, 1}, nullptr, /*accumulate=*/false);
   }
   if (dwt) {
     const float* x = cpu::f32_arg(inp, size_t(N) * IC, "matmul_backward", "inp");
     // dw = dout^T @ inp: A(row=o, k=n) = dout[n, o].
-    gemm(dwt, IC, OC, IC, N, Strided{dy, 1, OC}, Strided{x, IC, 1}, nullptr, /*accumulate=*/true);
+    cpu::gemm(dwt, IC, OC, IC, N, Strided{dy, 1, OC}, Strided{x, IC, 1}, nullptr, /*accumulate=*/true);
   }
   if (db) {
     cpu::for_each_channel_block(OC, [&](int c0, int c1) {

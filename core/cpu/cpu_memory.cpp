@@ -31,8 +31,10 @@ constexpr size_t kMapBytes = size_t{1} << 20;
 size_t padded_bytes(size_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
 
 void check_cpu_dtype(DType dtype, const char* op) {
-  check(dtype == DType::f32 || dtype == DType::i32,
-        std::string("CpuOps::") + op + ": the CPU backend holds f32 and i32 tensors only, not " + dtype_name(dtype) +
+  // FP8 codes are bytes: the FP8 products' operands (cpu_fp8.cpp), moved as they are.
+  const bool fp8 = dtype == DType::f8e4m3 || dtype == DType::f8e5m2;
+  check(dtype == DType::f32 || dtype == DType::i32 || fp8,
+        std::string("CpuOps::") + op + ": the CPU backend holds f32, i32 and FP8 tensors only, not " + dtype_name(dtype) +
             " (bf16 is a CUDA compute dtype; use precision.compute_dtype=f32 on the CPU)");
 }
 

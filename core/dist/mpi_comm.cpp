@@ -30,6 +30,8 @@ MPI_Datatype mpi_type(DType t) {
     case DType::f32: return MPI_FLOAT;
     case DType::i32: return MPI_INT32_T;
     case DType::bf16: return MPI_UINT16_T;  // moved as bits, never reduced
+    case DType::f8e4m3:
+    case DType::f8e5m2: return MPI_BYTE;  // the same
   }
   return MPI_BYTE;
 }

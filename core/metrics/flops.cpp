@@ -68,4 +68,21 @@ double gpu_peak_tflops(const std::string& name) {
   return 0.0;
 }
 
+double gpu_fp8_peak_tflops(const std::string& name) {
+  // Dense FP8 (e4m3/e5m2 inputs, fp32 accumulation) peaks from the same datasheets: twice the
+  // bf16 figure on Hopper and Blackwell datacenter parts and on L40S/L4; GeForce Ada accumulates
+  // fp32 at half rate, so the RTX 4090's equals its bf16 figure. Ampere has no FP8.
+  struct Entry {
+    const char* match;
+    double tflops;
+  };
+  static const Entry table[] = {
+      {"GH200", 1978.9}, {"H200 NVL", 1671.0}, {"H200", 1978.9}, {"H100 PCIe", 1513.0}, {"H100 NVL", 1671.0},
+      {"H100", 1978.9},  {"B200", 4500.0},     {"L40S", 733.0},  {"L4", 242.0},         {"RTX 4090", 165.2},
+  };
+  for (const auto& e : table)
+    if (name.find(e.match) != std::string::npos) return e.tflops;
+  return 0.0;
+}
+
 }  // namespace pt

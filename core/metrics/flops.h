@@ -30,5 +30,8 @@ std::string flops_formula_description(const ParamTable& table, const ModelSectio
 // Dense bf16 tensor-core peak in TFLOP/s for a GPU name (e.g. "NVIDIA H100 80GB HBM3"),
 // or 0 when the name is not in the table.
 double gpu_peak_tflops(const std::string& device_name);
+// Dense FP8 tensor-core peak (fp32 accumulation) in TFLOP/s for a GPU name, or 0 when the
+// GPU has no FP8 or is not in the table.
+double gpu_fp8_peak_tflops(const std::string& device_name);
 
 }  // namespace pt

@@ -95,6 +95,7 @@ void MetricsLog::log(const StepMetrics& m) {
       const auto phase = static_cast<StepPhase>(p);
       if (phase != StepPhase::pp_comm || m.pp_bubble) j[std::string(step_phase_name(phase)) + "_ms"] = (*m.phases)[phase];
     }
+  if (m.mfu_fp8) j["mfu_fp8"] = *m.mfu_fp8;
   if (m.val_loss) j["val_loss"] = *m.val_loss;
   if (m.task) {
     j[m.task->name + "_acc"] = m.task->acc;

@@ -27,6 +27,9 @@ struct StepMetrics {
   double tokens_per_s = 0;
   double tflops_per_gpu = 0;  // model FLOPs per second per device (see flops.h)
   double mfu = 0;             // tflops_per_gpu / peak, as a fraction
+  // precision.fp8: tflops_per_gpu / the device's FP8 peak, as a fraction (the bound a run whose
+  // every product were FP8 would be held to); unset without FP8.
+  std::optional<double> mfu_fp8;
   uint64_t tokens = 0;        // tokens trained on so far
   double eta_s = 0;           // estimated seconds to the end of the run
   double data_ms = 0;          // of dt_ms: reading the step's micro-batches (rank 0)

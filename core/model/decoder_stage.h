@@ -94,6 +94,7 @@
 #include <vector>
 
 #include "core/config/run_config.h"
+#include "core/parallel/fp8_linear.h"
 #include "core/model/architecture.h"
 #include "core/model/layer_hooks.h"
 #include "core/model/model_parallel.h"
@@ -137,7 +138,7 @@ class DecoderStage {
   // T / cp tokens of each sequence. `store` holds this rank's tensor-parallel pieces
   // (tensor_parallel_table).
   DecoderStage(const ModelSection& model, ParamStore& store, Ops& ops, int B, int T, const StageLayers& layers,
-            StageSlots slots, Recompute recompute, const ModelParallel& mp = {});
+            StageSlots slots, Recompute recompute, const ModelParallel& mp = {}, const Fp8Recipe& fp8 = {});
   ~DecoderStage();
   DecoderStage(const DecoderStage&) = delete;
   DecoderStage& operator=(const DecoderStage&) = delete;
@@ -283,6 +284,7 @@ class DecoderStage {
   Tensor emb_full_, ln_grads_;
 
   ModelParallel mp_;
+  Fp8Recipe fp8_;  // which block layers run their products in FP8 (none by default)
   std::unique_ptr<Comm> own_tp_;  // a group of one when mp.tp is null
   Comm* tp_comm_ = nullptr;
   std::unique_ptr<TensorParallel> tp_;

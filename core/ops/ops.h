@@ -27,6 +27,7 @@
 #include <memory>
 #include <string>
 
+#include "core/common/fp8.h"
 #include "core/tensor/tensor.h"
 
 namespace pt {
@@ -145,6 +146,37 @@ class Ops {
   //   gelu_backward(dpre, pre, dpre). The layer's dw and dbias stay with matmul_backward.
   virtual void matmul_backward_input_dgelu(Tensor dpre, Tensor dout, Tensor w, Tensor pre, int N, int IC,
                                            int OC) = 0;
+
+  // ---- FP8 linear layers (precision.fp8; core/parallel/fp8_linear.h drives them) ----------------
+  // A tensor in FP8 is its codes (dtype f8e4m3 or f8e5m2, core/common/fp8.h) and its scale_inv:
+  // value = code value * scale_inv, with power-of-two scales s = 1 / scale_inv chosen from the
+  // largest magnitudes (fp8_scale_exponent): one for the whole tensor ("tensorwise"), or one per
+  // row of the K-major operand ("rowwise"). CpuOps rounds exactly as CudaOps does.
+  //
+  // The largest magnitudes of x [rows, cols] (the compute dtype) into amax (f32): over = tensor:
+  // amax[0] of the whole; rows: amax[r] of each row; cols: amax[c] of each column (0 for an empty
+  // set). A magnitude's order is its bit pattern's (an exact, order-free max): a NaN in x makes
+  // its amax a NaN, and then its scale is 1 and the NaN carries on to the loss, where the run
+  // guard sees it.
+  virtual void fp8_amax(Tensor amax, Tensor x, int rows, int cols, Fp8Amax over) = 0;
+  // q = code(x * s) for x [rows, cols] (compute dtype), stored as is ([rows, cols]) or, with
+  // `transpose`, as [cols, rows] (the FP8 products take both operands K-major, so a backward
+  // product quantises its operand transposed). Let R be q's rows (rows, or cols transposed).
+  // Without per_row: one s = 2^fp8_scale_exponent(A, q's format), A = the largest of
+  // amaxes[0 .. n_amax) (one f32 per rank holding a part of the tensor, gathered by the caller:
+  // the scale is then the whole tensor's); scale_inv[0] = 1 / s. With per_row: row i of q has
+  // its own s_i from the largest of amaxes[k * R + i], k < n_amax; scale_inv[i] = 1 / s_i.
+  virtual void fp8_quantize(Tensor q, Tensor scale_inv, Tensor x, Tensor amaxes, int n_amax, int rows, int cols,
+                            bool transpose, bool per_row) = 0;
+  // out[M, N] = (a[M, K] @ b[N, K]^T) * a_scale_inv * b_scale_inv (+ bias[N]; may be null), or
+  // with `accumulate` out += that (no bias). a and b are FP8 codes, K-major (rows of K), not
+  // both e5m2; the products and their sum are fp32; out (and bias) are the compute dtype or f32.
+  // per_row: the scales are vectors, a_scale_inv [M] and b_scale_inv [N]: element (i, j) is
+  // scaled by a_scale_inv[i] * b_scale_inv[j]; else one f32 each.
+  virtual void fp8_matmul(Tensor out, Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, Tensor bias, int M,
+                          int N, int K, bool accumulate, bool per_row) = 0;
+  // Whether this backend runs fp8_matmul (CudaOps: compute capability 8.9 and up).
+  virtual bool supports_fp8() const = 0;
 
   // ---- causal self-attention -------------------------------------------------------------
   // Grouped-query attention (Llama): NH query heads of HS = C / NH channels share NKV key/value

@@ -46,16 +46,38 @@ Tensor TensorParallel::all_rows(Tensor t, int N, int cols) {
   return full;
 }
 
-void TensorParallel::column_forward(Tensor out, Tensor inp, Tensor w, Tensor bias, int N, int IC, int OC_local) {
-  ops_.matmul_forward(out, all_rows(inp, N, IC), w, bias, N, IC, OC_local);
+void TensorParallel::enable_fp8(Comm* cp, Fp8Format grad_format, bool rowwise) {
+  fp8_ = std::make_unique<Fp8Linear>(ops_, tp_, cp, grad_format, rowwise);
+}
+
+void TensorParallel::product(Tensor out, Tensor x, bool x_split, Tensor w, Tensor bias, int N, int IC, int OC,
+                             bool fp8) {
+  if (fp8) need_fp8()->forward(out, x, x_split, w, bias, N, IC, OC);
+  else ops_.matmul_forward(out, x, w, bias, N, IC, OC);
+}
+
+void TensorParallel::product_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, bool dout_split, Tensor x,
+                                      bool x_split, Tensor w, int N, int IC, int OC, bool fp8) {
+  if (fp8) need_fp8()->backward(dinp, dw, dbias, dout, dout_split, x, x_split, w, N, IC, OC);
+  else ops_.matmul_backward(dinp, dw, dbias, dout, x, w, N, IC, OC);
+}
+
+Fp8Linear* TensorParallel::need_fp8() {
+  check(fp8_ != nullptr, "TensorParallel: an FP8 product was asked for before enable_fp8");
+  return fp8_.get();
+}
+
+void TensorParallel::column_forward(Tensor out, Tensor inp, Tensor w, Tensor bias, int N, int IC, int OC_local,
+                                    bool fp8) {
+  product(out, all_rows(inp, N, IC), /*x_split=*/false, w, bias, N, IC, OC_local, fp8);
 }
 
 void TensorParallel::column_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, int N,
-                                     int IC, int OC_local) {
+                                     int IC, int OC_local, bool fp8) {
   // dinp is overwritten (as matmul_backward does): each rank's share of the input gradient is
   // summed over the group straight into it.
   if (!sp_) {
-    ops_.matmul_backward(dinp, dw, dbias, dout, inp, w, N, IC, OC_local);
+    product_backward(dinp, dw, dbias, dout, /*dout_split=*/true, inp, /*x_split=*/false, w, N, IC, OC_local, fp8);
     if (dinp && tp_.size() > 1) tp_.all_reduce(dinp.slice(0, size_t(N) * IC));
     return;
   }
@@ -63,7 +85,7 @@ void TensorParallel::column_backward(Tensor dinp, Tensor dw, Tensor dbias, Tenso
   const Tensor x = dw ? all_rows(inp, N, IC) : inp;
   // The share covers every token; each rank keeps the sum over its own tokens' rows.
   const Tensor partial = dinp ? scratch(kPartial, size_t(N) * IC, dout.dtype) : Tensor{};
-  ops_.matmul_backward(partial, dw, dbias, dout, x, w, N, IC, OC_local);
+  product_backward(partial, dw, dbias, dout, /*dout_split=*/true, x, /*x_split=*/false, w, N, IC, OC_local, fp8);
   if (dinp) reduce_scatter_tokens(dinp, partial, N, IC);
 }
 
@@ -89,29 +111,35 @@ void TensorParallel::column_chunked(Tensor out_chunk, Tensor dinp, Tensor dw, Te
   else tp_.all_reduce(dinp.slice(0, size_t(N) * IC));
 }
 
-void TensorParallel::row_forward(Tensor out, Tensor inp, Tensor w, Tensor bias, int N, int IC_local, int OC) {
+void TensorParallel::row_forward(Tensor out, Tensor inp, Tensor w, Tensor bias, int N, int IC_local, int OC,
+                                 bool fp8) {
   // The bias joins the sum once, from rank 0.
   const Tensor b = tp_.rank() == 0 ? bias : Tensor{};
   if (sp_) {
     Tensor partial = scratch(kPartial, size_t(N) * OC, inp.dtype);
-    ops_.matmul_forward(partial, inp, w, b, N, IC_local, OC);
+    product(partial, inp, /*x_split=*/true, w, b, N, IC_local, OC, fp8);
     reduce_scatter_tokens(out, partial, N, OC);
   } else {
-    ops_.matmul_forward(out, inp, w, b, N, IC_local, OC);
+    product(out, inp, /*x_split=*/true, w, b, N, IC_local, OC, fp8);
     tp_.all_reduce(out.slice(0, size_t(N) * OC));
   }
 }
 
 void TensorParallel::row_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, int N,
-                                  int IC_local, int OC) {
+                                  int IC_local, int OC, bool fp8) {
   // dy is the full output gradient on every rank, so dbias comes out whole (and equal) on each.
   const Tensor dy = all_rows(dout, N, OC);
-  ops_.matmul_backward(dinp, dw, dbias, dy, inp, w, N, IC_local, OC);
+  product_backward(dinp, dw, dbias, dy, /*dout_split=*/false, inp, /*x_split=*/true, w, N, IC_local, OC, fp8);
 }
 
 void TensorParallel::row_backward_dgelu(Tensor dpre, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w,
-                                        Tensor pre, int N, int IC_local, int OC) {
+                                        Tensor pre, int N, int IC_local, int OC, bool fp8) {
   const Tensor dy = all_rows(dout, N, OC);
+  if (fp8) {  // no fused epilogue for FP8 products: the product, then the GELU's backward in place
+    product_backward(dpre, dw, dbias, dy, /*dout_split=*/false, inp, /*x_split=*/true, w, N, IC_local, OC, true);
+    ops_.gelu_backward(dpre, pre, dpre, size_t(N) * IC_local);
+    return;
+  }
   ops_.matmul_backward_input_dgelu(dpre, dy, w, pre, N, IC_local, OC);
   ops_.matmul_backward(Tensor{}, dw, dbias, dy, inp, w, N, IC_local, OC);
 }

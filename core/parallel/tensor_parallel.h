@@ -20,11 +20,15 @@
 // Under SP, replicated parameters used inside the SP region (LayerNorm weights) get gradients
 // from their token shard only: the caller all-reduces those over tp.
 //
-// All reductions go through Comm (f32 sums). Scratch is grown on demand and reused.
+// All reductions go through Comm (f32 sums). Scratch is grown on demand and reused. Each layer
+// can run its products in FP8 (enable_fp8, and fp8 = true per call).
 #pragma once
 #include <functional>
+#include <memory>
+
 #include "core/dist/comm.h"
 #include "core/ops/ops.h"
+#include "core/parallel/fp8_linear.h"
 
 namespace pt {
 
@@ -43,6 +47,11 @@ class TensorParallel {
   TensorParallel(const TensorParallel&) = delete;
   TensorParallel& operator=(const TensorParallel&) = delete;
 
+  // Lets the layers below run their products in FP8 (core/parallel/fp8_linear.h) when a call
+  // passes fp8 = true, with one scale per tensor or (rowwise) per operand row; cp: the
+  // context-parallel group (nullptr: none), over which amaxes running over tokens are gathered.
+  void enable_fp8(Comm* cp, Fp8Format grad_format, bool rowwise = false);
+
   bool sequence_parallel() const { return sp_; }
   int ranks() const { return tp_.size(); }
   // Rows of a tensor outside the parallel pair: N / tp under SP, N otherwise.
@@ -50,12 +59,12 @@ class TensorParallel {
 
   // out [N, OC_local] = inp @ w^T + bias, inp [outer_rows(N), IC] (all-gathered under SP),
   // w [OC_local, IC], bias [OC_local] or null.
-  void column_forward(Tensor out, Tensor inp, Tensor w, Tensor bias, int N, int IC, int OC_local);
+  void column_forward(Tensor out, Tensor inp, Tensor w, Tensor bias, int N, int IC, int OC_local, bool fp8 = false);
   // dw, dbias += this rank's; dinp [outer_rows(N), IC] = the input gradient summed over the
   // group (all-reduce, or reduce-scatter under SP; overwritten, as Ops::matmul_backward does).
   // Any gradient may be null.
   void column_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, int N, int IC,
-                       int OC_local);
+                       int OC_local, bool fp8 = false);
   // The column-parallel layer (no bias) in chunks of `chunk_rows` rows, for a consumer that
   // turns each chunk's output into its gradient before the next chunk is computed (the LM head
   // and its cross-entropy: the whole [N, OC_local] output never exists). For each chunk of rows
@@ -69,16 +78,16 @@ class TensorParallel {
                       int chunk_rows, const std::function<void(int r0, int n, Tensor out)>& visit);
   // out [outer_rows(N), OC] = sum over ranks of inp @ w^T, + bias; inp [N, IC_local],
   // w [OC, IC_local], bias [OC] (replicated) or null.
-  void row_forward(Tensor out, Tensor inp, Tensor w, Tensor bias, int N, int IC_local, int OC);
+  void row_forward(Tensor out, Tensor inp, Tensor w, Tensor bias, int N, int IC_local, int OC, bool fp8 = false);
   // dinp [N, IC_local] = (overwritten), dw, dbias += from dout [outer_rows(N), OC] (all-gathered
   // under SP).
   void row_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, int N, int IC_local,
-                    int OC);
+                    int OC, bool fp8 = false);
   // The same for a layer whose input was inp = gelu(pre), pre [N, IC_local] (the column-parallel
   // layer's pre-activation, this rank's features): the input gradient comes out through the
   // GELU, dpre [N, IC_local] = gelu'(pre) * (dout @ w) (overwritten; Ops::matmul_backward_input_dgelu).
   void row_backward_dgelu(Tensor dpre, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, Tensor pre, int N,
-                          int IC_local, int OC);
+                          int IC_local, int OC, bool fp8 = false);
 
   // The sequence-parallel collectives by themselves: full [N, C] <- every rank's shard
   // [N/tp, C]; shard [N/tp, C] <- this rank's rows of the sum over ranks of full [N, C].
@@ -91,11 +100,18 @@ class TensorParallel {
   // A tensor of N rows of `cols` as the layer multiplies it: `t` itself, or under SP every
   // rank's rows of it gathered into the kGathered slot.
   Tensor all_rows(Tensor t, int N, int cols);
+  // One layer's product and its backward, in FP8 when `fp8` (x_split / dout_split: whether the
+  // tensor's columns are this rank's share, for its FP8 scale), else through Ops' own.
+  void product(Tensor out, Tensor x, bool x_split, Tensor w, Tensor bias, int N, int IC, int OC, bool fp8);
+  void product_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, bool dout_split, Tensor x, bool x_split,
+                        Tensor w, int N, int IC, int OC, bool fp8);
+  Fp8Linear* need_fp8();
 
   Ops& ops_;
   Comm& tp_;
   bool sp_;
   Tensor scratch_[kSlots];
+  std::unique_ptr<Fp8Linear> fp8_;  // null until enable_fp8
 };
 
 }  // namespace pt

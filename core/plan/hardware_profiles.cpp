@@ -47,6 +47,7 @@ Hardware hardware_of(const GpuProfile& gpu, int gpus_per_node) {
   hw.gpu = gpu.name;
   hw.gpus_per_node = gpus_per_node;
   hw.peak_tflops = gpu.peak_bf16_tflops;
+  hw.fp8_speedup = gpu.peak_fp8_tflops / gpu.peak_bf16_tflops;
   hw.gpu_memory_gib = gpu.memory_gib;
   hw.hbm_gbps = gpu.hbm_gbps;
   hw.nvlink_gbps = gpu.nvlink_gbps;

@@ -15,7 +15,7 @@ struct GpuProfile {
   const char* name;          // the --gpu value
   const char* description;   // the datasheet's name of the part
   double peak_bf16_tflops;   // dense
-  double peak_fp8_tflops;    // dense; 0: no fp8 tensor cores (shown only: the trainer has no fp8 yet)
+  double peak_fp8_tflops;    // dense; 0: no fp8 tensor cores (precision.fp8 cannot be planned)
   double memory_gib;         // HBM as the datasheet counts it
   double hbm_gbps;
   double nvlink_gbps;        // inside a node

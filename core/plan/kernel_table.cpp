@@ -134,18 +134,45 @@ double KernelTable::memory_efficiency() const {
   return fractions.empty() ? 1.0 : median(fractions);
 }
 
-double KernelTable::matmul_s(double n, double ic, double oc, bool backward) const {
-  const double flops = (backward ? 4.0 : 2.0) * n * ic * oc;
+namespace {
+
+// The row `pick` accepts with the same IC and OC and the N nearest `n`, within a factor of 2;
+// null when there is none.
+template <class Pick>
+const KernelRow* nearest_shape(const std::vector<KernelRow>& rows, double n, double ic, double oc, Pick pick) {
   const KernelRow* best = nullptr;
   for (const KernelRow& r : rows) {
-    if (!is_matmul(r, backward) || dim(r, "IC") != ic || dim(r, "OC") != oc) continue;
+    if (!pick(r) || dim(r, "N") <= 0 || dim(r, "IC") != ic || dim(r, "OC") != oc) continue;
     const double distance = std::fabs(std::log(dim(r, "N") / n));
     if (distance <= std::log(2.0) && (!best || distance < std::fabs(std::log(dim(*best, "N") / n)))) best = &r;
   }
+  return best;
+}
+
+}  // namespace
+
+double KernelTable::matmul_s(double n, double ic, double oc, bool backward) const {
+  const double flops = (backward ? 4.0 : 2.0) * n * ic * oc;
+  const KernelRow* best = nearest_shape(rows, n, ic, oc, [&](const KernelRow& r) { return is_matmul(r, backward); });
   if (best) return flops / (best->rate * 1e12);
   const double bytes = (backward ? 4.0 : 2.0) * (n * ic + ic * oc + n * oc);
   return std::max(flops / (flop_ceiling_tflops * 1e12 * matmul_efficiency(backward)),
                   bytes / (bandwidth_ceiling_gbps * 1e9));
+}
+
+double KernelTable::measured_fp8_matmul_s(double n, double ic, double oc, bool backward) const {
+  // kernel_bench_fp8.cpp's rows: "fp8_matmul NAME forward (...)", "... dinp (...)", "... dW += (...)",
+  // each 2·N·IC·OC FLOPs.
+  const double flops = 2 * n * ic * oc;
+  auto seconds = [&](const char* product) {
+    const KernelRow* r = nearest_shape(rows, n, ic, oc, [&](const KernelRow& r) {
+      return r.flops && starts_with(r.op, "fp8_matmul ") && r.op.find(product) != std::string::npos;
+    });
+    return r ? flops / (r->rate * 1e12) : 0.0;
+  };
+  if (!backward) return seconds(" forward");
+  const double dinp = seconds(" dinp"), dw = seconds(" dW");
+  return dinp > 0 && dw > 0 ? dinp + dw : 0;
 }
 
 double KernelTable::attention_s(double batch, double heads, double seq, double head_dim, bool backward) const {

@@ -17,6 +17,8 @@
 //               the exact shape when measured; else the rate of the rows with the nearest head
 //               size, interpolated linearly in log T between the measured sequence lengths
 //               (held constant beyond the ends), the rows at one T averaged.
+//   fp8 matmul  the table's fp8_matmul rows at the shape (kernel_bench_fp8.cpp) when it has them;
+//               else none (the compiled-in table predates FP8): stage_compute.h's fallback.
 //   memory-bound the rows whose op name starts with the name asked for (layernorm_backward,
 //               gelu_forward, adamw_update (per tensor, ...): the rate of the one nearest in
 //               bytes moved (log scale); an op never measured runs at the median fraction of
@@ -53,6 +55,10 @@ class KernelTable {
   double matmul_s(double n, double ic, double oc, bool backward) const;
   double attention_s(double batch, double heads, double seq, double head_dim, bool backward) const;
   double memory_s(const std::string& op, double bytes) const;
+  // One FP8 product (precision.fp8) where the table measured it at the same IC and OC and N
+  // within a factor of 2: kernel_bench's fp8_matmul rows (forward; backward: its dinp and dW rows
+  // together). 0 where it did not: the planner then scales bf16's time (stage_compute.h).
+  double measured_fp8_matmul_s(double n, double ic, double oc, bool backward) const;
 
   // The fallback curve's efficiencies (of the FLOP or copy ceiling), from the rows.
   double matmul_efficiency(bool backward) const;

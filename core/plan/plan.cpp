@@ -10,6 +10,8 @@
 #include "core/common/error.h"
 #include "core/common/format.h"
 #include "core/metrics/flops.h"
+#include "core/parallel/fp8_linear.h"
+#include "core/plan/hardware_profiles.h"
 
 namespace pt {
 
@@ -55,6 +57,28 @@ LayoutPlan plan_layout(LayoutCandidate c, const Hardware& hw) {
   lp.time = estimate_step_time(c.cfg, model, hw);
   lp.layout = std::move(c);
   return lp;
+}
+
+// "tensorwise on qkv, attn_out, mlp_up, mlp_down (gradients e5m2)"; "" with precision.fp8 off.
+std::string fp8_description(const PrecisionSection& p) {
+  const Fp8Recipe r = fp8_recipe(p.fp8, p.fp8_layers, p.fp8_grad_format);
+  if (!r.any()) return "";
+  std::string layers;
+  const bool on[] = {r.qkv, r.attn_out, r.mlp_up, r.mlp_down};
+  for (size_t i = 0; i < fp8_layer_names().size(); i++)
+    if (on[i]) layers += (layers.empty() ? "" : ", ") + fp8_layer_names()[i];
+  return p.fp8 + " on " + layers + " (gradients " + fp8_format_name(r.grad) + ")";
+}
+
+// precision.fp8 on a GPU without FP8 tensor cores: nothing to plan, say which GPUs have them.
+void check_fp8_gpu(const RunConfig& cfg, const Hardware& hw) {
+  if (fp8_description(cfg.precision).empty() || hw.fp8_speedup > 0) return;
+  std::string have;
+  for (const GpuProfile& g : gpu_profiles())
+    if (g.peak_fp8_tflops > 0) have += (have.empty() ? "" : ", ") + std::string(g.name);
+  throw ConfigError("precision.fp8=" + cfg.precision.fp8 + " needs FP8 tensor cores, which the " + hw.gpu +
+                    " does not have (its profile's FP8 peak is 0): plan for one that does (--gpu " + have +
+                    ") or set precision.fp8=off");
 }
 
 // The order of the list: layouts that fit, then tp inside a node, then the faster.
@@ -177,6 +201,7 @@ std::string format_plan_json(const Plan& plan, const Hardware& hw, const std::st
                         {"total", p.total() / kGiB}, {"stage", l.peak_stage}}},
         {"fits", l.fits},
         {"time_ms", ms},
+        {"fp8_casts_ms", 1e3 * l.time.fp8_casts_s},  // of compute and recompute
         {"tokens_per_s", l.time.tokens_per_s},
         {"mfu", l.time.mfu},
         {"links", l.time.links},
@@ -186,8 +211,10 @@ std::string format_plan_json(const Plan& plan, const Hardware& hw, const std::st
   }
   json invalid = json::array();
   for (const LayoutCandidate& c : plan.invalid) invalid.push_back({{"layout", c.name()}, {"rule", c.invalid}});
+  const std::string fp8 = plan.layouts.empty() ? "" : fp8_description(plan.example.precision);
   const json out = {{"config", config_path}, {"gpus", plan.gpus},
-                    {"gpu", hw.gpu},         {"why_best", why_best(plan)},
+                    {"gpu", hw.gpu},         {"fp8", fp8.empty() ? "off" : fp8},
+                    {"why_best", why_best(plan)},
                     {"layouts", layouts},    {"invalid", invalid}};
   return out.dump(2);
 }
@@ -198,6 +225,7 @@ Plan make_plan(const std::string& config_path, const std::vector<std::string>& o
   if (hw.gpus_per_node < 1) throw ConfigError("plan --gpus-per-node " + std::to_string(hw.gpus_per_node) + " must be >= 1");
   if (!(hw.gpu_memory_gib > 0 && hw.nvlink_gbps > 0 && hw.network_gbps > 0 && hw.peak_tflops > 0))
     throw ConfigError("plan: --gpu-memory-gib, --nvlink-gbps, --network-gbps and --peak-tflops must be > 0");
+  if (!(hw.fp8_speedup >= 0)) throw ConfigError("plan: the GPU's FP8 speedup over bf16 must be >= 0 (0: no FP8)");
   if (!(hw.mfu >= 0 && hw.mfu <= 1))
     throw ConfigError("plan --mfu " + std::to_string(hw.mfu) + " must be in (0, 1] (or 0: measured kernel speeds)");
   if (hw.mfu == 0) hw.kernels = planning_kernels(hw);  // once, not per layout
@@ -208,6 +236,7 @@ Plan make_plan(const std::string& config_path, const std::vector<std::string>& o
       plan.invalid.push_back(std::move(c));
       continue;
     }
+    check_fp8_gpu(c.cfg, hw);
     plan.layouts.push_back(best_variant(config_path, c, gpus, hw, search));
   }
   std::stable_sort(plan.layouts.begin(), plan.layouts.end(), better);
@@ -226,11 +255,13 @@ std::string format_plan(const Plan& plan, const Hardware& hw, const std::string&
     const RunConfig& cfg = plan.example;
     const ParamTable model = build_param_table(cfg.model);
     const double per_token = flops_per_token(model, cfg.model, cfg.batch.seq_len, cfg.logging.flops_formula);
+    const std::string fp8 = fp8_description(cfg.precision);
     out += format("plan      | %s on %d GPUs, %d per node (%d node%s): %.2fM parameters, %lld tokens per step of %d-token "
-               "sequences, ZeRO-%d, recompute %s, %s\n",
+               "sequences, ZeRO-%d, recompute %s, %s%s\n",
                config_path.c_str(), plan.gpus, std::min(plan.gpus, hw.gpus_per_node), nodes, nodes == 1 ? "" : "s",
                model.total_numel() / 1e6, static_cast<long long>(cfg.batch.global_batch_tokens), cfg.batch.seq_len,
-               cfg.parallel.zero_stage, cfg.recompute.mode.c_str(), planned_dtype(cfg) == DType::f32 ? "fp32" : "bf16");
+               cfg.parallel.zero_stage, cfg.recompute.mode.c_str(), planned_dtype(cfg) == DType::f32 ? "fp32" : "bf16",
+               fp8.empty() ? "" : ", FP8 (see fp8 below)");
     out += format("compute   | %s = %.3g FLOPs per token (MFU against %.1f TFLOP/s per GPU); ",
                   flops_formula_description(model, cfg.model, cfg.logging.flops_formula).c_str(), per_token,
                   hw.peak_tflops);
@@ -246,6 +277,13 @@ std::string format_plan(const Plan& plan, const Hardware& hw, const std::string&
     }
     out += format("gpu       | %s: %.1f TFLOP/s dense bf16, %g GiB, HBM %.0f GB/s\n", hw.gpu.c_str(), hw.peak_tflops,
                   hw.gpu_memory_gib, hw.hbm_gbps);
+    if (!fp8.empty() && hw.mfu > 0)
+      out += "fp8       | " + fp8 + ": not in the flat --mfu model (all compute at its share of the bf16 peak)\n";
+    else if (!fp8.empty())
+      out += format("fp8       | %s: their products at the kernel table's FP8 rows where it has them, else bf16's time "
+                    "/ %.2f (the FP8 over the bf16 peak; not calibrated on measured FP8 kernels), plus their casts' "
+                    "HBM traffic (#1: %.1f ms a step); the LM head, attention and routed experts stay bf16\n",
+                    fp8.c_str(), hw.fp8_speedup, 1e3 * plan.layouts.front().time.fp8_casts_s);
     out += format("links     | NVLink %.0f GB/s inside a node, network %.0f GB/s between nodes (per GPU, one way); %s\n",
                   hw.nvlink_gbps, hw.network_gbps, describe(hw.overlap).c_str());
     out += format("memory    | %g GiB per GPU, of which picotrain's own buffers (below) must leave room for the CUDA "

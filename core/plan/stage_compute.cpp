@@ -2,9 +2,11 @@
 
 #include <cmath>
 
+#include "core/common/error.h"
 #include "core/model/architecture.h"
 #include "core/model/decoder_stage.h"
 #include "core/model/pipeline_stages.h"
+#include "core/parallel/fp8_linear.h"
 #include "core/plan/step_time.h"
 
 namespace pt {
@@ -25,47 +27,87 @@ Cost matmul(const KernelTable& k, double n, double ic, double oc) {
   return {k.matmul_s(n, ic, oc, false), k.matmul_s(n, ic, oc, true)};
 }
 
+// How the blocks' FP8 layers run: which, and their speed over bf16's.
+struct Fp8Plan {
+  Fp8Recipe recipe;
+  double speedup = 0;  // FP8 peak / bf16 peak
+};
+
+// An FP8 layer's product: measured if the table has it, else bf16's at the peaks' ratio.
+double fp8_product_s(const KernelTable& k, const Fp8Plan& f, double n, double ic, double oc, bool backward) {
+  const double measured = k.measured_fp8_matmul_s(n, ic, oc, backward);
+  return measured > 0 ? measured : k.matmul_s(n, ic, oc, backward) / f.speedup;
+}
+
+// Quantising one tensor of `elems` values of `s` bytes: the amax pass reads it, the cast reads it
+// again and writes one byte a value (the table's fp8_amax / fp8_quantize rows when measured, else
+// its median memory-bound rate).
+double fp8_cast_s(const KernelTable& k, double elems, double s) {
+  return k.memory_s("fp8_amax", elems * s) + k.memory_s("fp8_quantize", elems * (s + 1));
+}
+
+// One FP8 layer, x [n, ic] -> [n, oc]: forward quantises x and w; backward dout, w^T, dout^T, x^T.
+Cost fp8_casts(const KernelTable& k, double n, double ic, double oc, double s) {
+  const double x = fp8_cast_s(k, n * ic, s), w = fp8_cast_s(k, oc * ic, s), dout = fp8_cast_s(k, n * oc, s);
+  return {x + w, 2 * dout + w + x};
+}
+
 // One block of the stage's layers on one rank.
 struct BlockCost {
   Cost cost;
   double attention_forward = 0;  // what selective recompute redoes
+  Cost fp8_casts;                // of cost: the FP8 layers' casts
 };
 
-BlockCost block_cost(const KernelTable& k, const Architecture& a, const RunConfig& cfg, int layer, double s) {
+BlockCost block_cost(const KernelTable& k, const Architecture& a, const RunConfig& cfg, const Fp8Plan& fp8, int layer,
+                     double s) {
   const auto& par = cfg.parallel;
   const auto& b = cfg.batch;
   const double tp = par.tp, n = double(b.micro_batch_size) * b.seq_len / par.cp, c = a.d_model;
   const double norm_rows = par.sequence_parallel ? n / tp : n;
   BlockCost out;
   Cost& x = out.cost;
+  // A block's linear layer, in FP8 when the recipe says so.
+  auto linear = [&](bool in_fp8, double rows, double ic, double oc) {
+    if (!in_fp8) return matmul(k, rows, ic, oc);
+    const Cost casts = fp8_casts(k, rows, ic, oc, s);
+    out.fp8_casts += casts;
+    return Cost{fp8_product_s(k, fp8, rows, ic, oc, false) + casts.forward,
+                fp8_product_s(k, fp8, rows, ic, oc, true) + casts.backward};
+  };
   // The two norms (the residual add fused into them) and their backward.
   x.forward += 2 * k.memory_s("residual_layernorm_forward", norm_rows * c * 4 * s + 8 * norm_rows + 2 * c * s);
   x.backward += 2 * k.memory_s("layernorm_backward", norm_rows * c * 4 * s + 8 * norm_rows + 16 * c);
-  x += matmul(k, n, c, a.qkv_width() / tp);
+  x += linear(fp8.recipe.qkv, n, c, a.qkv_width() / tp);
   const double heads = a.n_heads / tp;
   out.attention_forward = k.attention_s(b.micro_batch_size, heads, b.seq_len, a.head_dim, false) / par.cp;
   x += {out.attention_forward, k.attention_s(b.micro_batch_size, heads, b.seq_len, a.head_dim, true) / par.cp};
-  x += matmul(k, n, a.q_width() / tp, c);
-  // The MLP: dense (or a sparse block's shared experts), then the routed experts.
-  auto mlp = [&](double rows, double hidden) {
+  x += linear(fp8.recipe.attn_out, n, a.q_width() / tp, c);
+  // The MLP: dense (or a sparse block's shared experts; FP8 as the recipe says), then the routed
+  // experts (bf16).
+  auto mlp = [&](double rows, double hidden, bool in_fp8) {
     if (hidden <= 0) return;
-    x += matmul(k, rows, c, a.up_width(static_cast<int>(hidden)) / tp);
+    x += linear(in_fp8 && fp8.recipe.mlp_up, rows, c, a.up_width(static_cast<int>(hidden)) / tp);
     const double h = rows * hidden / tp;
     if (a.mlp == MlpKind::swiglu) x += {k.memory_s("swiglu_forward", 3 * h * s), k.memory_s("swiglu_backward", 5 * h * s)};
     else x += {k.memory_s("gelu_forward", 2 * h * s), k.memory_s("gelu_backward", 3 * h * s)};
-    x += matmul(k, rows, hidden / tp, c);
+    x += linear(in_fp8 && fp8.recipe.mlp_down, rows, hidden / tp, c);
   };
-  mlp(n, a.mlp_hidden(layer));
+  mlp(n, a.mlp_hidden(layer), true);
   if (a.sparse_block(layer)) {
     x += matmul(k, n, c, a.n_experts);
-    mlp(n * a.top_k, a.expert_hidden);
+    mlp(n * a.top_k, a.expert_hidden, false);
   }
   return out;
 }
 
 }  // namespace
 
-std::vector<StageCompute> stage_compute(const RunConfig& cfg, const KernelTable& k) {
+std::vector<StageCompute> stage_compute(const RunConfig& cfg, const KernelTable& k, double fp8_speedup) {
+  const Fp8Plan fp8{fp8_recipe(cfg.precision.fp8, cfg.precision.fp8_layers, cfg.precision.fp8_grad_format),
+                    fp8_speedup};
+  if (fp8.recipe.any() && !(fp8_speedup > 0))
+    throw ConfigError("precision.fp8=" + cfg.precision.fp8 + " needs a GPU with FP8 tensor cores (an FP8 peak > 0)");
   const auto& par = cfg.parallel;
   const auto& b = cfg.batch;
   const Architecture a = describe_architecture(cfg.model);
@@ -77,11 +119,15 @@ std::vector<StageCompute> stage_compute(const RunConfig& cfg, const KernelTable&
     StageCompute st;
     for (const StageLayers& chunk : pipeline_chunks(cfg.model, par, r)) {
       for (int l = chunk.first_layer; l < chunk.end_layer; l++) {
-        const BlockCost blk = block_cost(k, a, cfg, l, s);
+        const BlockCost blk = block_cost(k, a, cfg, fp8, l, s);
         st.forward_s += blk.cost.forward;
         st.backward_s += blk.cost.backward;
+        st.fp8_casts_s += blk.fp8_casts.forward + blk.fp8_casts.backward;
         if (recompute == Recompute::selective) st.recompute_s += blk.attention_forward;
-        if (recompute == Recompute::full) st.recompute_s += blk.cost.forward;
+        if (recompute == Recompute::full) {
+          st.recompute_s += blk.cost.forward;
+          st.fp8_casts_s += blk.fp8_casts.forward;
+        }
       }
       if (chunk.embedding) {
         // The lookups scatter into U distinct rows: a uniform draw of n tokens from the

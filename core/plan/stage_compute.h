@@ -14,7 +14,15 @@
 //   recompute selective: attention's forward again; full: the block's whole forward again.
 // The first stage adds the embedding lookups and their backward (and the zeroing of the
 // residual gradient); the last the final norm, the LM head (C -> padded vocab/tp) and the
-// vocab-parallel cross-entropy. Per step, outside the micro-batches: the optimizer's gradient
+// vocab-parallel cross-entropy.
+// FP8 (precision.fp8, core/parallel/fp8_linear.h): each FP8 layer's product (qkv, attn_out, and
+// the dense MLP's or shared experts' up and down, as fp8_layers says) takes the kernel table's
+// measured FP8 time where it has the shape, else the same shape's bf16 time / fp8_speedup (the
+// GPU's FP8 peak over its bf16 peak): no FP8 kernels are measured yet, so this is the documented
+// fallback. Its casts add memory traffic at the table's memory-bound rate: forward, x and w each
+// read twice (amax, then the cast) in the compute dtype and written as 1-byte codes; backward the
+// same for dout, w^T, dout^T and x^T. The tiny amax all-gathers are not counted. The LM head,
+// attention, the router and the routed experts stay bf16. Per step, outside the micro-batches: the optimizer's gradient
 // norm, AdamW update and gradient zeroing over the rank's ZeRO shard of fp32 state.
 #pragma once
 #include <vector>
@@ -26,11 +34,14 @@ namespace pt {
 
 struct StageCompute {
   double forward_s = 0, backward_s = 0, recompute_s = 0;  // one micro-batch
+  double fp8_casts_s = 0;  // of the three: the FP8 layers' casts
   double total_s() const { return forward_s + backward_s + recompute_s; }
 };
 
-// One entry per pipeline rank (all its chunks together), in rank order.
-std::vector<StageCompute> stage_compute(const RunConfig& cfg, const KernelTable& kernels);
+// One entry per pipeline rank (all its chunks together), in rank order. fp8_speedup: the GPU's
+// FP8 peak over its bf16 peak (Hardware::fp8_speedup); with precision.fp8 on it must be > 0
+// (else ConfigError).
+std::vector<StageCompute> stage_compute(const RunConfig& cfg, const KernelTable& kernels, double fp8_speedup = 0);
 
 // The optimizer step of one rank holding `optimizer_params` parameters' fp32 state (its ZeRO
 // shard): gradient norm, AdamW, zeroing the gradients.

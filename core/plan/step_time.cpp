@@ -90,11 +90,12 @@ StepTime estimate_step_time(const RunConfig& cfg, const ParamTable& model, const
     mb_backward = t.compute_s / micro * 2 / 3;  // the backward is two thirds of the FLOPs
   } else {
     kernels = planning_kernels(hw);
-    stages = stage_compute(cfg, *kernels);
+    stages = stage_compute(cfg, *kernels, hw.fp8_speedup);
     for (const StageCompute& st : stages)
       if (st.total_s() > slowest.total_s()) slowest = st;
     t.compute_s = micro * (slowest.forward_s + slowest.backward_s);
     t.recompute_s = micro * slowest.recompute_s;
+    t.fp8_casts_s = micro * slowest.fp8_casts_s;
     mb_backward = slowest.backward_s;
   }
   const double mb_compute = (t.compute_s + t.recompute_s) / micro;  // what overlapped p2p/tp/cp hide behind

@@ -8,6 +8,8 @@
 //               what recompute redoes (selective: 4·L·d·T per token; full: a third of the model
 //               FLOPs) spread evenly over the GPUs at peak_tflops x mfu.
 //   recompute   what recompute.mode redoes (selective: attention's forward; full: the forward).
+//   fp8         with precision.fp8 on, the FP8 layers' products at bf16's time / Hardware::fp8_speedup
+//               plus their casts' memory traffic (stage_compute.h); the flat model ignores it.
 //   optimizer   gradient norm, AdamW and zeroing over the rank's ZeRO shard (measured kernels;
 //               0 in the flat model).
 //   links       each group's collectives run at the bandwidth of its slowest link: NVLink when
@@ -66,6 +68,9 @@ struct Hardware {
   double network_gbps = 50;      // GB/s per GPU between nodes (one 400 Gb/s NIC per GPU)
   double peak_tflops = 989.4;    // dense bf16 per GPU (H100 SXM)
   double hbm_gbps = 3350;        // memory bandwidth per GPU, GB/s (H100 SXM)
+  // The profile's dense FP8 peak over its bf16 peak (H100 SXM: 1978.9 / 989.4), what an FP8
+  // layer's products gain (precision.fp8, stage_compute.h); 0: no FP8 tensor cores.
+  double fp8_speedup = 1978.9 / 989.4;
   // > 0: the flat model, compute = FLOPs / (peak_tflops x mfu); 0: measured kernel speeds.
   double mfu = 0;
   // Measured kernel speeds (`plan --kernels`); null: the H100 table scaled to this GPU.
@@ -80,6 +85,7 @@ std::shared_ptr<const KernelTable> planning_kernels(const Hardware& hw);
 
 struct StepTime {
   double compute_s = 0;     // forward + backward of every micro-batch on the slowest stage
+  double fp8_casts_s = 0;   // of compute and recompute: the FP8 layers' casts (precision.fp8)
   double recompute_s = 0;   // what recompute.mode redoes, same stage
   double optimizer_s = 0;   // the optimizer step on one rank
   // Exposed communication per step, by group: what compute does not hide.

@@ -98,7 +98,10 @@ json build_report(const RunSummary& s, const std::vector<json>& metrics, const S
                 {"seq_len", c.batch.seq_len},
                 {"grad_accum_steps", c.batch.grad_accum_steps},
                 {"dp", par.dp}};
-  r["precision"] = {{"compute_dtype", s.compute_dtype}, {"master_weights", c.precision.master_weights}};
+  r["precision"] = {{"compute_dtype", s.compute_dtype}, {"master_weights", c.precision.master_weights},
+                    {"fp8", c.precision.fp8}};
+  if (c.precision.fp8 != "off")
+    r["precision"].update({{"fp8_layers", c.precision.fp8_layers}, {"fp8_grad_format", c.precision.fp8_grad_format}});
   r["checkpoint"] = {{"every_steps", c.checkpoint.every_steps},
                      {"final", c.checkpoint.final},
                      {"cadence", c.checkpoint.cadence()},
@@ -114,6 +117,8 @@ json build_report(const RunSummary& s, const std::vector<json>& metrics, const S
       {"tflops_per_gpu", mean_of(timed, "tflops_per_gpu")},
       {"mfu", mean_of(timed, "mfu")},
       {"steps_averaged", timed.size()},
+      // precision.fp8: MFU against the device's FP8 peak too (null without FP8 or a known peak).
+      {"mfu_fp8", mean_of(timed, "mfu_fp8") > 0 ? json(mean_of(timed, "mfu_fp8")) : json()},
       {"averaged_over", "the metrics.jsonl records, step 1 (warm-up) left out when there are others"},
       {"flops_per_token", s.flops_per_token},
       {"flops_formula", s.flops_formula},
@@ -209,13 +214,18 @@ std::string report_markdown(const json& r) {
             b["grad_accum_steps"].get<int>());
   md += format("| sequence length | %d |\n", b["seq_len"].get<int>());
   md += "| precision | compute " + text(r["precision"]["compute_dtype"]) + ", master weights " +
-        text(r["precision"]["master_weights"]) + " |\n";
+        text(r["precision"]["master_weights"]);
+  if (text(r["precision"]["fp8"]) != "off")
+    md += "; FP8 " + text(r["precision"]["fp8"]) + " products (layers " + text(r["precision"]["fp8_layers"]) +
+          ", gradients " + text(r["precision"]["fp8_grad_format"]) + ")";
+  md += " |\n";
   md += "| checkpoints | " + text(ck["cadence"]) +
         format(", keep %d; %d written (%.2f s) |\n\n", ck["keep_latest"].get<int>(), ck["writes"].get<int>(), num(ck["seconds"]));
 
   md += "## Throughput\n\n| | |\n|---|---|\n";
   md += format("| tokens/s | %.1f |\n| TFLOP/s per GPU | %.4g |\n| MFU | %.2f%% |\n", num(t["tokens_per_s"]),
             num(t["tflops_per_gpu"]), 100 * num(t["mfu"]));
+  if (t["mfu_fp8"].is_number()) md += format("| MFU against the FP8 peak | %.2f%% |\n", 100 * num(t["mfu_fp8"]));
   md += format("| FLOPs per token | %.4g (%s) |\n", num(t["flops_per_token"]), text(t["flops_formula"]).c_str());
   md += format("| peak | %.4g TFLOP/s (%s) |\n", num(t["peak_tflops"]), text(t["peak_source"]).c_str());
   md += "| formula | " + text(t["mfu_formula"]) + " |\n";

@@ -10,13 +10,16 @@
 
 namespace pt {
 
-enum class DType : uint8_t { f32, bf16, i32 };
+// f8e4m3 / f8e5m2: FP8 codes, one byte each (core/common/fp8.h), for the FP8 matmuls' operands.
+enum class DType : uint8_t { f32, bf16, i32, f8e4m3, f8e5m2 };
 
 inline size_t dtype_size(DType t) {
   switch (t) {
     case DType::f32: return 4;
     case DType::bf16: return 2;
     case DType::i32: return 4;
+    case DType::f8e4m3: return 1;
+    case DType::f8e5m2: return 1;
   }
   return 0;
 }
@@ -26,6 +29,8 @@ inline const char* dtype_name(DType t) {
     case DType::f32: return "f32";
     case DType::bf16: return "bf16";
     case DType::i32: return "i32";
+    case DType::f8e4m3: return "f8e4m3";
+    case DType::f8e5m2: return "f8e5m2";
   }
   return "?";
 }

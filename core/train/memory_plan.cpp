@@ -111,8 +111,27 @@ std::string MemoryPlan::describe() const {
   return s;
 }
 
+std::vector<Fp8Linear::Shape> fp8_layer_shapes(const StageDims& d, const StageLayers& layers, const Fp8Recipe& fp8) {
+  std::vector<Fp8Linear::Shape> shapes;
+  const size_t C = static_cast<size_t>(d.C);
+  if (fp8.qkv) shapes.push_back({C, static_cast<size_t>(d.QKVl)});
+  if (fp8.attn_out) shapes.push_back({static_cast<size_t>(d.Cl), C});
+  for (int l = layers.first_layer; l < layers.end_layer; l++) {
+    const size_t F = static_cast<size_t>(d.arch.mlp_hidden(l) / d.tp), U = d.arch.up_width(d.arch.mlp_hidden(l)) / d.tp;
+    if (F == 0) continue;  // a sparse block without shared experts: no dense MLP
+    if (fp8.mlp_up) shapes.push_back({C, U});
+    if (fp8.mlp_down) shapes.push_back({F, C});
+  }
+  if (layers.layers() == 0) shapes.clear();
+  return shapes;
+}
+
+size_t fp8_scratch_bytes(const StageDims& d, const StageLayers& layers, const Fp8Recipe& fp8) {
+  return Fp8Linear::scratch_bytes(static_cast<size_t>(d.N), fp8_layer_shapes(d, layers, fp8), d.tp, d.cp, fp8.rowwise);
+}
+
 size_t decoder_activation_bytes(const StageDims& d, CpImpl cp_impl, DType compute, const StageLayers& layers,
-                             StageSlots slots, Recompute recompute) {
+                             StageSlots slots, Recompute recompute, const Fp8Recipe& fp8) {
   // Element counts of one tensor of each shape: the residual stream (rows x C, 1/tp of the
   // tokens under sequence parallel), the attention channels (N x C/tp), the q|k|v projection
   // (N x QKVl), the MLP hidden (N x Fl) and its up-projection (N x Ul: 2 Fl with SwiGLU's gate).
@@ -170,7 +189,7 @@ size_t decoder_activation_bytes(const StageDims& d, CpImpl cp_impl, DType comput
          sizeof(float) * (S * per_set_f32 + shared_f32) + dtype_size(DType::i32) * (S * per_set_i32 + shared_i32) +
          CpAttention::scratch_bytes(cp_impl, d.cp, d.B, d.T, d.Cl, d.NHl, d.NKVl, compute) +
          TensorParallel::scratch_bytes(d.tp, d.sp, N, static_cast<size_t>(d.C), compute) +
-         (layers.head ? VocabParallelCrossEntropy::scratch_bytes(d.tp, N) : 0);
+         (layers.head ? VocabParallelCrossEntropy::scratch_bytes(d.tp, N) : 0) + fp8_scratch_bytes(d, layers, fp8);
 }
 
 size_t decoder_activation_bytes(const ModelSection& m, int B, int T, DType compute, const StageLayers& layers,

@@ -19,6 +19,7 @@
 #pragma once
 #include <cstddef>
 #include <string>
+#include <vector>
 
 #include "core/config/run_config.h"
 #include "core/model/decoder_stage.h"
@@ -65,7 +66,12 @@ void add_expert_memory(MemoryPlan& plan, const ShardLayout& experts, DType compu
 // buffers DecoderStage allocates (see its header for what each mode keeps), and the context-
 // parallel attention's scratch (cp_impl).
 size_t decoder_activation_bytes(const StageDims& dims, CpImpl cp_impl, DType compute_dtype, const StageLayers& layers,
-                             StageSlots slots, Recompute recompute);
+                             StageSlots slots, Recompute recompute, const Fp8Recipe& fp8 = {});
+// Of the above, the FP8 products' scratch (core/parallel/fp8_linear.h) for the layers `fp8`
+// puts in FP8: 0 when it puts none.
+size_t fp8_scratch_bytes(const StageDims& dims, const StageLayers& layers, const Fp8Recipe& fp8);
+// The shapes of the layers `fp8` puts in FP8, as this rank's products see them (per tp rank).
+std::vector<Fp8Linear::Shape> fp8_layer_shapes(const StageDims& dims, const StageLayers& layers, const Fp8Recipe& fp8);
 // B x T micro-batches on one rank (no tensor or context parallel).
 size_t decoder_activation_bytes(const ModelSection& model, int B, int T, DType compute_dtype, const StageLayers& layers,
                              StageSlots slots, Recompute recompute);

@@ -283,6 +283,21 @@ void Trainer::run() {
   const double flops_tok = flops_per_token(table_, cfg_.model, cfg_.batch.seq_len, lg.flops_formula);
   const std::string flops_formula = flops_formula_description(table_, cfg_.model, lg.flops_formula);
   if (lead) print_linef(Stream::out, "mfu       | %s; peak %.4f TFLOP/s (%s)", flops_formula.c_str(), peak, peak_source.c_str());
+  // FP8 products: MFU also against the FP8 peak (the CPU emulates FP8 with fp32 products, so its
+  // FP8 peak is the measured fp32 one).
+  double fp8_peak = 0;
+  if (fp8_recipe(cfg_.precision.fp8, cfg_.precision.fp8_layers, cfg_.precision.fp8_grad_format).any()) {
+    fp8_peak = ops_.device() == Device::cuda ? gpu_fp8_peak_tflops(ops_.device_description()) : peak;
+    if (lead)
+      print_linef(Stream::out, "fp8       | %s: the products of %s in FP8 (gradients %s); mfu_fp8 = tflops_per_gpu / FP8 peak %s",
+                  cfg_.precision.fp8.c_str(),
+                  cfg_.precision.fp8_layers == "all" ? "qkv,attn_out,mlp_up,mlp_down" : cfg_.precision.fp8_layers.c_str(),
+                  cfg_.precision.fp8_grad_format.c_str(),
+                  fp8_peak > 0 ? format("%.4f TFLOP/s (%s)", fp8_peak,
+                                        ops_.device() == Device::cuda ? "device table" : "the emulation's: the fp32 peak")
+                                     .c_str()
+                               : "unknown for this GPU (not in the table): not logged");
+  }
   const auto& par = cfg_.parallel;
   if (lead && par.pp > 1)
     if (const auto w = pipeline_bubble_warning(parse_pipe_schedule(par.pp_schedule), par.pp, par.pp_virtual_stages,
@@ -406,6 +421,7 @@ void Trainer::run() {
     m.tokens_per_s = static_cast<double>(tokens_per_step()) / dt;
     m.tflops_per_gpu = flops_tok * m.tokens_per_s / world_.size / 1e12;
     m.mfu = m.tflops_per_gpu / peak;
+    if (fp8_peak > 0) m.mfu_fp8 = m.tflops_per_gpu / fp8_peak;
     if (lead && m.mfu > 1 && !mfu_warned) {
       // No device computes faster than its peak: the peak is wrong, and every MFU with it.
       mfu_warned = true;

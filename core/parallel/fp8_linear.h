@@ -1,0 +1,131 @@
+// FP8 linear layers (precision.fp8): a layer's product in FP8 with dynamic power-of-two scales,
+// as torchtitan's Float8Linear recipes with round_scales_to_power_of_2 (core/common/fp8.h says
+// why powers of two):
+//   "tensorwise": one scale per tensor;
+//   "rowwise":    one scale per row of each operand as the product takes it (K-major): per token
+//                 and per output feature forward, per token and per input feature for dinp, per
+//                 output and per input feature for dw. Finer scales, a little more accuracy,
+//                 scale vectors instead of scalars (cuBLASLt's outer-vector scale mode).
+//
+//   forward:  out  = q4(x) @ q4(w)^T           (+ bias)
+//   backward: dinp = qg(dout) @ q4(w)           dw += qg(dout)^T @ q4(x)      dbias += sum dout
+// q4: e4m3 (weights and activations), qg: the gradient format (e5m2 by default, or e4m3), each
+// scaled by amaxes taken at the time of the product (dynamic scaling: nothing carries from step
+// to step, so checkpoints hold no FP8 state). Products sum in fp32; outputs are in the compute
+// dtype (weight gradients in theirs).
+//
+// Every scale covers the WHOLE of what it scales, whatever the layout: a rank that holds only
+// part of a tensor (or of a row) gathers the other parts' amaxes (a max is exact and order-free)
+// before it scales, so every layout quantises exactly as one rank running the same micro-batch
+// would, and the layout parity tests hold with FP8 as they do without. The parts are:
+//  - context parallel: each cp rank holds T / cp tokens of every sequence, so an amax that runs
+//    over tokens (tensorwise, and rowwise for dw's per-feature rows) gathers over cp;
+//  - tensor parallel: weights are split over tp (a column-parallel layer's rows, a row-parallel
+//    layer's columns); so are a row-parallel layer's input features and a column-parallel
+//    layer's output gradient's; a column-parallel input and a row-parallel output gradient are
+//    whole on every tp rank (replicated, or gathered under sequence parallel). An amax that runs
+//    over a split dimension gathers over tp.
+// Data-parallel ranks run different micro-batches, which one rank runs one after another, each
+// with its own scales: nothing gathers over dp. Each gather is one small all-gather per group.
+//
+// The operands are quantised in the layout the tensor cores take (both K-major), so backward
+// quantises dout, w and x transposed; backward re-derives each scale from the same tensor as
+// forward did (the weights do not change in between) instead of keeping forward's codes.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "core/common/fp8.h"
+#include "core/dist/comm.h"
+#include "core/ops/ops.h"
+
+namespace pt {
+
+// Which of a block's linear layers run in FP8, and the gradients' format.
+struct Fp8Recipe {
+  bool qkv = false;       // attention's input projection (q, k, v)
+  bool attn_out = false;  // attention's output projection
+  bool mlp_up = false;    // the MLP's up (and gate) projection
+  bool mlp_down = false;  // the MLP's down projection
+  Fp8Format grad = Fp8Format::e5m2;
+  bool rowwise = false;  // the "rowwise" recipe; else "tensorwise"
+  bool any() const { return qkv || attn_out || mlp_up || mlp_down; }
+};
+
+// The layer names precision.fp8_layers takes, in the order above.
+const std::vector<std::string>& fp8_layer_names();
+// precision.fp8_layers: "all", or a comma-separated list of those names (each at most once).
+// Throws ConfigError naming what is wrong. The recipe's layers set; grad left at its default.
+Fp8Recipe parse_fp8_layers(const std::string& layers);
+// The recipe of precision.fp8 ("off", "tensorwise", "rowwise") / fp8_layers / fp8_grad_format
+// (no layer when fp8 is "off").
+Fp8Recipe fp8_recipe(const std::string& fp8, const std::string& layers, const std::string& grad_format);
+
+class Fp8Linear {
+ public:
+  // tp: the tensor-parallel group (a group of one without tp); cp: the context-parallel group,
+  // nullptr without cp. Neither is owned.
+  Fp8Linear(Ops& ops, Comm& tp, Comm* cp, Fp8Format grad_format, bool rowwise = false);
+  ~Fp8Linear();
+  Fp8Linear(const Fp8Linear&) = delete;
+  Fp8Linear& operator=(const Fp8Linear&) = delete;
+
+  // A layer's shape as its product sees it: x [N, in], w [out, in].
+  struct Shape {
+    size_t in = 0, out = 0;
+  };
+  // Bytes the FP8 scratch holds once every layer of `shapes` has run forward and backward over
+  // N rows: each operand's codes (one byte an element), plain and transposed, and its scales and
+  // gathered amaxes, at the largest layer's size (they grow on first use). The memory plan
+  // counts them.
+  static size_t scratch_bytes(size_t N, const std::vector<Shape>& shapes, int tp, int cp, bool rowwise);
+  // The GPU's FP8 products (cuBLASLt) take dimensions that are multiples of 16: every layer's
+  // in and out widths and the N tokens of a micro-batch on this rank (the weight gradient's
+  // inner dimension). Throws ConfigError naming the one that is not, and the setting behind it.
+  static void check_gpu_shapes(size_t N, const std::vector<Shape>& shapes);
+
+  // out [N, OC] = x [N, IC] @ w [OC, IC]^T + bias [OC] (may be null). x_split: x's columns are
+  // this tp rank's share of the features (a row-parallel layer's input).
+  void forward(Tensor out, Tensor x, bool x_split, Tensor w, Tensor bias, int N, int IC, int OC);
+  // dinp [N, IC] = dout @ w (overwritten; may be null), dw += dout^T @ x (may be null),
+  // dbias += the column sums of dout (may be null). dout_split: dout's columns are this tp
+  // rank's share (a column-parallel layer's output gradient).
+  void backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, bool dout_split, Tensor x, bool x_split,
+                Tensor w, int N, int IC, int OC);
+
+ private:
+  enum Slot { kX, kW, kDout, kDoutT, kXT, kWT, kSlots };
+  struct Quantized {
+    Tensor codes, scale_inv;
+  };
+  // How this rank's part of a tensor [rows, cols] sits in the whole: which dimensions are split
+  // over tp, and whether its rows (tokens) are split over cp.
+  struct Split {
+    bool rows_tp = false, cols_tp = false, rows_cp = false;
+  };
+  // The largest magnitudes of every part of what each scale covers: `count` blocks (one per
+  // rank holding a part) of `len` floats (1 tensorwise, else one per row of the operand).
+  struct Amaxes {
+    Tensor values;
+    int count = 0, len = 0;
+  };
+  // t [rows, cols]'s amaxes for the operand it makes (t, or t transposed), taken in `slot`'s
+  // floats and gathered over the groups that split what each amax runs over.
+  Amaxes gather_amax(Slot slot, Tensor t, int rows, int cols, bool transpose, Split split);
+  // t [rows, cols] quantised into `slot`'s codes (transposed when asked) with the scales of
+  // `amax` (scale_inv: the slot's first floats).
+  Quantized quantize(Slot slot, Tensor t, int rows, int cols, bool transpose, Fp8Format f, const Amaxes& amax);
+  // `slot`'s floats, grown to hold scales and gathered amaxes of `len` each: [scale_inv, padded
+  // to 16 bytes][amaxes: cp x tp blocks of len].
+  Tensor meta(Slot slot, int len);
+
+  Ops& ops_;
+  Comm& tp_;
+  Comm* cp_;
+  Fp8Format grad_;
+  bool rowwise_;
+  Tensor codes_[kSlots];
+  Tensor meta_[kSlots];
+};
+
+}  // namespace pt
