@@ -82,7 +82,7 @@ constexpr int kTileStride = kTile + 4;  // bytes per tile row: 4-byte aligned, a
 constexpr int kOutChunk = 16;       // codes per 16-byte store of the transposed output
 
 // |x| as the bits of a non-negative float: integer order is value order (NaNs above infinity).
-__device__ __forceinline__ uint32_t magnitude_bits(float x) { return __float_as_uint(x) & 0x7fffffffu; }
+__device__ __forceinline__ uint32_t magnitude_bits(float x) { return fp8_magnitude_bits(x); }
 __device__ __forceinline__ uint32_t magnitude_bits(__nv_bfloat16 x) {
   return (static_cast<uint32_t>(__bfloat16_as_ushort(x)) & 0x7fffu) << 16;
 }
@@ -112,9 +112,7 @@ __device__ __forceinline__ uint32_t encode(T x, float s) {
 // as bits as CpuOps does (a NaN amax wins and gives k = 0).
 template <Fp8Format F>
 __device__ __forceinline__ int scale_exponent(const float* amaxes, int n_amax, int stride = 1, int i = 0) {
-  uint32_t m = 0;
-  for (int k = 0; k < n_amax; ++k) m = max(m, magnitude_bits(__ldg(amaxes + static_cast<size_t>(k) * stride + i)));
-  return fp8_scale_exponent(__uint_as_float(m), F);
+  return fp8_parts_scale_exponent(amaxes, n_amax, size_t(stride), size_t(i), F);
 }
 
 // Per-row scales: scale_inv[i] = 2^-k_i for i < R (the kernels that quantise derive k_i alike).

@@ -280,7 +280,7 @@ inline void check_activation_memory(Layout l, const World& world, const std::fil
     for (size_t c = 0; c < ex.chunks().size(); c++)
       want += decoder_activation_bytes(dims, parse_cp_impl(l.cp_impl), DType::f32, ex.chunks()[c], ex.slots()[c],
                                        parse_recompute(mode),
-                                       fp8_recipe(l.fp8, cfg.precision.fp8_layers, cfg.precision.fp8_grad_format));
+                                       fp8_recipe(cfg.precision));
     CHECK(ex.activation_bytes() == want);
     t.step();
     const size_t plan = plan_stage_memory(cfg, build_param_table(cfg.model), DType::f32).at(0).plan.total();

@@ -129,4 +129,20 @@ PT_FP8_FN int fp8_scale_exponent(float amax, Fp8Format f) {
 
 PT_FP8_FN float fp8_pow2(int k) { return fp8_bits_float(uint32_t(127 + k) << 23); }  // k in [-126, 127]
 
+// |x| as the bits of a non-negative float: integer order is value order (NaNs above infinity),
+// so a max over them is exact, order-free, and a NaN wins.
+PT_FP8_FN uint32_t fp8_magnitude_bits(float x) { return fp8_float_bits(x) & 0x7fffffffu; }
+
+// The scale exponent of scale i when n_amax ranks each hold a part of what it covers: from the
+// largest of amaxes[r * stride + i], r < n_amax (the whole tensor's: stride 1, i 0; per-row
+// scales: stride = the rows), compared as bits.
+PT_FP8_FN int fp8_parts_scale_exponent(const float* amaxes, int n_amax, size_t stride, size_t i, Fp8Format f) {
+  uint32_t largest = 0;
+  for (int r = 0; r < n_amax; r++) {
+    const uint32_t m = fp8_magnitude_bits(amaxes[size_t(r) * stride + i]);
+    largest = m > largest ? m : largest;
+  }
+  return fp8_scale_exponent(fp8_bits_float(largest), f);
+}
+
 }  // namespace pt

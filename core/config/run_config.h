@@ -145,8 +145,8 @@ struct ScheduleSection {
 struct PrecisionSection {
   std::string compute_dtype = "auto";  // auto | fp32 | bf16 (auto: fp32 on cpu, bf16 on cuda)
   std::string master_weights = "fp32";
-  // FP8 products for the blocks' linear layers (core/parallel/fp8_linear.h): "off" or
-  // "tensorwise"; which layers ("all", or a comma-separated list of qkv, attn_out, mlp_up,
+  // FP8 products for the blocks' linear layers (core/parallel/fp8_linear.h): "off",
+  // "tensorwise" or "rowwise"; which layers ("all", or a comma-separated list of qkv, attn_out, mlp_up,
   // mlp_down); the gradients' format (e5m2 or e4m3; weights and activations are e4m3).
   std::string fp8 = "off";
   std::string fp8_layers = "all";

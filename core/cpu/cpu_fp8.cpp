@@ -33,9 +33,6 @@ const uint8_t* fp8_arg(const Tensor& t, size_t n, const char* op, const char* na
   return static_cast<const uint8_t*>(t.data);
 }
 
-// The magnitude's bits: for non-negative floats (NaNs included) their order is the numbers'.
-inline uint32_t magnitude_bits(float x) { return fp8_float_bits(x) & 0x7fffffffu; }
-
 // Every code's value, per format.
 const std::array<float, 256>& decode_table(Fp8Format f) {
   static const auto make = [](Fp8Format fmt) {
@@ -68,7 +65,7 @@ void CpuOps::fp8_amax(Tensor amax, Tensor x, int rows, int cols, Fp8Amax over) {
     uint32_t largest = 0;
 #pragma omp parallel for reduction(max : largest) schedule(static)
     for (long long i = 0; i < static_cast<long long>(size_t(rows) * cols); i++)
-      largest = std::max(largest, magnitude_bits(in[i]));
+      largest = std::max(largest, fp8_magnitude_bits(in[i]));
     out[0] = fp8_bits_float(largest);
     return;
   }
@@ -76,7 +73,7 @@ void CpuOps::fp8_amax(Tensor amax, Tensor x, int rows, int cols, Fp8Amax over) {
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < rows; r++) {
       uint32_t largest = 0;
-      for (int c = 0; c < cols; c++) largest = std::max(largest, magnitude_bits(in[size_t(r) * cols + c]));
+      for (int c = 0; c < cols; c++) largest = std::max(largest, fp8_magnitude_bits(in[size_t(r) * cols + c]));
       out[r] = fp8_bits_float(largest);
     }
     return;
@@ -85,7 +82,7 @@ void CpuOps::fp8_amax(Tensor amax, Tensor x, int rows, int cols, Fp8Amax over) {
   cpu::for_each_channel_block(cols, [&](int c0, int c1) {
     uint32_t largest[cpu::kChannelBlock] = {};
     for (int r = 0; r < rows; r++)
-      for (int c = c0; c < c1; c++) largest[c - c0] = std::max(largest[c - c0], magnitude_bits(in[size_t(r) * cols + c]));
+      for (int c = c0; c < c1; c++) largest[c - c0] = std::max(largest[c - c0], fp8_magnitude_bits(in[size_t(r) * cols + c]));
     for (int c = c0; c < c1; c++) out[c] = fp8_bits_float(largest[c - c0]);
   });
 }
@@ -105,11 +102,7 @@ void CpuOps::fp8_quantize(Tensor q, Tensor scale_inv, Tensor x, Tensor amaxes, i
   const float* am = cpu::f32_arg(amaxes, size_t(n_amax) * scales, "fp8_quantize", "amaxes");
   // Each scale's exponent: from the largest of its n_amax entries (one per rank's part).
   std::vector<int> k(scales);
-  for (size_t i = 0; i < scales; i++) {
-    uint32_t largest = 0;
-    for (int r = 0; r < n_amax; r++) largest = std::max(largest, magnitude_bits(am[size_t(r) * scales + i]));
-    k[i] = fp8_scale_exponent(fp8_bits_float(largest), f);
-  }
+  for (size_t i = 0; i < scales; i++) k[i] = fp8_parts_scale_exponent(am, n_amax, scales, i, f);
   const int* kp = k.data();
   uint8_t* codes = static_cast<uint8_t*>(q.data);
 #pragma omp parallel for schedule(static)

@@ -42,6 +42,16 @@ Fp8Recipe fp8_recipe(const std::string& fp8, const std::string& layers, const st
   return r;
 }
 
+Fp8Recipe fp8_recipe(const PrecisionSection& p) { return fp8_recipe(p.fp8, p.fp8_layers, p.fp8_grad_format); }
+
+std::string fp8_layer_list(const Fp8Recipe& r, const std::string& separator) {
+  const bool on[] = {r.qkv, r.attn_out, r.mlp_up, r.mlp_down};  // fp8_layer_names()'s order
+  std::string list;
+  for (size_t i = 0; i < fp8_layer_names().size(); i++)
+    if (on[i]) list += (list.empty() ? "" : separator) + fp8_layer_names()[i];
+  return list;
+}
+
 namespace {
 DType fp8_dtype(Fp8Format f) { return f == Fp8Format::e4m3 ? DType::f8e4m3 : DType::f8e5m2; }
 

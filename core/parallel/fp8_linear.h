@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "core/common/fp8.h"
+#include "core/config/run_config.h"
 #include "core/dist/comm.h"
 #include "core/ops/ops.h"
 
@@ -60,6 +61,9 @@ Fp8Recipe parse_fp8_layers(const std::string& layers);
 // The recipe of precision.fp8 ("off", "tensorwise", "rowwise") / fp8_layers / fp8_grad_format
 // (no layer when fp8 is "off").
 Fp8Recipe fp8_recipe(const std::string& fp8, const std::string& layers, const std::string& grad_format);
+Fp8Recipe fp8_recipe(const PrecisionSection& precision);
+// The names of the layers `r` puts in FP8, in fp8_layer_names() order, joined by `separator`.
+std::string fp8_layer_list(const Fp8Recipe& r, const std::string& separator);
 
 class Fp8Linear {
  public:

@@ -61,13 +61,9 @@ LayoutPlan plan_layout(LayoutCandidate c, const Hardware& hw) {
 
 // "tensorwise on qkv, attn_out, mlp_up, mlp_down (gradients e5m2)"; "" with precision.fp8 off.
 std::string fp8_description(const PrecisionSection& p) {
-  const Fp8Recipe r = fp8_recipe(p.fp8, p.fp8_layers, p.fp8_grad_format);
+  const Fp8Recipe r = fp8_recipe(p);
   if (!r.any()) return "";
-  std::string layers;
-  const bool on[] = {r.qkv, r.attn_out, r.mlp_up, r.mlp_down};
-  for (size_t i = 0; i < fp8_layer_names().size(); i++)
-    if (on[i]) layers += (layers.empty() ? "" : ", ") + fp8_layer_names()[i];
-  return p.fp8 + " on " + layers + " (gradients " + fp8_format_name(r.grad) + ")";
+  return p.fp8 + " on " + fp8_layer_list(r, ", ") + " (gradients " + fp8_format_name(r.grad) + ")";
 }
 
 // precision.fp8 on a GPU without FP8 tensor cores: nothing to plan, say which GPUs have them.

@@ -104,7 +104,7 @@ BlockCost block_cost(const KernelTable& k, const Architecture& a, const RunConfi
 }  // namespace
 
 std::vector<StageCompute> stage_compute(const RunConfig& cfg, const KernelTable& k, double fp8_speedup) {
-  const Fp8Plan fp8{fp8_recipe(cfg.precision.fp8, cfg.precision.fp8_layers, cfg.precision.fp8_grad_format),
+  const Fp8Plan fp8{fp8_recipe(cfg.precision),
                     fp8_speedup};
   if (fp8.recipe.any() && !(fp8_speedup > 0))
     throw ConfigError("precision.fp8=" + cfg.precision.fp8 + " needs a GPU with FP8 tensor cores (an FP8 peak > 0)");

@@ -14,7 +14,7 @@ std::vector<StageMemory> plan_stage_memory(const RunConfig& cfg, const ParamTabl
   const auto& par = cfg.parallel;
   const auto& b = cfg.batch;
   const Recompute recompute = parse_recompute(cfg.recompute.mode);
-  const Fp8Recipe fp8 = fp8_recipe(cfg.precision.fp8, cfg.precision.fp8_layers, cfg.precision.fp8_grad_format);
+  const Fp8Recipe fp8 = fp8_recipe(cfg.precision);
   const PipeSchedule kind = parse_pipe_schedule(par.pp_schedule);
   // ZeRO shards over the dp_shard x cp ranks of one HSDP replica (ShardLayout takes 1 under ZeRO-0).
   const int shards = par.dp / par.dp_replicate * par.cp;

@@ -112,6 +112,7 @@ std::string MemoryPlan::describe() const {
 }
 
 std::vector<Fp8Linear::Shape> fp8_layer_shapes(const StageDims& d, const StageLayers& layers, const Fp8Recipe& fp8) {
+  if (layers.layers() == 0) return {};  // a stage of the embeddings or the head alone
   std::vector<Fp8Linear::Shape> shapes;
   const size_t C = static_cast<size_t>(d.C);
   if (fp8.qkv) shapes.push_back({C, static_cast<size_t>(d.QKVl)});
@@ -122,7 +123,6 @@ std::vector<Fp8Linear::Shape> fp8_layer_shapes(const StageDims& d, const StageLa
     if (fp8.mlp_up) shapes.push_back({C, U});
     if (fp8.mlp_down) shapes.push_back({F, C});
   }
-  if (layers.layers() == 0) shapes.clear();
   return shapes;
 }
 

@@ -144,7 +144,7 @@ PipelineExecutor::PipelineExecutor(const RunConfig& cfg, int pp_rank, ParamStore
   actions_ = pipeline_schedule(kind_, pp_, v_, m_, pp_rank);
   slots_ = pipeline_slots(actions_, v_);
   const Recompute recompute = parse_recompute(cfg.recompute.mode);
-  const Fp8Recipe fp8 = fp8_recipe(cfg.precision.fp8, cfg.precision.fp8_layers, cfg.precision.fp8_grad_format);
+  const Fp8Recipe fp8 = fp8_recipe(cfg.precision);
   for (int c = 0; c < v_; c++)
     chunks_.push_back(std::make_unique<DecoderStage>(cfg.model, store, ops, B_, cfg.batch.seq_len,
                                                   chunk_layers_[static_cast<size_t>(c)], slots_[static_cast<size_t>(c)],

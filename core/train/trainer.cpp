@@ -286,12 +286,12 @@ void Trainer::run() {
   // FP8 products: MFU also against the FP8 peak (the CPU emulates FP8 with fp32 products, so its
   // FP8 peak is the measured fp32 one).
   double fp8_peak = 0;
-  if (fp8_recipe(cfg_.precision.fp8, cfg_.precision.fp8_layers, cfg_.precision.fp8_grad_format).any()) {
+  if (const Fp8Recipe fp8 = fp8_recipe(cfg_.precision); fp8.any()) {
     fp8_peak = ops_.device() == Device::cuda ? gpu_fp8_peak_tflops(ops_.device_description()) : peak;
     if (lead)
       print_linef(Stream::out, "fp8       | %s: the products of %s in FP8 (gradients %s); mfu_fp8 = tflops_per_gpu / FP8 peak %s",
                   cfg_.precision.fp8.c_str(),
-                  cfg_.precision.fp8_layers == "all" ? "qkv,attn_out,mlp_up,mlp_down" : cfg_.precision.fp8_layers.c_str(),
+                  cfg_.precision.fp8_layers == "all" ? fp8_layer_list(fp8, ",").c_str() : cfg_.precision.fp8_layers.c_str(),
                   cfg_.precision.fp8_grad_format.c_str(),
                   fp8_peak > 0 ? format("%.4f TFLOP/s (%s)", fp8_peak,
                                         ops_.device() == Device::cuda ? "device table" : "the emulation's: the fp32 peak")
