@@ -1,8 +1,11 @@
 // kernel_bench's FP8 rows (precision.fp8, issue #35), in the model's table as comparison rows (0
 // calls per step: the step model stays bf16's):
 //  - the casts over the fc activation [N, 4C] (bf16): fp8_amax (whole, per row, per column),
-//    fp8_quantize to e4m3 plain and transposed, tensorwise and rowwise (per-row scales), judged
-//    against the copy bandwidth like every memory-bound op;
+//    fp8_quantize to e4m3 plain and transposed, tensorwise and rowwise (per-row scales), and
+//    tensorwise recording the amax as it reads x (delayed scaling's record_amax: the same bytes,
+//    plus one atomic per block, fewer once the record holds the max), and the codes decoded back
+//    to bf16 (ZeRO-3's FP8 weight gather), judged against the copy bandwidth like every
+//    memory-bound op;
 //  - the FP8 products at GPT-2's four block shapes (qkv, attention projection, fc, fc projection),
 //    each next to the bf16 matmul_forward at the same shape: forward (e4m3 x e4m3 -> bf16, bias),
 //    input gradient (dout e5m2 x w^T e4m3 -> bf16) and weight gradient (dout^T e5m2 x inp^T e4m3,
@@ -29,20 +32,28 @@ void bench_fp8(Bench& b, Ops& ops, const ModelShape& m) {
     const std::string shape = "n=N*4C=" + std::to_string(n);
     Tensor x = buf.rand(n, bf, 2), amax = buf.zeros(1, f32), sinv = buf.zeros(1, f32), q = buf.zeros(n, e4m3);
     Tensor amax_rows = buf.zeros(N, f32), amax_cols = buf.zeros(F, f32), sinv_rows = buf.zeros(N, f32),
-           sinv_cols = buf.zeros(F, f32);
+           sinv_cols = buf.zeros(F, f32), record = buf.zeros(1, f32);
     b.run({sec, "fp8_amax", shape, false, n * s, "ns", 0}, [&] { ops.fp8_amax(amax, x, N, F, Fp8Amax::tensor); });
     b.run({sec, "fp8_amax rows", shape, false, n * s, "ns", 0},
           [&] { ops.fp8_amax(amax_rows, x, N, F, Fp8Amax::rows); });
     b.run({sec, "fp8_amax cols", shape, false, n * s, "ns", 0},
           [&] { ops.fp8_amax(amax_cols, x, N, F, Fp8Amax::cols); });
     b.run({sec, "fp8_quantize e4m3", shape, false, n * (s + 1), "n(s+1)", 0},
-          [&] { ops.fp8_quantize(q, sinv, x, amax, 1, N, F, false, false); });
+          [&] { ops.fp8_quantize(q, sinv, x, amax, 1, N, F, false, false, Tensor{}); });
     b.run({sec, "fp8_quantize e4m3, transposed", shape, false, n * (s + 1), "n(s+1)", 0},
-          [&] { ops.fp8_quantize(q, sinv, x, amax, 1, N, F, true, false); });
+          [&] { ops.fp8_quantize(q, sinv, x, amax, 1, N, F, true, false, Tensor{}); });
+    // The record accumulates across the repetitions, as across a step's calls.
+    b.run({sec, "fp8_quantize e4m3 + record amax", shape, false, n * (s + 1), "n(s+1)", 0},
+          [&] { ops.fp8_quantize(q, sinv, x, amax, 1, N, F, false, false, record); });
+    b.run({sec, "fp8_quantize e4m3 + record amax, transposed", shape, false, n * (s + 1), "n(s+1)", 0},
+          [&] { ops.fp8_quantize(q, sinv, x, amax, 1, N, F, true, false, record); });
     b.run({sec, "fp8_quantize e4m3, rowwise", shape, false, n * (s + 1), "n(s+1)", 0},
-          [&] { ops.fp8_quantize(q, sinv_rows, x, amax_rows, 1, N, F, false, true); });
+          [&] { ops.fp8_quantize(q, sinv_rows, x, amax_rows, 1, N, F, false, true, Tensor{}); });
     b.run({sec, "fp8_quantize e4m3, transposed rowwise", shape, false, n * (s + 1), "n(s+1)", 0},
-          [&] { ops.fp8_quantize(q, sinv_cols, x, amax_cols, 1, N, F, true, true); });
+          [&] { ops.fp8_quantize(q, sinv_cols, x, amax_cols, 1, N, F, true, true, Tensor{}); });
+    // ZeRO-3's FP8 weight gather decodes what it gathered (last: it overwrites x).
+    b.run({sec, "fp8_dequantize e4m3", shape, false, n * (s + 1), "n(s+1)", 0},
+          [&] { ops.fp8_dequantize(x, q, sinv, n); });
   }
   buf.clear();
   if (!ops.supports_fp8()) {
@@ -72,7 +83,7 @@ void bench_fp8(Bench& b, Ops& ops, const ModelShape& m) {
       Fp8 r{buf.zeros(size_t(rows) * cols, fmt), scales.slice(2 * slot + 1, 1)};
       Tensor amax = scales.slice(2 * slot, 1);
       ops.fp8_amax(amax, x, rows, cols, Fp8Amax::tensor);
-      ops.fp8_quantize(r.q, r.sinv, x, amax, 1, rows, cols, transpose, false);
+      ops.fp8_quantize(r.q, r.sinv, x, amax, 1, rows, cols, transpose, false, Tensor{});
       return r;
     };
     const Fp8 i8 = quantised(inp, N, IC, false, e4m3, 0);    // [N, IC]

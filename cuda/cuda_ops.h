@@ -128,7 +128,8 @@ class CudaOps final : public Ops {
   // FP8 (cuda_ops_fp8.cpp): the casts run on any GPU; fp8_matmul needs compute capability 8.9+.
   void fp8_amax(Tensor amax, Tensor x, int rows, int cols, Fp8Amax over) override;
   void fp8_quantize(Tensor q, Tensor scale_inv, Tensor x, Tensor amaxes, int n_amax, int rows, int cols,
-                    bool transpose, bool per_row) override;
+                    bool transpose, bool per_row, Tensor record_amax) override;
+  void fp8_dequantize(Tensor out, Tensor q, Tensor scale_inv, size_t n) override;
   // per_row (cuBLASLt's outer-vector scales) needs compute capability 9.0+ besides.
   void fp8_matmul(Tensor out, Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, Tensor bias, int M, int N,
                   int K, bool accumulate, bool per_row) override;

@@ -10,6 +10,7 @@
 #include "cuda/cuda_ops.h"
 #include "cuda/cuda_ops_args.h"
 #include "cuda/fp8_cast.h"
+#include "cuda/fp8_dequantize.h"
 #include "cuda/matmul_fp8.h"
 
 namespace pt {
@@ -48,7 +49,7 @@ void CudaOps::fp8_amax(Tensor amax, Tensor x, int rows, int cols, Fp8Amax over) 
 }
 
 void CudaOps::fp8_quantize(Tensor q, Tensor scale_inv, Tensor x, Tensor amaxes, int n_amax, int rows, int cols,
-                           bool transpose, bool per_row) {
+                           bool transpose, bool per_row, Tensor record_amax) {
   const char* op = "fp8_quantize";
   check_dims(op, {n_amax, rows, cols});
   check(n_amax >= 1, where(op) + ": needs at least one amax");
@@ -70,9 +71,31 @@ void CudaOps::fp8_quantize(Tensor q, Tensor scale_inv, Tensor x, Tensor amaxes, 
             !bytes_overlap(scale_inv.data, sbytes, x.data, n * dtype_size(dt)) &&
             !bytes_overlap(scale_inv.data, sbytes, q.data, n),
         where(op) + ": scale_inv overlaps amaxes, x or q");
+  // record_amax: one f32, raised by the cast kernel's atomics while it reads x and amaxes and
+  // writes q and scale_inv.
+  if (record_amax) {
+    check(!per_row, where(op) + ": record_amax with per-row scales (it records one tensor's amax)");
+    need(record_amax, 1, DType::f32, op, "record_amax");
+    const void* rec = record_amax.data;
+    check(!bytes_overlap(rec, sizeof(float), q.data, n) && !bytes_overlap(rec, sizeof(float), scale_inv.data, sbytes) &&
+              !bytes_overlap(rec, sizeof(float), x.data, n * dtype_size(dt)) &&
+              !bytes_overlap(rec, sizeof(float), amaxes.data, size_t(n_amax) * sbytes),
+          where(op) + ": record_amax overlaps q, scale_inv, x or amaxes");
+  }
   if (scales == 0) return;
   gpu::fp8_quantize(dt, q.dtype, q.data, static_cast<float*>(scale_inv.data), x.data,
-                    static_cast<const float*>(amaxes.data), n_amax, rows, cols, transpose, per_row, stream_);
+                    static_cast<const float*>(amaxes.data), n_amax, rows, cols, transpose, per_row,
+                    static_cast<float*>(record_amax.data), stream_);
+}
+
+void CudaOps::fp8_dequantize(Tensor out, Tensor q, Tensor scale_inv, size_t n) {
+  const char* op = "fp8_dequantize";
+  check(is_fp8(q.dtype), where(op) + ": q is " + dtype_name(q.dtype) + ", expected f8e4m3 or f8e5m2");
+  need(q, n, op, "q");
+  const DType dt = need_act(out, n, op, "out");
+  need(scale_inv, 1, DType::f32, op, "scale_inv");
+  check(!bytes_overlap(out.data, n * dtype_size(dt), q.data, n), where(op) + ": out overlaps q");
+  gpu::fp8_dequantize(dt, out.data, q.dtype, q.data, static_cast<const float*>(scale_inv.data), n, stream_);
 }
 
 void CudaOps::fp8_matmul(Tensor out, Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, Tensor bias, int M,

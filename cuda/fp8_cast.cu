@@ -10,6 +10,9 @@
 //              scale_inv[0] = 2^-k
 //              per_row: q's row i (x's row i, or x's column i transposed) has its own
 //              k_i = fp8_scale_exponent(max_k amaxes[k * R + i]), scale_inv[i] = 2^-k_i
+//              record (optional, tensorwise only): record_amax[0] = max(record_amax[0], max_i |x[i]|)
+//              in magnitude-bit order (delayed scaling records what it quantised); accumulates
+//              across calls (the caller zeroes it once per step), so no memset here
 // x is f32 or bf16; the codes are e4m3 or e5m2. The codes are bit for bit CpuOps' (the oracle):
 // the same fp8_encode (round to nearest even, satfinite, NaN -> NaN), and the same float
 // inputs. Two details keep them so under the target's --use_fast_math (-ftz=true), which would
@@ -47,6 +50,16 @@
 //    only when cols % VEC == 0) and derives its row's scale (n_amax L1-resident loads);
 //    transposed: a tile's 64 column scales derived once into shared memory. scale_inv's R
 //    entries are written by a small kernel after (scale_inv_kernel).
+//  - quantize with record_amax: the same two tensorwise kernels, instantiated with kRecord (the
+//    kRecord = false instantiations are the plain casts, unchanged: no register, no branch, no
+//    shared memory for it). Each thread also takes the max of the magnitude bits of the
+//    elements it already holds to encode (vector chunks, the partial last chunk, the scalar and
+//    misaligned paths alike: every element of x once), then as the amax kernel: a warp
+//    butterfly, each warp's max in shared memory, thread 0's max of the 8, and one integer
+//    atomicMax per block on record_amax's bits (none for a max of 0). The plain kernel adds one
+//    barrier for it (its threads may not leave early); the transposed kernel uses the tile's
+//    own barrier. Integer max: order-independent, deterministic, bit for bit CpuOps' max of
+//    fp8_magnitude_bits (record_amax must hold a magnitude, sign bit clear, as zeroing gives).
 //  Every block derives the scale itself from amaxes (n_amax loads, broadcast in L1), so the
 //  kernel needs no host round trip and no second launch; block 0's thread 0 writes scale_inv.
 //
@@ -54,6 +67,8 @@
 //   amax      n*s read                                  e.g. N*4C = 65536*3072 bf16: 403 MB
 //   quantize  n*s read + n written (plain or transposed)     same tensor: 604 MB, ~180 us at
 //                                                            3.35 TB/s (H100 SXM)
+//   + record  nothing more: x is read once for both; one 4-byte atomic per block (n / 2048 for
+//             bf16's vector path: 98304 on that tensor, merged in L2)
 // Arithmetic: fp8_encode with the scaling is ~35 instructions per element (PTX of the bf16
 // plain kernel: 692 for a chunk of 8 plus its scalar tail), exact integer rounding, the code
 // CpuOps runs. At ~30 T thread-instructions/s (H100 SXM) that is ~0.85 T elements/s, i.e. ~2.5
@@ -122,6 +137,33 @@ __global__ void __launch_bounds__(kBlock) scale_inv_kernel(float* scale_inv, con
   if (i < R) scale_inv[i] = fp8_pow2(-scale_exponent<F>(amaxes, n_amax, R, i));
 }
 
+// ---- a block's largest magnitude, merged into one global max --------------------------------
+
+// The block's max of m in two halves, so that a kernel with a barrier of its own can put that
+// barrier between them: m = warp_max_to_shared(warp_max, m) (every thread of the block: a
+// butterfly, lane 0 stores its warp's max, which every lane gets back), a __syncthreads(), then
+// block_max_atomic(out, warp_max, m) (thread 0: its warp's m and the other warps' maxes, then
+// one integer atomicMax on *out unless the max cannot raise *out: 0, or no larger than the value
+// *out is seen to hold. *out only grows, so a stale read only costs an atomic; the read keeps a
+// one-chunk-per-thread cast, ~10^5 blocks, from queueing as many atomics on one address: after
+// the first wave of blocks most find the max already there). *out holds a
+// magnitude's bits (sign clear), so the integer max is the magnitudes' max, and it is
+// order-independent: deterministic although the blocks' atomics land in any order.
+__device__ __forceinline__ uint32_t warp_max_to_shared(uint32_t* warp_max, uint32_t m) {
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) m = max(m, __shfl_xor_sync(0xffffffffu, m, offset));
+  if (threadIdx.x % kWarpSize == 0) warp_max[threadIdx.x / kWarpSize] = m;
+  return m;
+}
+
+__device__ __forceinline__ void block_max_atomic(uint32_t* out, const uint32_t* warp_max, uint32_t m) {
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int w = 1; w < kBlock / kWarpSize; ++w) m = max(m, warp_max[w]);
+    if (m != 0 && m > *static_cast<volatile const uint32_t*>(out)) atomicMax(out, m);
+  }
+}
+
 // ---- amax -----------------------------------------------------------------------------------
 
 template <typename T, bool kAligned>
@@ -131,16 +173,9 @@ __global__ void __launch_bounds__(kBlock) amax_kernel(uint32_t* amax, const T* x
   uint32_t m = 0;
   visit_packed_chunks<kBlock, kUnroll, kAligned>(x, n, [&](T v) { m = max(m, magnitude_bits(v)); });
   if (blockIdx.x == 0 && threadIdx.x < n % VEC) m = max(m, magnitude_bits(x[n / VEC * VEC + threadIdx.x]));
-#pragma unroll
-  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) m = max(m, __shfl_xor_sync(0xffffffffu, m, offset));
-  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-  if (lane == 0) warp_max[warp] = m;
+  m = warp_max_to_shared(warp_max, m);
   __syncthreads();
-  if (threadIdx.x == 0) {
-#pragma unroll
-    for (int w = 1; w < kBlock / kWarpSize; ++w) m = max(m, warp_max[w]);
-    if (m != 0) atomicMax(amax, m);  // amax is zeroed before the launch
-  }
+  block_max_atomic(amax, warp_max, m);  // amax is zeroed before the launch
 }
 
 template <typename T>
@@ -252,10 +287,15 @@ struct CodeWord<4> {
 // kPerRow: x's row r (q's row) has its own scale from amaxes[k * rows + r], derived where it is
 // used (n_amax loads, L1 hits); scale_inv is scale_inv_kernel's. kVec with kPerRow needs cols %
 // VEC == 0, so a chunk lies in one row.
-template <typename T, Fp8Format F, bool kVec, bool kPerRow>
+// kRecord (tensorwise only): *record = max(*record, the magnitude bits of every element of x),
+// from the values already in registers for encoding: each thread's max, warp_max_to_shared and
+// one atomicMax per block (no thread may leave before the butterfly, hence no early return).
+// Without it, `record` is unused and the kernel is the plain cast.
+template <typename T, Fp8Format F, bool kVec, bool kPerRow, bool kRecord>
 __global__ void __launch_bounds__(kBlock) quantize_kernel(uint8_t* q, float* scale_inv, const T* x,
                                                           const float* amaxes, int n_amax, size_t n, int rows,
-                                                          int cols) {
+                                                          int cols, uint32_t* record) {
+  static_assert(!(kRecord && kPerRow), "record_amax is one tensor's amax: tensorwise scales only");
   constexpr int VEC = kVec ? 16 / sizeof(T) : 1;
   float s = 1.0f;
   if constexpr (!kPerRow) {
@@ -264,28 +304,45 @@ __global__ void __launch_bounds__(kBlock) quantize_kernel(uint8_t* q, float* sca
     if (blockIdx.x == 0 && threadIdx.x == 0) *scale_inv = fp8_pow2(-k);
   }
   const size_t i = (static_cast<size_t>(blockIdx.x) * kBlock + threadIdx.x) * VEC;
-  if (i >= n) return;
-  // The scale of element j (j in i's chunk: one row when kPerRow and kVec).
-  const auto scale_of = [&](size_t j) {
-    if constexpr (kPerRow) return fp8_pow2(scale_exponent<F>(amaxes, n_amax, rows, static_cast<int>(j / cols)));
-    return s;
-  };
-  if constexpr (kVec) {
-    if (i + VEC <= n) {
-      const Packed<T, VEC> v = load_packed<T, VEC>(x + i);
-      const float sc = scale_of(i);
-      uint32_t w[2] = {0, 0};
+  uint32_t m = 0;  // kRecord: the largest magnitude bits of this thread's elements
+  if (i < n) {
+    // The scale of element j (j in i's chunk: one row when kPerRow and kVec).
+    const auto scale_of = [&](size_t j) {
+      if constexpr (kPerRow) return fp8_pow2(scale_exponent<F>(amaxes, n_amax, rows, static_cast<int>(j / cols)));
+      return s;
+    };
+    if constexpr (kVec) {
+      if (i + VEC <= n) {
+        const Packed<T, VEC> v = load_packed<T, VEC>(x + i);
+        const float sc = scale_of(i);
+        uint32_t w[2] = {0, 0};
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) w[j / 4] |= encode<F>(v.v[j], sc) << (8 * (j % 4));
-      if constexpr (VEC == 8)
-        *reinterpret_cast<uint2*>(q + i) = make_uint2(w[0], w[1]);
-      else
-        *reinterpret_cast<uint32_t*>(q + i) = w[0];
-      return;
+        for (int j = 0; j < VEC; ++j) {
+          w[j / 4] |= encode<F>(v.v[j], sc) << (8 * (j % 4));
+          if constexpr (kRecord) m = max(m, magnitude_bits(v.v[j]));
+        }
+        if constexpr (VEC == 8)
+          *reinterpret_cast<uint2*>(q + i) = make_uint2(w[0], w[1]);
+        else
+          *reinterpret_cast<uint32_t*>(q + i) = w[0];
+      } else {
+        for (size_t j = i; j < n; ++j) {  // the partial last chunk
+          const T xj = x[j];
+          q[j] = static_cast<uint8_t>(encode<F>(xj, scale_of(j)));
+          if constexpr (kRecord) m = max(m, magnitude_bits(xj));
+        }
+      }
+    } else {
+      const T xi = x[i];
+      q[i] = static_cast<uint8_t>(encode<F>(xi, scale_of(i)));
+      if constexpr (kRecord) m = max(m, magnitude_bits(xi));
     }
-    for (size_t j = i; j < n; ++j) q[j] = static_cast<uint8_t>(encode<F>(x[j], scale_of(j)));  // the partial last chunk
-  } else {
-    q[i] = static_cast<uint8_t>(encode<F>(x[i], scale_of(i)));
+  }
+  if constexpr (kRecord) {
+    __shared__ uint32_t warp_max[kBlock / kWarpSize];
+    m = warp_max_to_shared(warp_max, m);
+    __syncthreads();
+    block_max_atomic(record, warp_max, m);
   }
 }
 
@@ -296,10 +353,14 @@ __global__ void __launch_bounds__(kBlock) quantize_kernel(uint8_t* q, float* sca
 // rows % 16 == 0, so every chunk that starts inside the matrix is whole.
 // kPerRow: q's row c (x's column c) has its own scale from amaxes[k * cols + c]; the block's 64
 // column scales are derived once into shared memory; scale_inv is scale_inv_kernel's.
-template <typename T, Fp8Format F, bool kVec, bool kPerRow>
+// kRecord (tensorwise only): *record = max(*record, the magnitude bits of the tile's elements),
+// taken from the loaded chunks as they are encoded; the warps' maxes cross the tile's own
+// barrier (no extra one), then one atomicMax per block. Without it, `record` is unused.
+template <typename T, Fp8Format F, bool kVec, bool kPerRow, bool kRecord>
 __global__ void __launch_bounds__(kBlock) quantize_transpose_kernel(uint8_t* q, float* scale_inv, const T* x,
                                                                     const float* amaxes, int n_amax, int rows,
-                                                                    int cols) {
+                                                                    int cols, uint32_t* record) {
+  static_assert(!(kRecord && kPerRow), "record_amax is one tensor's amax: tensorwise scales only");
   constexpr int VEC = 16 / sizeof(T);  // elements of x per 16-byte chunk
   constexpr int kChunksPerRow = kTile / VEC;
   constexpr int kOutChunksPerRow = kTile / kOutChunk;
@@ -317,6 +378,7 @@ __global__ void __launch_bounds__(kBlock) quantize_transpose_kernel(uint8_t* q, 
     if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *scale_inv = fp8_pow2(-k);
   }
 
+  uint32_t m = 0;  // kRecord: the largest magnitude bits of this thread's elements
   for (int idx = threadIdx.x; idx < kTile * kChunksPerRow; idx += kBlock) {
     const int r = idx / kChunksPerRow, cc = (idx % kChunksPerRow) * VEC;
     const int gr = r0 + r, gc = c0 + cc;
@@ -329,16 +391,28 @@ __global__ void __launch_bounds__(kBlock) quantize_transpose_kernel(uint8_t* q, 
       for (int w = 0; w < VEC / 4; ++w) {
         uint32_t word = 0;
 #pragma unroll
-        for (int j = 0; j < 4; ++j)
+        for (int j = 0; j < 4; ++j) {
           word |= encode<F>(v.v[4 * w + j], kPerRow ? col_scale[cc + 4 * w + j] : s) << (8 * j);
+          if constexpr (kRecord) m = max(m, magnitude_bits(v.v[4 * w + j]));
+        }
         reinterpret_cast<uint32_t*>(dst)[w] = word;
       }
     } else {
-      for (int j = 0; j < VEC && gc + j < cols; ++j)
-        dst[j] = static_cast<uint8_t>(encode<F>(src[j], kPerRow ? col_scale[cc + j] : s));
+      for (int j = 0; j < VEC && gc + j < cols; ++j) {
+        const T xj = src[j];
+        dst[j] = static_cast<uint8_t>(encode<F>(xj, kPerRow ? col_scale[cc + j] : s));
+        if constexpr (kRecord) m = max(m, magnitude_bits(xj));
+      }
     }
   }
-  __syncthreads();
+  if constexpr (kRecord) {  // the tile's barrier between the warps' maxes and the block's
+    __shared__ uint32_t warp_max[kBlock / kWarpSize];
+    m = warp_max_to_shared(warp_max, m);
+    __syncthreads();
+    block_max_atomic(record, warp_max, m);
+  } else {
+    __syncthreads();
+  }
 
   for (int idx = threadIdx.x; idx < kTile * kOutChunksPerRow; idx += kBlock) {
     const int c = idx / kOutChunksPerRow, rr = (idx % kOutChunksPerRow) * kOutChunk;
@@ -359,9 +433,9 @@ __global__ void __launch_bounds__(kBlock) quantize_transpose_kernel(uint8_t* q, 
   }
 }
 
-template <typename T, Fp8Format F, bool kPerRow>
+template <typename T, Fp8Format F, bool kPerRow, bool kRecord>
 void launch_quantize(uint8_t* q, float* scale_inv, const T* x, const float* amaxes, int n_amax, int rows, int cols,
-                     bool transpose, cudaStream_t stream) {
+                     bool transpose, uint32_t* record, cudaStream_t stream) {
   constexpr int VEC = 16 / sizeof(T);
   if (transpose) {
     // Rows (tokens, the large dimension) along grid.x; at least one block, which writes scale_inv.
@@ -371,11 +445,11 @@ void launch_quantize(uint8_t* q, float* scale_inv, const T* x, const float* amax
     const dim3 grid(bx, by);
     const bool vec = is_aligned(x, 16) && is_aligned(q, 16) && cols % VEC == 0 && rows % kOutChunk == 0;
     if (vec)
-      quantize_transpose_kernel<T, F, true, kPerRow>
-          <<<grid, kBlock, 0, stream>>>(q, scale_inv, x, amaxes, n_amax, rows, cols);
+      quantize_transpose_kernel<T, F, true, kPerRow, kRecord>
+          <<<grid, kBlock, 0, stream>>>(q, scale_inv, x, amaxes, n_amax, rows, cols, record);
     else
-      quantize_transpose_kernel<T, F, false, kPerRow>
-          <<<grid, kBlock, 0, stream>>>(q, scale_inv, x, amaxes, n_amax, rows, cols);
+      quantize_transpose_kernel<T, F, false, kPerRow, kRecord>
+          <<<grid, kBlock, 0, stream>>>(q, scale_inv, x, amaxes, n_amax, rows, cols, record);
   } else {
     const size_t n = size_t(rows) * cols;
     const bool vec = is_aligned(x, 16) && is_aligned(q, VEC) && (!kPerRow || cols % VEC == 0);
@@ -384,9 +458,11 @@ void launch_quantize(uint8_t* q, float* scale_inv, const T* x, const float* amax
     check(blocks <= 0x7fffffffu, "fp8_quantize: " + std::to_string(n) + " elements exceed one launch's grid");
     const unsigned g = static_cast<unsigned>(blocks);
     if (vec)
-      quantize_kernel<T, F, true, kPerRow><<<g, kBlock, 0, stream>>>(q, scale_inv, x, amaxes, n_amax, n, rows, cols);
+      quantize_kernel<T, F, true, kPerRow, kRecord>
+          <<<g, kBlock, 0, stream>>>(q, scale_inv, x, amaxes, n_amax, n, rows, cols, record);
     else
-      quantize_kernel<T, F, false, kPerRow><<<g, kBlock, 0, stream>>>(q, scale_inv, x, amaxes, n_amax, n, rows, cols);
+      quantize_kernel<T, F, false, kPerRow, kRecord>
+          <<<g, kBlock, 0, stream>>>(q, scale_inv, x, amaxes, n_amax, n, rows, cols, record);
   }
   CUDA_CHECK_LAUNCH();
   if constexpr (kPerRow) {
@@ -399,26 +475,29 @@ void launch_quantize(uint8_t* q, float* scale_inv, const T* x, const float* amax
   }
 }
 
+// record (tensorwise only, checked by the caller): the kRecord kernels; null: the plain ones.
 template <typename T, Fp8Format F>
 void launch_quantize_scales(uint8_t* q, float* scale_inv, const T* x, const float* amaxes, int n_amax, int rows,
-                            int cols, bool transpose, bool per_row, cudaStream_t stream) {
+                            int cols, bool transpose, bool per_row, uint32_t* record, cudaStream_t stream) {
   if (per_row)
-    launch_quantize<T, F, true>(q, scale_inv, x, amaxes, n_amax, rows, cols, transpose, stream);
+    launch_quantize<T, F, true, false>(q, scale_inv, x, amaxes, n_amax, rows, cols, transpose, nullptr, stream);
+  else if (record)
+    launch_quantize<T, F, false, true>(q, scale_inv, x, amaxes, n_amax, rows, cols, transpose, record, stream);
   else
-    launch_quantize<T, F, false>(q, scale_inv, x, amaxes, n_amax, rows, cols, transpose, stream);
+    launch_quantize<T, F, false, false>(q, scale_inv, x, amaxes, n_amax, rows, cols, transpose, nullptr, stream);
 }
 
 template <typename T>
 void launch_quantize_format(DType q_dtype, void* q, float* scale_inv, const void* x, const float* amaxes, int n_amax,
-                            int rows, int cols, bool transpose, bool per_row, cudaStream_t stream) {
+                            int rows, int cols, bool transpose, bool per_row, uint32_t* record, cudaStream_t stream) {
   uint8_t* codes = static_cast<uint8_t*>(q);
   const T* in = static_cast<const T*>(x);
   if (q_dtype == DType::f8e4m3)
     launch_quantize_scales<T, Fp8Format::e4m3>(codes, scale_inv, in, amaxes, n_amax, rows, cols, transpose, per_row,
-                                               stream);
+                                               record, stream);
   else
     launch_quantize_scales<T, Fp8Format::e5m2>(codes, scale_inv, in, amaxes, n_amax, rows, cols, transpose, per_row,
-                                               stream);
+                                               record, stream);
 }
 
 template <typename T>
@@ -446,17 +525,20 @@ void fp8_amax(DType dtype, float* amax, const void* x, int rows, int cols, Fp8Am
 }
 
 void fp8_quantize(DType dtype, DType q_dtype, void* q, float* scale_inv, const void* x, const float* amaxes,
-                  int n_amax, int rows, int cols, bool transpose, bool per_row, void* stream) {
+                  int n_amax, int rows, int cols, bool transpose, bool per_row, float* record_amax, void* stream) {
   check(q_dtype == DType::f8e4m3 || q_dtype == DType::f8e5m2,
         std::string("fp8_quantize: codes of dtype ") + dtype_name(q_dtype) + " (f8e4m3 or f8e5m2)");
   check(rows >= 0 && cols >= 0 && n_amax >= 1, "fp8_quantize: needs rows, cols >= 0 and n_amax >= 1");
+  check(!(per_row && record_amax), "fp8_quantize: record_amax with per-row scales (it records one tensor's amax)");
+  // The bits of a non-negative float: the kernels' integer atomicMax is the magnitudes' max.
+  uint32_t* record = reinterpret_cast<uint32_t*>(record_amax);
   switch (dtype) {
     case DType::f32:
       return launch_quantize_format<float>(q_dtype, q, scale_inv, x, amaxes, n_amax, rows, cols, transpose,
-                                           per_row, as_stream(stream));
+                                           per_row, record, as_stream(stream));
     case DType::bf16:
       return launch_quantize_format<__nv_bfloat16>(q_dtype, q, scale_inv, x, amaxes, n_amax, rows, cols, transpose,
-                                                   per_row, as_stream(stream));
+                                                   per_row, record, as_stream(stream));
     default: unsupported("fp8_quantize", dtype);
   }
 }

@@ -24,7 +24,13 @@ void fp8_amax(DType dtype, float* amax, const void* x, int rows, int cols, Fp8Am
 // amaxes[0 .. n_amax) (device f32s, read by the kernel: no host round trip); scale_inv[0] = 1 / s.
 // With per_row: q's row i has its own s_i from the largest of amaxes[k * R + i], k < n_amax, and
 // scale_inv[i] = 1 / s_i (R entries). n_amax >= 1.
+// record_amax (nullptr: none; not with per_row, which throws): one device f32 that becomes the
+// larger of itself and x's largest magnitude (bits compared as integers: a NaN wins), from the
+// values the cast reads anyway, by one integer atomicMax per block: it accumulates across calls
+// (no memset here; the caller zeroes it), deterministic. It must hold a magnitude (sign bit
+// clear, as 0 or an earlier record does), else the integer max would keep it as it is.
 void fp8_quantize(DType dtype, DType q_dtype, void* q, float* scale_inv, const void* x, const float* amaxes,
-                  int n_amax, int rows, int cols, bool transpose, bool per_row, void* stream = nullptr);
+                  int n_amax, int rows, int cols, bool transpose, bool per_row, float* record_amax = nullptr,
+                  void* stream = nullptr);
 
 }  // namespace pt::gpu

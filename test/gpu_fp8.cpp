@@ -4,7 +4,10 @@
 //  - fp8_quantize: codes and scale_inv bit for bit, plain and transposed, e4m3 and e5m2, ragged
 //    shapes (scalar paths) and 16-byte ones (vector paths), scales from three "ranks'" amaxes
 //    (equal to, below and above the tensor's own: below makes values saturate); and with per-row
-//    scales ("rowwise"), plain and transposed, codes and the scale_inv vector bit for bit;
+//    scales ("rowwise"), plain and transposed, codes and the scale_inv vector bit for bit; with
+//    record_amax (delayed scaling): the record bit for bit, starting at 0, above x's amax (it
+//    stays) and below (it rises), ragged, 16-byte and misaligned shapes, the codes and scale_inv
+//    those of the call without it; the record accumulating across calls; the refusals;
 //  - fp8_matmul: the same codes through both backends, relative L2 error within 1e-2 (bf16 out)
 //    and 1e-4 (f32 out: kTolF32Out says why not 1e-5), with a bias, accumulating into f32 and
 //    bf16, e4m3 x e4m3 and e5m2 (a gradient as a) x e4m3, bitwise equal across two runs;
@@ -168,7 +171,7 @@ TEST_CASE("fp8_quantize matches CpuOps bit for bit, plain and transposed", "[gpu
             std::vector<uint8_t> ref(n, 0xAB);
             Tensor rq = host(ref, fmt);
             cpu().fp8_quantize(rq, host(ref_sinv, DType::f32), host(xin, DType::f32), host(am, DType::f32), 3,
-                               sh.rows, sh.cols, transpose, false);
+                               sh.rows, sh.cols, transpose, false, Tensor{});
 
             Tensors t(ops);
             Tensor gx = t.make_at(x, dt, sh.offset);
@@ -177,7 +180,7 @@ TEST_CASE("fp8_quantize matches CpuOps bit for bit, plain and transposed", "[gpu
             Tensor sinv = t.zeros(1, DType::f32);
             t.poison(q);
             t.poison(sinv);
-            ops.fp8_quantize(q, sinv, gx, gam, 3, sh.rows, sh.cols, transpose, false);
+            ops.fp8_quantize(q, sinv, gx, gam, 3, sh.rows, sh.cols, transpose, false, Tensor{});
             const std::vector<uint8_t> got = read_codes(ops, q);
             const std::string diff = first_difference(got, ref);
             INFO("first difference: " << diff);
@@ -201,7 +204,7 @@ TEST_CASE("fp8_quantize keeps subnormal inputs: a tiny tensor scaled up by 2^126
         std::vector<uint8_t> ref(x.size());
         cpu().fp8_amax(host(am, DType::f32), host(xin, DType::f32), 3, 16, Fp8Amax::tensor);
         cpu().fp8_quantize(host(ref, fmt), host(ref_sinv, DType::f32), host(xin, DType::f32), host(am, DType::f32), 1,
-                           3, 16, transpose, false);
+                           3, 16, transpose, false, Tensor{});
         CHECK(ref_sinv[0] == std::ldexp(1.0f, -126));
         CHECK(std::count(ref.begin(), ref.end(), uint8_t(0)) == 0);
         Tensors t(ops);
@@ -211,7 +214,7 @@ TEST_CASE("fp8_quantize keeps subnormal inputs: a tiny tensor scaled up by 2^126
         ops.fp8_amax(gam, gx, 3, 16, Fp8Amax::tensor);
         CHECK(bits(t.read(gam)[0]) == bits(am[0]));
         t.poison(q);
-        ops.fp8_quantize(q, sinv, gx, gam, 1, 3, 16, transpose, false);
+        ops.fp8_quantize(q, sinv, gx, gam, 1, 3, 16, transpose, false, Tensor{});
         CHECK(first_difference(read_codes(ops, q), ref).empty());
         CHECK(bits(t.read(sinv)[0]) == bits(ref_sinv[0]));
       }
@@ -230,9 +233,9 @@ TEST_CASE("fp8_quantize of x and of x's transpose agree; the scale is a power of
     Tensor q = t.zeros(x.size(), fmt), qt = t.zeros(x.size(), fmt), s1 = t.zeros(1, DType::f32),
            s2 = t.zeros(1, DType::f32);
     ops.fp8_quantize(q, s1, t.make(x, DType::bf16), t.make(amax, DType::f32), 1, rows, cols, /*transpose=*/true,
-                     false);
+                     false, Tensor{});
     ops.fp8_quantize(qt, s2, t.make(xt, DType::bf16), t.make(amax, DType::f32), 1, cols, rows, /*transpose=*/false,
-                     false);
+                     false, Tensor{});
     CHECK(read_codes(ops, q) == read_codes(ops, qt));
     const float s = t.read(s1)[0];
     CHECK(bits(s) == bits(t.read(s2)[0]));
@@ -315,7 +318,7 @@ TEST_CASE("fp8_quantize with per-row scales matches CpuOps bit for bit, plain an
             std::vector<uint8_t> ref(n, 0xAB);
             xin = x;
             cpu().fp8_quantize(host(ref, fmt), host(ref_sinv, DType::f32), host(xin, DType::f32), host(am, DType::f32),
-                               3, sh.rows, sh.cols, transpose, true);
+                               3, sh.rows, sh.cols, transpose, true, Tensor{});
 
             Tensors t(ops);
             Tensor gx = t.make_at(x, dt, sh.offset);
@@ -324,7 +327,7 @@ TEST_CASE("fp8_quantize with per-row scales matches CpuOps bit for bit, plain an
             Tensor sinv = t.zeros(size_t(R) + 1, DType::f32).slice(0, R);
             t.poison(q);
             if (R) t.poison(sinv);
-            ops.fp8_quantize(q, sinv, gx, gam, 3, sh.rows, sh.cols, transpose, true);
+            ops.fp8_quantize(q, sinv, gx, gam, 3, sh.rows, sh.cols, transpose, true, Tensor{});
             const std::string diff = first_difference(read_codes(ops, q), ref);
             INFO("first difference: " << diff);
             CHECK(diff.empty());
@@ -335,6 +338,122 @@ TEST_CASE("fp8_quantize with per-row scales matches CpuOps bit for bit, plain an
               CHECK(bad == 0);
             }
           }
+}
+
+TEST_CASE("fp8_quantize with record_amax records x's amax as CpuOps does, codes unchanged", "[gpu][fp8]") {
+  Ops& ops = gpu(DType::bf16);
+  struct Shape {
+    int rows, cols;
+    size_t offset;  // 1: x at an odd element offset (every kernel's scalar path)
+  };
+  // 3 x 5, 17 x 33, 130 x 70: the plain kernel's partial last chunk, the transposed kernel's
+  // scalar paths and edge tiles; 64 x 64, 80 x 200: the vector paths (one tile, partial tiles);
+  // 1024 x 768: hundreds of blocks' atomics on one record; offset 1: misaligned x; 0 rows:
+  // nothing to record (the record is left as it was).
+  const Shape shapes[] = {{3, 5, 0},   {17, 33, 0},  {64, 64, 0},    {130, 70, 0}, {80, 200, 0},
+                          {64, 64, 1}, {17, 33, 1},  {1024, 768, 0}, {0, 16, 0}};
+  uint32_t seed = 1300;
+  for (const Shape& sh : shapes)
+    for (DType fmt : kFormats)
+      for (DType dt : {DType::f32, DType::bf16})
+        for (bool transpose : {false, true})
+          for (bool nonfinite : {false, true}) {
+            const size_t n = size_t(sh.rows) * sh.cols;
+            const std::vector<float> x = test_values(n, 2.0f, seed++, /*nonfinite=*/nonfinite && n >= 16);
+            // x's amax as fp8_amax gives it (a NaN when x has one), and the finite one for the scale.
+            std::vector<float> xin = x, own(1, 0.0f);
+            cpu().fp8_amax(host(own, DType::f32), host(xin, DType::f32), 1, static_cast<int>(n), Fp8Amax::tensor);
+            const float finite = n ? amax_of(x) : 0.0f;
+            const std::vector<float> amaxes = {finite};
+
+            // The codes and scale_inv without a record, on the GPU: the recording call must match them.
+            Tensors t(ops);
+            Tensor gx = t.make_at(x, dt, sh.offset);
+            Tensor gam = t.make(amaxes, DType::f32);
+            Tensor q0 = t.zeros(n + 1, fmt).slice(0, n), s0 = t.zeros(1, DType::f32);
+            t.poison(q0);
+            t.poison(s0);
+            ops.fp8_quantize(q0, s0, gx, gam, 1, sh.rows, sh.cols, transpose, false, Tensor{});
+            const std::vector<uint8_t> plain_codes = read_codes(ops, q0);
+            const float plain_sinv = t.read(s0)[0];
+
+            // The record starts at 0, above x's amax (it must stay) or below it (it must rise).
+            for (int start_case = 0; start_case < 3; start_case++) {
+              const float start = start_case == 0 ? 0.0f : start_case == 1 ? (n ? finite * 4.0f : 1.5f) : finite / 4;
+              INFO(sh.rows << " x " << sh.cols << " offset " << sh.offset << ", " << dtype_name(dt) << " -> "
+                           << dtype_name(fmt) << (transpose ? ", transposed" : "")
+                           << (nonfinite ? ", with inf and NaN" : "") << ", record starts at " << start);
+              std::vector<float> am = amaxes, ref_sinv(1, -1.0f), ref_rec(1, start);
+              std::vector<uint8_t> ref(n, 0xAB);
+              xin = x;
+              cpu().fp8_quantize(host(ref, fmt), host(ref_sinv, DType::f32), host(xin, DType::f32),
+                                 host(am, DType::f32), 1, sh.rows, sh.cols, transpose, false,
+                                 host(ref_rec, DType::f32));
+
+              Tensor q = t.zeros(n + 1, fmt).slice(0, n), sinv = t.zeros(1, DType::f32);
+              // The record between two guards the kernels must not touch.
+              Tensor rec_buf = t.make({7.0f, start, 7.0f}, DType::f32);
+              Tensor rec = rec_buf.slice(1, 1);
+              t.poison(q);
+              t.poison(sinv);
+              ops.fp8_quantize(q, sinv, gx, gam, 1, sh.rows, sh.cols, transpose, false, rec);
+              const std::vector<float> got = t.read(rec_buf);
+              CHECK(bits(got[1]) == bits(ref_rec[0]));
+              CHECK(bits(got[0]) == bits(7.0f));
+              CHECK(bits(got[2]) == bits(7.0f));
+              // What the record must be: the larger of its start and x's amax (a NaN wins).
+              if (n == 0 || (start_case == 1 && !std::isnan(own[0])))
+                CHECK(bits(ref_rec[0]) == bits(start));
+              else
+                CHECK(bits(ref_rec[0]) == bits(own[0]));
+              // Recording changes neither the codes nor scale_inv (GPU without a record, and CpuOps).
+              const std::vector<uint8_t> codes = read_codes(ops, q);
+              const std::string diff = first_difference(codes, plain_codes), cpu_diff = first_difference(codes, ref);
+              INFO("first difference from the plain call: " << diff << "; from CpuOps: " << cpu_diff);
+              CHECK(diff.empty());
+              CHECK(cpu_diff.empty());
+              const float s = t.read(sinv)[0];
+              CHECK(bits(s) == bits(plain_sinv));
+              CHECK(bits(s) == bits(ref_sinv[0]));
+            }
+          }
+}
+
+TEST_CASE("fp8_quantize's record_amax accumulates across calls; per-row and overlaps refused", "[gpu][fp8]") {
+  Ops& ops = gpu(DType::bf16);
+  Tensors t(ops);
+  const int rows = 96, cols = 80;
+  const size_t n = size_t(rows) * cols;
+  // Two tensors, the second of larger magnitude, quantised into one record (no zeroing between):
+  // it ends at the second's amax after either order, and a repeated call leaves it as it is.
+  const std::vector<float> small = test_values(n, 0.5f, 1400), large = test_values(n, 8.0f, 1401);
+  const float big = std::max(amax_of(small), amax_of(large));
+  for (DType dt : {DType::f32, DType::bf16})
+    for (bool transpose : {false, true})
+      for (bool small_first : {true, false}) {
+        INFO(dtype_name(dt) << (transpose ? ", transposed" : "") << (small_first ? ", small first" : ", large first"));
+        Tensor rec = t.zeros(1, DType::f32), q = t.zeros(n, DType::f8e4m3), sinv = t.zeros(1, DType::f32);
+        Tensor am = t.make({big}, DType::f32);
+        Tensor a = t.make(small_first ? small : large, dt), b = t.make(small_first ? large : small, dt);
+        ops.fp8_quantize(q, sinv, a, am, 1, rows, cols, transpose, false, rec);
+        ops.fp8_quantize(q, sinv, b, am, 1, rows, cols, transpose, false, rec);
+        CHECK(bits(t.read(rec)[0]) == bits(big));
+        ops.fp8_quantize(q, sinv, b, am, 1, rows, cols, transpose, false, rec);
+        CHECK(bits(t.read(rec)[0]) == bits(big));
+      }
+  // Refusals, before anything is launched.
+  Tensor x = t.make(small, DType::f32), q = t.zeros(n, DType::f8e4m3), sinv = t.zeros(rows, DType::f32);
+  Tensor am = t.make(std::vector<float>(rows, 1.0f), DType::f32), rec = t.zeros(1, DType::f32);
+  CHECK_THROWS_WITH(ops.fp8_quantize(q, sinv, x, am, 1, rows, cols, false, true, rec), Catch::Contains("per-row"));
+  CHECK_THROWS_WITH(ops.fp8_quantize(q, sinv, x, am, 1, rows, cols, false, false, x.slice(5, 1)),
+                    Catch::Contains("record_amax overlaps"));
+  CHECK_THROWS_WITH(ops.fp8_quantize(q, sinv, x, am, 1, rows, cols, false, false, sinv.slice(0, 1)),
+                    Catch::Contains("record_amax overlaps"));
+  CHECK_THROWS_WITH(ops.fp8_quantize(q, sinv, x, am, 1, rows, cols, false, false, am.slice(0, 1)),
+                    Catch::Contains("record_amax overlaps"));
+  CHECK_THROWS_AS(ops.fp8_quantize(q, sinv, x, am, 1, rows, cols, false, false, t.zeros(1, DType::bf16)),
+                  RuntimeError);
+  CHECK_THROWS_AS(ops.fp8_quantize(q, sinv, x, am, 1, rows, cols, false, false, rec.slice(0, 0)), RuntimeError);
 }
 
 namespace {
@@ -354,7 +473,7 @@ Quantised quantise_on_cpu(const std::vector<float>& v, int rows, int cols, DType
   std::vector<float> x = v, amax(scales);
   cpu().fp8_amax(host(amax, DType::f32), host(x, DType::f32), rows, cols, per_row ? Fp8Amax::rows : Fp8Amax::tensor);
   cpu().fp8_quantize(host(q.codes, fmt), host(q.scale_inv, DType::f32), host(x, DType::f32), host(amax, DType::f32),
-                     1, rows, cols, false, per_row);
+                     1, rows, cols, false, per_row, Tensor{});
   return q;
 }
 
@@ -494,4 +613,30 @@ TEST_CASE("fp8_matmul refuses what cuBLASLt's FP8 products cannot take, naming t
                   RuntimeError);
   // Rowwise: one scale where M (or N) are needed; below compute capability 9.0 the refusal first.
   CHECK_THROWS_AS(ops.fp8_matmul(out, a, s, a, s, Tensor{}, 32, 32, 32, false, true), RuntimeError);
+}
+
+TEST_CASE("fp8_dequantize matches CpuOps bit for bit: every code, f32 and bf16, misaligned", "[gpu][fp8]") {
+  Ops& ops = gpu(DType::bf16);
+  const float scale_inv = std::ldexp(1.0f, -5);
+  for (DType fmt : kFormats)
+    for (DType dt : {DType::f32, DType::bf16})
+      for (size_t n : {size_t(1), size_t(7), size_t(4099), (size_t(1) << 20) + 3})
+        for (size_t offset : {size_t(0), size_t(1), size_t(3)}) {
+          INFO(dtype_name(fmt) << " -> " << dtype_name(dt) << ", n " << n << ", codes at offset " << offset);
+          std::vector<uint8_t> codes(n);
+          for (size_t i = 0; i < n; i++) codes[i] = static_cast<uint8_t>((i * 37 + 11) % 256);  // every code
+          std::vector<float> sinv = {scale_inv}, ref(n);
+          cpu().fp8_dequantize(host(ref, DType::f32), host(codes, fmt), host(sinv, DType::f32), n);
+          Tensors t(ops);
+          const Tensor q = t.zeros(n + offset, fmt).slice(offset, n);
+          ops.upload(q, codes.data(), fmt, n);
+          const Tensor out = t.zeros(n, dt);
+          t.poison(out);
+          ops.fp8_dequantize(out, q, t.make(sinv, DType::f32), n);
+          const std::vector<float> got = t.read(out);
+          size_t wrong = 0;
+          for (size_t i = 0; i < n; i++)
+            if (!(std::isnan(ref[i]) ? std::isnan(got[i]) : bits(got[i]) == bits(ref[i]))) wrong++;
+          CHECK(wrong == 0);
+        }
 }

@@ -249,26 +249,30 @@ TEST_CASE("GPU training follows the CPU loss curve", "[gpu][model][train]") {
     std::string arch;
     DType mode;
     int steps;
-    bool fp8 = false;  // all_fp8() on both backends (N = 256: a multiple of 16)
+    bool fp8 = false;      // all_fp8() on both backends (N = 256: a multiple of 16)
+    bool delayed = false;  // with delayed scaling (an amax history of 16 steps)
   };
   for (const Run& run : {Run{"gpt2", DType::bf16, 50}, Run{"gpt2", DType::f32, 20}, Run{"mixtral", DType::bf16, 50},
-                         Run{"gpt2", DType::bf16, 50, true}}) {
-    INFO(run.arch << ", mode " << mode_name(run.mode) << (run.fp8 ? " + FP8" : ""));
+                         Run{"gpt2", DType::bf16, 50, true}, Run{"gpt2", DType::bf16, 50, true, true}}) {
+    INFO(run.arch << ", mode " << mode_name(run.mode) << (run.fp8 ? " + FP8" : "") << (run.delayed ? " delayed" : ""));
     const ModelSection m = tiny_model(128, 2, run.arch);
     const Batch batch = periodic_batch(N, m.vocab_size, 8);
     const std::vector<float> w = initial_weights(m, 9, run.mode);
     CpuOps& cops = cpu();
     Ops& gops = gpu(run.mode);
     if (run.fp8 && !fp8_runs_on(gops)) continue;
-    const Fp8Recipe fp8 = run.fp8 ? all_fp8() : Fp8Recipe{};
+    Fp8Recipe fp8 = run.fp8 ? all_fp8() : Fp8Recipe{};
+    fp8.delayed = run.delayed;
     Model cm(m, cops, w, B, T, fp8), gm(m, gops, w, B, T, fp8);
     std::vector<double> cpu_loss, gpu_loss;
     for (int step = 1; step <= run.steps; ++step) {
       for (auto [model, ops, losses] : {std::tuple<Model*, Ops*, std::vector<double>*>{&cm, &cops, &cpu_loss},
                                         std::tuple<Model*, Ops*, std::vector<double>*>{&gm, &gops, &gpu_loss}}) {
         ops->zero(model->store.all_grads());
+        model->stage.fp8_begin_step();  // delayed scaling's step (a no-op otherwise)
         losses->push_back(model->stage.forward(batch.tokens.data(), batch.targets.data(), 1.0f / N) / N);
         model->stage.backward();
+        model->stage.fp8_end_step(true);
         adamw_step(*ops, model->store, o, o.lr, step);
       }
     }

@@ -13,14 +13,29 @@
 //    a run saved at step 5 and resumed equals the straight run bit for bit (tp2 + SP, tp2 x cp2 + SP);
 //    losses of each of 10 steps and the validation loss agree within 3e-5 relative, gradient
 //    norms and final weights within 3e-3 (kFp8Bounds: mpi_trainer_parity.h says why not 1e-5).
+// Delayed scaling (precision.fp8 = delayed, core/parallel/fp8_delayed.h): its first step is
+// tensorwise's bit for bit; every rank of a stage ends each step with the same amax history;
+// dp2, tp2 + SP, cp2, pp2 (2 ranks), dp2 x tp2 + SP with ZeRO-3, tp2 x cp2 + SP, tp2 x pp2 (4)
+// train like one rank; a resumed run (a 3-step history, so it has wrapped) restores the history
+// bit for bit and continues as the straight run did, also when the checkpoint was written under
+// pp2 and read without; the memory plan counts its buffers; recompute changes no bit.
+// ZeRO-3 gathers the FP8 layers' weights as e4m3 codes (core/train/param_gather.h): the run is
+// the bf16-gather run bit for bit (dp2; dp2 x tp2 + SP, dp4), with well under half the bytes;
+// each weight is cast with the whole weight's scale (a weight whose shards' parts lie 2^16 apart
+// gathers to the whole's quantised values); its buffers are in the memory plan.
 #include <mpi.h>
 
 #include <catch2/catch.hpp>
 #include <cmath>
 
+#include "core/ckpt/checkpoint_reader.h"
 #include "core/dist/local_comm.h"
 #include "core/dist/process_groups.h"
 #include "core/parallel/fp8_linear.h"
+#include "core/plan/stage_memory.h"
+#include "core/train/fp8_history_state.h"
+#include "core/train/memory_plan.h"
+#include "core/train/param_gather.h"
 #include "cpu_test_support.h"
 #include "mpi_trainer_parity.h"
 
@@ -40,17 +55,55 @@ Layout llama_fp8(int dp, int tp, int cp) {
   return fp8(dp, tp, cp).with([](Layout& l) { l.arch = "llama", l.lr = 3e-3; });
 }
 
+Layout delayed(int dp, int tp, int cp, int pp = 1) { return fp8(dp, tp, cp, pp).with_fp8("delayed"); }
+
 const RunResult& reference(const std::string& arch = "gpt2", const std::string& recipe = "tensorwise") {
   static const RunResult gpt2 = train(fp8(1, 1, 1), World{}, data().dir);
   static const RunResult llama = train(llama_fp8(1, 1, 1), World{}, data().dir);
   static const RunResult rowwise = train(fp8(1, 1, 1).with_fp8("rowwise"), World{}, data().dir);
+  static const RunResult delayed_gpt2 = train(delayed(1, 1, 1), World{}, data().dir);
   if (recipe == "rowwise") return rowwise;
+  if (recipe == "delayed") return delayed_gpt2;
   return arch == "gpt2" ? gpt2 : llama;
 }
 
 void check(const Layout& l, const World& world) {
   REQUIRE((l.arch == "gpt2" || l.fp8 == "tensorwise"));  // the references this file has
   check_trains_like(l, world, data().dir, reference(l.arch, l.fp8));
+}
+
+// Every amax history this rank holds, by checkpoint name (Fp8HistoryState's), oldest step first.
+std::map<std::string, std::vector<float>> histories(Trainer& t) {
+  std::map<std::string, std::vector<float>> out;
+  PipelineExecutor& ex = t.pipeline();
+  for (size_t c = 0; c < ex.chunks().size(); c++) {
+    Fp8Delayed* d = ex.chunk(static_cast<int>(c)).fp8_delayed();
+    REQUIRE(d != nullptr);
+    const StageLayers& layers = ex.chunks()[c];
+    for (int l = layers.first_layer; l < layers.end_layer; l++)
+      for (int k = 0; k < kFp8BlockLayers; k++)
+        out[Fp8HistoryState::name(l, Fp8Layer(k))] = d->history_of((l - layers.first_layer) * kFp8BlockLayers + k);
+  }
+  return out;
+}
+
+// `r`, which started after `first` steps, is `straight`'s run from there bit for bit: each
+// step's loss and gradient norm, the final weights and the validation loss.
+void check_same_run(const RunResult& r, const RunResult& straight, size_t first = 0) {
+  for (size_t s = 0; s < r.steps.size(); s++) {
+    INFO("step " << first + s + 1);
+    CHECK(r.steps[s].loss == straight.steps[first + s].loss);
+    CHECK(r.steps[s].grad_norm == straight.steps[first + s].grad_norm);
+  }
+  CHECK(r.weights == straight.weights);
+  CHECK(r.val_loss == straight.val_loss);
+}
+
+// The histories of every rank of the world, concatenated in name order (the same length on each).
+std::vector<float> flat(const std::map<std::string, std::vector<float>>& h) {
+  std::vector<float> out;
+  for (const auto& [name, v] : h) out.insert(out.end(), v.begin(), v.end());
+  return out;
 }
 
 }  // namespace
@@ -76,15 +129,15 @@ TEST_CASE("an FP8 layer whose tokens are split over cp equals the unsplit FP8 la
     Buffers ref(ops);
     Fp8Linear whole(ops, one, nullptr, Fp8Format::e4m3, rowwise);
     Tensor ry = ref.zeros(size_t(N) * OC), rdx = ref.zeros(size_t(N) * IC), rdw = ref.zeros(wt.size());
-    whole.forward(ry, ref.f32(x), false, ref.f32(wt), Tensor{}, N, IC, OC);
-    whole.backward(rdx, rdw, Tensor{}, ref.f32(dy), false, ref.f32(x), false, ref.f32(wt), N, IC, OC);
+    whole.forward(ry, ref.f32(x), false, ref.f32(wt), Tensor{}, N, IC, OC, Fp8Site{0});
+    whole.backward(rdx, rdw, Tensor{}, ref.f32(dy), false, ref.f32(x), false, ref.f32(wt), N, IC, OC, Fp8Site{0});
 
     Fp8Linear part(ops, one, cp.get(), Fp8Format::e4m3, rowwise);
     Buffers bufs(ops);
     const Tensor tx = bufs.f32(rows_of(x, IC, r * Nl, Nl)), tw = bufs.f32(wt), tdy = bufs.f32(rows_of(dy, OC, r * Nl, Nl));
     Tensor y = bufs.zeros(size_t(Nl) * OC), dx = bufs.zeros(size_t(Nl) * IC), dw = bufs.zeros(wt.size());
-    part.forward(y, tx, false, tw, Tensor{}, Nl, IC, OC);
-    part.backward(dx, dw, Tensor{}, tdy, false, tx, false, tw, Nl, IC, OC);
+    part.forward(y, tx, false, tw, Tensor{}, Nl, IC, OC, Fp8Site{0});
+    part.backward(dx, dw, Tensor{}, tdy, false, tx, false, tw, Nl, IC, OC, Fp8Site{0});
     // Relative only: the first rank's dx is 2^-16 of the rest.
     require_close(bufs.read(y), rows_of(ref.read(ry), OC, r * Nl, Nl), 0.0, 1e-5, "y");
     require_close(bufs.read(dx), rows_of(ref.read(rdx), IC, r * Nl, Nl), 0.0, 1e-5, "dx");
@@ -152,18 +205,210 @@ TEST_CASE("FP8 resumes bit-exactly: dynamic scaling keeps no state between steps
   CpuOps ops;
   Trainer t(parity_config(resumer, data().dir), world, ops);
   REQUIRE(t.steps_done() == 5);
-  const RunResult r = collect(t, kSteps - 5);
-  for (size_t s = 0; s < r.steps.size(); s++) {
-    INFO("step " << s + 6);
-    CHECK(r.steps[s].loss == straight.steps[s + 5].loss);
-    CHECK(r.steps[s].grad_norm == straight.steps[s + 5].grad_norm);
-  }
-  CHECK(r.weights == straight.weights);
-  CHECK(r.val_loss == straight.val_loss);
+  check_same_run(collect(t, kSteps - 5), straight, 5);
 }
 
 TEST_CASE("activation recompute changes no bit under FP8 (tp2 x cp2)", "[mpi][fp8][recompute]") {
   const World world = whole_world();
   if (world.size != 4) return;
   check_recompute_is_bitwise(fp8(1, 2, 2).with_sp(), world, data().dir, 3);
+}
+
+TEST_CASE("delayed FP8 scaling: step 1 is tensorwise's, then every rank keeps one history", "[mpi][fp8][delayed]") {
+  const World world = whole_world();
+  // One rank: the first step has no history and scales as tensorwise does, bit for bit.
+  const RunResult& d = reference("gpt2", "delayed");
+  const RunResult& t = reference("gpt2", "tensorwise");
+  CHECK(d.steps[0].loss == t.steps[0].loss);
+  CHECK(d.steps[0].grad_norm == t.steps[0].grad_norm);
+  // Under data, tensor and context parallel every rank ends a step with the same histories, the
+  // largest amaxes of every rank's micro-batches and parts; each layer's x, w and dout recorded.
+  std::vector<Layout> layouts;
+  if (world.size == 2) layouts = {delayed(2, 1, 1), delayed(1, 2, 1).with_sp(), delayed(1, 1, 2)};
+  if (world.size == 4) layouts = {delayed(2, 2, 1).with_sp(), delayed(1, 2, 2).with_sp()};
+  for (const Layout& l : layouts) {
+    INFO(l.describe());
+    CpuOps ops;
+    Trainer tr(parity_config(l, data().dir), world, ops);
+    for (int s = 0; s < 3; s++) tr.step();
+    const std::vector<float> mine = flat(histories(tr));
+    REQUIRE(mine.size() == size_t(8 * kFp8BlockLayers * 16 * 3));  // 8 layers, 16 steps of x, w, dout
+    for (size_t i = 0; i < mine.size(); i++)  // the 3 newest rows of 16 recorded, the rest zero
+      if ((i / 3) % 16 >= 13) REQUIRE(mine[i] > 0.0f);
+      else REQUIRE(mine[i] == 0.0f);
+    std::vector<float> all(mine.size() * world.size);
+    MPI_Allgather(mine.data(), static_cast<int>(mine.size()), MPI_FLOAT, all.data(), static_cast<int>(mine.size()),
+                  MPI_FLOAT, MPI_COMM_WORLD);
+    for (int r = 1; r < world.size; r++) {
+      INFO("rank " << r << " against rank 0");
+      CHECK(std::equal(mine.begin(), mine.end(), all.begin() + r * mine.size()));
+    }
+  }
+}
+
+TEST_CASE("delayed FP8 scaling over two and four ranks trains like one rank", "[mpi][fp8][delayed]") {
+  const World world = whole_world();
+  if (world.size == 2)
+    for (const Layout& l : {delayed(2, 1, 1), delayed(1, 2, 1).with_sp(), delayed(1, 1, 2), delayed(1, 1, 1, 2)})
+      check_trains_like(l, world, data().dir, reference("gpt2", "delayed"));
+  if (world.size == 4)
+    for (const Layout& l : {delayed(2, 2, 1).with_sp().with_zero(3), delayed(1, 2, 2).with_sp(), delayed(1, 2, 1, 2)})
+      check_trains_like(l, world, data().dir, reference("gpt2", "delayed"));
+}
+
+TEST_CASE("delayed FP8 scaling resumes bit-exactly: checkpoints keep the amax histories", "[mpi][fp8][delayed][ckpt]") {
+  const World world = whole_world();
+  // A 3-step history has wrapped by step 5: its oldest row is not its first.
+  const Layout l = (world.size == 2 ? delayed(1, 2, 1).with_sp() : delayed(1, 2, 2).with_sp())
+                       .with([](Layout& x) { x.fp8_history = 3; });
+  const RunResult straight = train(l, world, data().dir);
+  // Saved under l, and (the same run) under pp2: layers named globally, read by any split.
+  for (const Layout& saver_layout : {l, l.with([&](Layout& x) { x.tp = 1, x.sp = false, x.cp = 1, x.pp = 2, x.dp = world.size / 2; })}) {
+    INFO("saved under " << saver_layout.describe());
+    Layout saver = saver_layout;
+    saver.checkpoints = (data().dir / ("fp8_delayed_" + std::to_string(saver.pp))).string();
+    std::string saved;
+    std::map<std::string, std::vector<float>> at_save;
+    {
+      CpuOps ops;
+      Trainer t(parity_config(saver, data().dir), world, ops);
+      for (int s = 0; s < 5; s++) t.step();
+      saved = t.save_checkpoint();
+      at_save = histories(t);
+    }
+    // The checkpoint holds each layer's history, [3 steps, x w dout], as the saving ranks had it.
+    ckpt::CheckpointReader reader(saved);
+    for (const auto& [name, h] : at_save) {
+      INFO(name);
+      REQUIRE(reader.has(name));
+      CHECK(reader.manifest().find(name)->shape == std::vector<int64_t>{3, 3});
+      std::vector<float> v(9);
+      reader.read(name, 0, 9, v.data());
+      CHECK(v == h);
+    }
+    Layout resumer = l;
+    resumer.checkpoints = (data().dir / ("fp8_delayed_resumed_" + std::to_string(saver.pp))).string();
+    resumer.resume = saved;
+    CpuOps ops;
+    Trainer t(parity_config(resumer, data().dir), world, ops);
+    REQUIRE(t.steps_done() == 5);
+    for (const auto& [name, h] : histories(t)) {
+      INFO(name << " restored");
+      std::vector<float> v(9);
+      reader.read(name, 0, 9, v.data());
+      CHECK(h == v);
+    }
+    if (saver.pp != 1) continue;  // another layout's run differs in float order: the straight one is l's
+    check_same_run(collect(t, kSteps - 5), straight, 5);
+  }
+}
+
+TEST_CASE("delayed FP8 scaling: its buffers are in the memory plan, recompute changes no bit", "[mpi][fp8][delayed][memory]") {
+  const World world = whole_world();
+  if (world.size == 2) check_activation_memory(delayed(2, 1, 1), world, data().dir);
+  if (world.size == 4) {
+    check_activation_memory(delayed(1, 2, 2).with_sp(), world, data().dir);
+    check_recompute_is_bitwise(delayed(1, 2, 2).with_sp(), world, data().dir, 3);
+  }
+}
+
+TEST_CASE("ZeRO-3 gathers FP8 weights in one byte: the same run bit for bit, far fewer bytes", "[mpi][fp8][zero]") {
+  const World world = whole_world();
+  std::vector<Layout> layouts;
+  if (world.size == 2) layouts = {fp8(2, 1, 1).with_zero(3)};
+  if (world.size == 4) layouts = {fp8(2, 2, 1).with_sp().with_zero(3), fp8(4, 1, 1).with_zero(3)};
+  for (const Layout& l : layouts) {
+    INFO(l.describe());
+    const auto run = [&](bool fp8_gather, double* gathered_bytes) {
+      CpuOps ops;
+      Trainer t(parity_config(l.with([&](Layout& x) { x.fp8_gather = fp8_gather; }), data().dir), world, ops);
+      const double before = t.comm_stats().bytes[static_cast<int>(CommKind::all_gather)];
+      RunResult r = collect(t, kSteps);
+      *gathered_bytes = t.comm_stats().bytes[static_cast<int>(CommKind::all_gather)] - before;
+      return r;
+    };
+    double fp8_bytes = 0, plain_bytes = 0;
+    const RunResult with = run(true, &fp8_bytes);  // in this order on every rank: each run is collective
+    check_same_run(with, run(false, &plain_bytes));
+    // The blocks' weights are most of what ZeRO-3 gathers (the embeddings, norms and biases stay
+    // fp32 here): one byte instead of four takes the gathers well under half. (Under tp + SP the
+    // tokens' all-gathers count too: bytes are checked without tp.)
+    if (l.tp > 1) continue;
+    INFO("all-gathered bytes: FP8 weights " << fp8_bytes << ", fp32 " << plain_bytes);
+    CHECK(fp8_bytes < 0.5 * plain_bytes);
+    CHECK(fp8_bytes > 0.25 * plain_bytes);  // a quarter is the floor: the weights alone, in one byte
+  }
+}
+
+TEST_CASE("the FP8 gather casts each weight with the whole weight's scale, across its shards", "[mpi][fp8][zero]") {
+  const World world = whole_world();
+  const RunConfig cfg = parity_config(fp8(world.size, 1, 1).with_zero(3), data().dir);
+  const ParamTable table = build_param_table(cfg.model);
+  const ShardLayout layout(table, 3, world.size, world.rank, bucket_cap_elements(cfg.parallel.grad_bucket_mb));
+  CpuOps ops;
+  ParamStore store(table, layout, ops);
+  std::vector<float> host = random_floats(table.total_numel(), 31);
+  // Block 0's MLP up-projection spans two shards: the part the first of them holds is 2^-16 of
+  // the rest, so that the whole weight's scale puts it among e4m3's subnormals and a scale of its
+  // own would not.
+  const Bucket& b = layout.bucket_of_layer(0);
+  const size_t q = layout.piece_numel(b);
+  const ParamSpec& up = table.get(describe_architecture(cfg.model).tensor_names(ParamRole::mlp_up, 0).at(0));
+  const size_t first = up.offset - b.begin, last = first + up.numel;
+  REQUIRE(first / q != (last - 1) / q);
+  const size_t tiny_end = std::min(last, (first / q + 1) * q);
+  for (size_t i = first; i < tiny_end; i++) host[b.begin + i] *= 1.0f / 65536;
+  store.load_master(host.data());
+  const auto shard = make_group_comm(everyone(world.size), world, ops);
+  LocalComm one(0, ops);
+  ParamGather gather(store, ops, *shard);
+  const std::vector<bool> fp8 = fp8_gathered_params(table, cfg);
+  gather.enable_fp8(fp8, one);
+  gather.acquire(0);
+  Buffers buf(ops);
+  for (size_t i = 0; i < table.specs().size(); i++) {
+    const ParamSpec& p = table.specs()[i];
+    if (p.layer != 0) continue;
+    INFO(p.name << (fp8[i] ? " (FP8)" : ""));
+    const std::vector<float> want(host.begin() + p.offset, host.begin() + p.offset + p.numel);
+    std::vector<float> got(p.numel);
+    ops.download(got.data(), DType::f32, store.param(p), p.numel);
+    if (!fp8[i]) {
+      CHECK(got == want);  // norms and biases travel as they are
+      continue;
+    }
+    float amax = 0;
+    for (float v : want) amax = std::max(amax, std::fabs(v));
+    const int k = fp8_scale_exponent(amax, Fp8Format::e4m3);
+    size_t differs = 0;
+    for (size_t e = 0; e < p.numel; e++) {
+      const float quantised = std::ldexp(fp8_decode(fp8_encode(std::ldexp(want[e], k), Fp8Format::e4m3), Fp8Format::e4m3), -k);
+      REQUIRE(got[e] == quantised);
+      differs += got[e] != want[e];
+    }
+    CHECK(differs > p.numel / 2);  // really quantised
+  }
+  gather.release(0);
+}
+
+TEST_CASE("the FP8 gather's buffers are in the memory plan (ZeRO-3, dp over every rank)", "[mpi][fp8][zero][memory]") {
+  const World world = whole_world();
+  const RunConfig cfg = parity_config(fp8(world.size, 1, 1).with_zero(3), data().dir);
+  const ParamTable table = build_param_table(cfg.model);
+  const MemoryPlan plan = plan_stage_memory(cfg, table, DType::f32).at(0).plan;
+  const ShardLayout layout(table, 3, world.size, world.rank, bucket_cap_elements(cfg.parallel.grad_bucket_mb));
+  const size_t scratch = ParamGather::fp8_scratch_bytes(layout, table, fp8_gathered_params(table, cfg), DType::f32, 1);
+  REQUIRE(scratch > 0);
+  const size_t embeddings = sizeof(float) * layout.bucket_of_layer(layout.first_layer()).padded;
+  CpuOps ops;
+  {
+    Trainer t(cfg, world, ops);
+    t.step();
+    // As mpi_zero.cpp's ZeRO-3 case: between steps only the gathered layers and the gradient
+    // buffers are gone; the FP8 gather's buffers stay.
+    const size_t working = plan.params_working - scratch + plan.grads_working - sizeof(float) * layout.largest_piece_numel();
+    CHECK(ops.memory_use().live == plan.total() - working);
+    CHECK(ops.memory_use().peak == plan.total() - embeddings);
+  }
+  CHECK(ops.memory_use().live == 0);
 }

@@ -61,6 +61,8 @@ void check_split_mlp(bool fp8, bool rowwise = false) {
       for (int h = 0; h < Hl; h++) W2[size_t(c) * H + h] /= kTiny;
   }
   const Fp8Format grads = Fp8Format::e4m3;
+  // The two layers' FP8 sites (dynamic scaling reads none; off without FP8).
+  const Fp8Site up = fp8 ? Fp8Site{0} : Fp8Site{}, down = fp8 ? Fp8Site{1} : Fp8Site{};
   // FP8's tiny part is compared relatively (its values are far below the fp32 case's atol).
   const double atol = fp8 ? 0.0 : 1e-6;
 
@@ -70,14 +72,14 @@ void check_split_mlp(bool fp8, bool rowwise = false) {
   if (fp8) whole.enable_fp8(nullptr, grads, rowwise);
   Tensor rx = ref.f32(x), rW1 = ref.f32(W1), rb1 = ref.f32(b1), rW2 = ref.f32(W2), rb2 = ref.f32(b2);
   Tensor rh = ref.zeros(size_t(N) * H), ra = ref.zeros(size_t(N) * H), ry = ref.zeros(size_t(N) * C);
-  whole.column_forward(rh, rx, rW1, rb1, N, C, H, fp8);
+  whole.column_forward(rh, rx, rW1, rb1, N, C, H, up);
   ops.gelu_forward(ra, rh, size_t(N) * H);
-  whole.row_forward(ry, ra, rW2, rb2, N, H, C, fp8);
+  whole.row_forward(ry, ra, rW2, rb2, N, H, C, down);
   Tensor rdy = ref.f32(dy), rda = ref.zeros(size_t(N) * H), rdh = ref.zeros(size_t(N) * H), rdx = ref.f32(dx0);
   Tensor rdW1 = ref.zeros(W1.size()), rdb1 = ref.zeros(H), rdW2 = ref.zeros(W2.size()), rdb2 = ref.zeros(C);
-  whole.row_backward(rda, rdW2, rdb2, rdy, ra, rW2, N, H, C, fp8);
+  whole.row_backward(rda, rdW2, rdb2, rdy, ra, rW2, N, H, C, down);
   ops.gelu_backward(rdh, rh, rda, size_t(N) * H);
-  whole.column_backward(rdx, rdW1, rdb1, rdh, rx, rW1, N, C, H, fp8);
+  whole.column_backward(rdx, rdW1, rdb1, rdh, rx, rW1, N, C, H, up);
   const std::vector<float> y_ref = ref.read(ry), dx_ref = ref.read(rdx), dW1_ref = ref.read(rdW1),
                            db1_ref = ref.read(rdb1), dW2_ref = ref.read(rdW2), db2_ref = ref.read(rdb2);
   if (fp8) {  // FP8 really ran: the fp32 MLP's output is elsewhere
@@ -98,18 +100,18 @@ void check_split_mlp(bool fp8, bool rowwise = false) {
     Tensor tW1 = bufs.f32(rows_of(W1, C, r * Hl, Hl)), tb1 = bufs.f32(rows_of(b1, 1, r * Hl, Hl));
     Tensor tW2 = bufs.f32(cols_of(W2, C, H, r * Hl, Hl)), tb2 = bufs.f32(b2);
     Tensor h = bufs.zeros(size_t(N) * Hl), a = bufs.zeros(size_t(N) * Hl), y = bufs.zeros(size_t(No) * C);
-    tpl.column_forward(h, tx, tW1, tb1, N, C, Hl, fp8);
+    tpl.column_forward(h, tx, tW1, tb1, N, C, Hl, up);
     ops.gelu_forward(a, h, size_t(N) * Hl);
-    tpl.row_forward(y, a, tW2, tb2, N, Hl, C, fp8);
+    tpl.row_forward(y, a, tW2, tb2, N, Hl, C, down);
     require_close(bufs.read(y), rows_of(y_ref, C, row0, No), atol, 1e-5, "y");
 
     Tensor tdy = bufs.f32(rows_of(dy, C, row0, No)), da = bufs.zeros(size_t(N) * Hl), dh = bufs.zeros(size_t(N) * Hl);
     Tensor dx = bufs.f32(rows_of(dx0, C, row0, No));
     Tensor dW1 = bufs.zeros(size_t(Hl) * C), db1 = bufs.zeros(Hl), dW2 = bufs.zeros(size_t(C) * Hl),
            db2 = bufs.zeros(C);
-    tpl.row_backward(da, dW2, db2, tdy, a, tW2, N, Hl, C, fp8);
+    tpl.row_backward(da, dW2, db2, tdy, a, tW2, N, Hl, C, down);
     ops.gelu_backward(dh, h, da, size_t(N) * Hl);
-    tpl.column_backward(dx, dW1, db1, dh, tx, tW1, N, C, Hl, fp8);
+    tpl.column_backward(dx, dW1, db1, dh, tx, tW1, N, C, Hl, up);
     require_close(bufs.read(dx), rows_of(dx_ref, C, row0, No), atol, 1e-5, "dx");
     require_close(bufs.read(dW1), rows_of(dW1_ref, C, r * Hl, Hl), atol, 1e-5, "dW1");
     require_close(bufs.read(db1), rows_of(db1_ref, 1, r * Hl, Hl), atol, 1e-5, "db1");

@@ -57,6 +57,8 @@ struct Layout {
   int ep = 1;  // expert parallel: ep of the dp ranks split the experts
   int dp_replicate = 1;  // HSDP: ZeRO shards within dp / dp_replicate ranks, replicated across
   std::string fp8 = "off";  // precision.fp8 (every block layer when on)
+  int fp8_history = 16;     // precision.fp8_amax_history (fp8 "delayed")
+  bool fp8_gather = true;   // precision.fp8_weight_gather (ZeRO-3)
   int ranks() const { return pp * dp * tp * cp; }
 
   // Variations, so that a test names each layout in one expression:
@@ -132,6 +134,8 @@ inline RunConfig parity_config(const Layout& l, const std::filesystem::path& dir
                       {"resume", l.resume}}},
   };
   if (l.fp8 != "off") j["precision"] = {{"fp8", l.fp8}};
+  if (l.fp8 == "delayed") j["precision"]["fp8_amax_history"] = l.fp8_history;
+  if (!l.fp8_gather) j["precision"]["fp8_weight_gather"] = false;
   if (l.arch != "gpt2")
     j["model"].update({{"arch", l.arch}, {"n_kv_heads", l.kv_heads}, {"tie_embeddings", l.tied}});
   if (l.experts > 0)
@@ -274,7 +278,7 @@ inline void check_activation_memory(Layout l, const World& world, const std::fil
     CpuOps ops;
     Trainer t(cfg, world, ops);
     const auto& b = cfg.batch;
-    const StageDims dims = StageDims::make(cfg.model, b.micro_batch_size, b.seq_len, l.tp, l.sp, l.cp, l.ep);
+    const StageDims dims = StageDims::make(cfg.model, b.micro_batch_size, b.seq_len, l.tp, l.sp, l.cp, l.ep, l.dp * l.cp);
     PipelineExecutor& ex = t.pipeline();
     size_t want = 0;
     for (size_t c = 0; c < ex.chunks().size(); c++)
@@ -300,6 +304,8 @@ inline Layout one_rank(const Layout& l) {
   one.top_k = l.top_k;
   one.moe_every = l.moe_every;
   one.shared = l.shared;
+  one.fp8 = l.fp8;
+  one.fp8_history = l.fp8_history;
   return one;
 }
 

@@ -1,7 +1,7 @@
 // FP8 (precision.fp8): the two formats' rounding (core/common/fp8.h) against NVIDIA's own
 // host-side conversions and against values read off the formats' definitions, the power-of-two
 // scales, CpuOps' FP8 ops, the FP8 linear layer against the same product done by hand, and the
-// config keys.
+// config keys. Delayed scaling's state is test_fp8_delayed.cpp's.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
@@ -202,7 +202,7 @@ TEST_CASE("CpuOps quantises with the whole tensor's scale, plain and transposed"
       INFO((transpose ? "transposed " : "plain ") << fp8_format_name(f));
       const Tensor q = buf.zeros(x.size(), f == Fp8Format::e4m3 ? DType::f8e4m3 : DType::f8e5m2);
       const Tensor sinv = buf.zeros(1);
-      ops.fp8_quantize(q, sinv, xt, amaxes, 3, rows, cols, transpose, false);
+      ops.fp8_quantize(q, sinv, xt, amaxes, 3, rows, cols, transpose, false, Tensor{});
       const int k = fp8_scale_exponent(20.0f, f);
       CHECK(buf.read(sinv)[0] == std::ldexp(1.0f, -k));
       const uint8_t* codes = static_cast<const uint8_t*>(q.data);
@@ -250,7 +250,7 @@ TEST_CASE("CpuOps quantises rowwise: each row of the operand with its own scale,
     ops.upload(amaxes.slice(2 * size_t(R), R), others.data() + R, DType::f32, R);
     const std::vector<float> all = buf.read(amaxes);
     const Tensor q = buf.zeros(x.size(), DType::f8e4m3), sinv = buf.zeros(R);
-    ops.fp8_quantize(q, sinv, xt, amaxes, parts, rows, cols, transpose, true);
+    ops.fp8_quantize(q, sinv, xt, amaxes, parts, rows, cols, transpose, true, Tensor{});
     const std::vector<float> scale_inv = buf.read(sinv);
     const uint8_t* codes = static_cast<const uint8_t*>(q.data);
     for (int i = 0; i < R; i++) {
@@ -358,8 +358,8 @@ TEST_CASE("the FP8 linear layer is the product of the quantised operands, forwar
       Fp8Linear layer(ops, tp, nullptr, grad, rowwise);
       const Tensor out = buf.zeros(size_t(N) * OC), dinp = buf.zeros(size_t(N) * IC),
                    dw = buf.f32(std::vector<float>(size_t(OC) * IC, 0.5f)), dbias = buf.zeros(OC);
-      layer.forward(out, buf.f32(x), false, buf.f32(w), buf.f32(bias), N, IC, OC);
-      layer.backward(dinp, dw, dbias, buf.f32(dout), false, buf.f32(x), false, buf.f32(w), N, IC, OC);
+      layer.forward(out, buf.f32(x), false, buf.f32(w), buf.f32(bias), N, IC, OC, Fp8Site{0});
+      layer.backward(dinp, dw, dbias, buf.f32(dout), false, buf.f32(x), false, buf.f32(w), N, IC, OC, Fp8Site{0});
       // The same products in double over the dequantised values (each term exact; the sums here
       // are double, the layer's fp32, hence the tolerance).
       std::vector<float> want_out(size_t(N) * OC), want_dinp(size_t(N) * IC), want_dw(size_t(OC) * IC);
@@ -415,7 +415,13 @@ TEST_CASE("precision.fp8 keys: recipes, layers and formats, with errors that nam
   CHECK(with({{"fp8", "rowwise"}}).precision.fp8 == "rowwise");
   CHECK(fp8_recipe("rowwise", "all", "e5m2").rowwise);
   CHECK_FALSE(fp8_recipe("tensorwise", "all", "e5m2").rowwise);
-  CHECK_THROWS_WITH(with({{"fp8", "delayed"}}), Catch::Contains("precision.fp8") && Catch::Contains("not implemented yet"));
+  const RunConfig delayed = with({{"fp8", "delayed"}, {"fp8_amax_history", 4}});
+  CHECK(fp8_recipe(delayed.precision).delayed);
+  CHECK(fp8_recipe(delayed.precision).amax_history == 4);
+  CHECK_FALSE(fp8_recipe(delayed.precision).rowwise);
+  CHECK(with({{"fp8", "delayed"}}).precision.fp8_amax_history == 16);
+  CHECK_THROWS_WITH(with({{"fp8", "delayed"}, {"fp8_amax_history", 0}}), Catch::Contains("precision.fp8_amax_history"));
+  CHECK_THROWS_WITH(with({{"fp8", "delayed"}, {"fp8_amax_history", 1025}}), Catch::Contains("precision.fp8_amax_history"));
   CHECK_THROWS_WITH(with({{"fp8", "yes"}}), Catch::Contains("precision.fp8"));
   CHECK_THROWS_WITH(with({{"fp8_layers", "qkv,lm_head"}}), Catch::Contains("precision.fp8_layers") && Catch::Contains("lm_head"));
   CHECK_THROWS_WITH(with({{"fp8_grad_format", "e3m4"}}), Catch::Contains("precision.fp8_grad_format"));

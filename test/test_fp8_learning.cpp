@@ -1,6 +1,7 @@
 // FP8 products still learn (#35, "does it still learn"): a tiny GPT-2 and a tiny Llama train
 // for 150 steps on real text with every block layer in FP8 (the CPU backend's exact emulation;
-// tensorwise and rowwise scales), and their validation loss ends within 1% of the same run in fp32.
+// tensorwise, rowwise and delayed scales), and their validation loss ends within 1% of the same run
+// in fp32.
 //
 // The text: $PICOTRAIN_FP8_CORPUS (a text file) when set, else the offline corpus's brown.txt
 // (scripts/get_data.sh) when it is there, else GPT-2's BPE merge list (data/gpt2/vocab.bpe, which
@@ -100,7 +101,7 @@ TEST_CASE("FP8 learns like fp32: tiny GPT-2 and Llama, 150 steps, validation los
   for (const char* arch : {"gpt2", "llama"}) {
     const Run full = train(arch, "off", dir);
     CHECK(full.val_loss < 0.7 * std::log(256.0));  // it learned: far below the uniform guess (ln 256 = 5.55)
-    for (const char* recipe : {"tensorwise", "rowwise"}) {
+    for (const char* recipe : {"tensorwise", "rowwise", "delayed"}) {
       INFO(arch << ", FP8 " << recipe << " on " << corpus);
       const Run low = train(arch, recipe, dir);
       const double gap = (low.val_loss - full.val_loss) / full.val_loss;

@@ -457,13 +457,14 @@ TEST_CASE("plan --json: each layout's breakdown sums to its step; the why line n
   CHECK_THAT(text.output, Contains("why       | " + why_best(plan)));
 }
 
-TEST_CASE("precision.fp8: the FP8 layers' products at the FP8 rate, plus their casts; refused without FP8", "[plan][fp8]") {
+TEST_CASE("precision.fp8: the FP8 layers' products at the FP8 rate, plus their casts (fewer delayed); refused without FP8",
+          "[plan][fp8]") {
   // GPT-2 1.5B on one H100: 48 blocks, 16 micro-batches of 8 x 1024 tokens, d_model 1600.
   const std::vector<std::string> sets = {"batch.micro_batch_size=8", "batch.global_batch_tokens=131072",
                                          "parallel.zero_stage=0"};
-  const auto with = [&](const std::string& layers) {
+  const auto with = [&](const std::string& layers, const std::string& recipe = "tensorwise") {
     std::vector<std::string> s = sets;
-    s.push_back("precision.fp8=tensorwise");
+    s.push_back("precision.fp8=" + recipe);
     s.push_back("precision.fp8_layers=" + layers);
     return one_gpu_plan("gpt2-1.5b.json", s).layouts.at(0).time;
   };
@@ -492,6 +493,13 @@ TEST_CASE("precision.fp8: the FP8 layers' products at the FP8 rate, plus their c
   CHECK(all.fp8_casts_s > cast_bytes / 3.35e12);  // no faster than the H100's HBM
   CHECK(all.fp8_casts_s < cast_bytes / (0.3 * 3.35e12));
   CHECK(all.compute_s < bf16.compute_s);
+  // Delayed scaling: the same products; each cast reads its operand once (the scale comes from
+  // earlier steps: no amax pass), 3 bytes a value.
+  const StepTime delayed = with("all", "delayed");
+  CHECK(bf16.compute_s - (delayed.compute_s - delayed.fp8_casts_s) == Approx(saving).epsilon(1e-6));
+  CHECK(delayed.fp8_casts_s > cast_bytes * 3 / 5 / 3.35e12);
+  CHECK(delayed.fp8_casts_s < cast_bytes * 3 / 5 / (0.3 * 3.35e12));
+  CHECK(delayed.fp8_casts_s < all.fp8_casts_s);
   // One layer only: its own saving, and its own casts.
   const StepTime qkv = with("qkv");
   CHECK(bf16.compute_s - (qkv.compute_s - qkv.fp8_casts_s) ==
@@ -503,4 +511,25 @@ TEST_CASE("precision.fp8: the FP8 layers' products at the FP8 rate, plus their c
   a100.push_back("precision.fp8=tensorwise");
   CHECK_THROWS_WITH(one_gpu_plan("gpt2-1.5b.json", a100, hardware_of(gpu_profile("a100-80g"), 8)),
                     Catch::Contains("precision.fp8=tensorwise") && Catch::Contains("a100-80g"));
+}
+
+TEST_CASE("precision.fp8 under ZeRO-3: the planner counts the FP8 weights' gathers at one byte", "[plan][fp8][zero]") {
+  // GPT-2 1.5B over 8 GPUs of a node, ZeRO-3: every layer gathered in forward and backward.
+  const auto dp_seconds = [](bool fp8_gather) {
+    const Plan p = make_plan(std::string(PICOTRAIN_SOURCE_DIR) + "/configs/gpt2-1.5b.json",
+                             {"parallel.zero_stage=3", "precision.fp8=tensorwise",
+                              std::string("precision.fp8_weight_gather=") + (fp8_gather ? "true" : "false")},
+                             8, Hardware{});
+    for (const LayoutPlan& l : p.layouts)
+      if (l.layout.name() == "dp8 tp1 pp1 cp1") return l.time.dp_s;
+    FAIL("no dp8 layout");
+    return 0.0;
+  };
+  const double fp8 = dp_seconds(true), bf16 = dp_seconds(false);
+  INFO("exposed dp communication: FP8 gathers " << fp8 << " s, bf16 " << bf16 << " s");
+  // Per parameter and micro-batch ZeRO-3 moves two gathers (forward, backward) of 2 bytes and a
+  // reduce-scatter of the fp32 gradient, 4 bytes: 8 in all. The blocks' four weights (94% of the
+  // parameters) gather in 1 byte instead: 2 x (0.94 + 0.06 x 2) + 4 = 6.1, 0.77 of bf16's.
+  CHECK(fp8 < 0.8 * bf16);
+  CHECK(fp8 > 0.7 * bf16);
 }

@@ -104,6 +104,11 @@ std::vector<Checkpointer::Part> Checkpointer::parts(ParamStore& main) const {
   return out;
 }
 
+void Checkpointer::set_extra_state(ExtraState* state, bool writes) {
+  extra_ = state;
+  extra_writes_ = state && writes;
+}
+
 void Checkpointer::set_ranks(Comm* world, bool writes_shard) {
   world_ = world;
   writes_shard_ = writes_shard;
@@ -232,6 +237,22 @@ TrainState Checkpointer::load(const std::string& dir, ParamStore& store, Ops& op
     }
   }
 
+  if (extra_) {  // each entry whole, in the shape it was saved with
+    std::vector<std::optional<ExtraState::Entry>> found;
+    for (const std::string& name : extra_->names()) {
+      if (!r.has(name)) {
+        found.emplace_back();
+        continue;
+      }
+      const TensorEntry& saved = *m.find(name);
+      ExtraState::Entry e{name, saved.shape, {}};
+      e.values.resize(saved.numel());
+      r.read(name, 0, e.values.size(), e.values.data());
+      found.push_back(std::move(e));
+    }
+    extra_->restore(found);
+  }
+
   if (m.train_tokens != 0 && train_tokens != 0 && m.train_tokens != train_tokens)
     warn("checkpoint " + dir + " was saved with " + std::to_string(m.train_tokens) +
          " training tokens and data.train now has " + std::to_string(train_tokens) + ": the token cursor " +
@@ -289,8 +310,14 @@ std::string Checkpointer::save(const TrainState& state, ParamStore& store, Ops& 
                                 g.stride, data + (g.local_begin - piece.begin), g.numel);
         }
       }
+    if (extra_writes_)
+      for (const ExtraState::Entry& e : extra_->save_entries()) {
+        check_finite(e.name, 0, e.values.data(), e.values.size(), state.step);
+        w.add_chunk(e.name, e.shape, state_file("extra", rank), 0, e.values.data(), e.values.size());
+      }
   };
-  const bool writes = std::any_of(held.begin(), held.end(), [](const Part& p) { return p.writes; });
+  const bool writes =
+      extra_writes_ || std::any_of(held.begin(), held.end(), [](const Part& p) { return p.writes; });
   if (several_ranks()) {
     path_on_disk_ = save_with_ranks(meta, writes, fill);
     step_on_disk_ = state.step;

@@ -13,6 +13,10 @@
 // parameters, the table given to the constructor; the tensors of all stages together make one
 // checkpoint of the whole model, which resumes under any other pp (set_not_saved).
 //
+// State besides the parameters (set_extra_state: delayed FP8 scaling's amax histories) is a
+// few named f32 tensors, each whole in one chunk of "extra_r00000.bin", written by one rank and
+// read by every rank that holds it; a checkpoint without them restores none.
+//
 // Several ranks (set_ranks): every rank that holds a shard no other rank writes (the first
 // replica under HSDP, dp rank 0 under ZeRO-0) writes its own files into one temporary directory
 // and rank 0 commits; every rank restores the pieces of ITS layout from whatever chunks the
@@ -35,6 +39,25 @@
 namespace pt::ckpt {
 
 class CheckpointWriter;
+
+// State besides the parameters' that a checkpoint keeps: small f32 tensors with global names
+// (delayed FP8 scaling's amax histories), each saved whole by one rank and read back by every
+// rank that holds it, whatever the layout.
+class ExtraState {
+ public:
+  virtual ~ExtraState() = default;
+  struct Entry {
+    std::string name;
+    std::vector<int64_t> shape;
+    std::vector<float> values;  // the shape's product of them
+  };
+  // What to save now (nothing, e.g., before there is any).
+  virtual std::vector<Entry> save_entries() = 0;
+  // The names restore() looks for.
+  virtual std::vector<std::string> names() const = 0;
+  // The checkpoint's entries of names(), in that order: nullopt where it has none.
+  virtual void restore(const std::vector<std::optional<Entry>>& found) = 0;
+};
 
 struct TrainState {
   int step = 0;          // optimizer steps done
@@ -60,6 +83,9 @@ class Checkpointer {
   // names. `writes`: this rank writes that store's shard (the first of the ranks holding the same
   // one); `not_saved` as above, indexed like store.table().specs(). Not owned.
   void set_experts(ParamStore& store, bool writes, std::vector<bool> not_saved);
+  // State besides the parameters (not owned; nullptr: none), restored by every rank; `writes`:
+  // this rank saves it (the first of the ranks holding the same).
+  void set_extra_state(ExtraState* state, bool writes);
 
   // Resolves checkpoint.resume. none: nullopt (and a ConfigError when checkpoint.dir already
   // holds committed checkpoints, which a fresh run would prune). auto: the newest committed
@@ -119,6 +145,8 @@ class Checkpointer {
   ParamStore* expert_store_ = nullptr;  // set_experts
   bool expert_writes_ = false;
   std::vector<bool> expert_not_saved_;
+  ExtraState* extra_ = nullptr;  // set_extra_state
+  bool extra_writes_ = false;
   int step_on_disk_ = -1;
   std::string path_on_disk_;
   std::string resumed_from_;

@@ -188,12 +188,10 @@ auto tokenizer_rule = [](const std::string& v) {
              : std::string("must be \"\" (by model.vocab_size), ") + kTokenizerNames + ", an existing path";
 };
 
-// FP8: the recipes this build has; delayed scaling (Transformer Engine's) is named as not here.
+// FP8: the recipes (core/parallel/fp8_linear.h).
 auto fp8_rule = [](const std::string& v) {
-  if (v == "off" || v == "tensorwise" || v == "rowwise") return std::string();
-  if (v == "delayed")
-    return std::string("\"delayed\" scaling is not implemented yet: must be \"off\", \"tensorwise\" or \"rowwise\"");
-  return std::string("must be one of \"off\", \"tensorwise\", \"rowwise\"");
+  if (v == "off" || v == "tensorwise" || v == "rowwise" || v == "delayed") return std::string();
+  return std::string("must be one of \"off\", \"tensorwise\", \"rowwise\", \"delayed\"");
 };
 
 auto fp8_layers_rule = [](const std::string& v) {
@@ -355,7 +353,9 @@ std::vector<ConfigKey> build_table() {
       .add("master_weights", &PrecisionSection::master_weights, one_of({"fp32"}))
       .add("fp8", &PrecisionSection::fp8, fp8_rule)
       .add("fp8_layers", &PrecisionSection::fp8_layers, fp8_layers_rule)
-      .add("fp8_grad_format", &PrecisionSection::fp8_grad_format, one_of({"e5m2", "e4m3"}));
+      .add("fp8_grad_format", &PrecisionSection::fp8_grad_format, one_of({"e5m2", "e4m3"}))
+      .add("fp8_amax_history", &PrecisionSection::fp8_amax_history, in_interval(1, 1024, "[]"))
+      .add("fp8_weight_gather", &PrecisionSection::fp8_weight_gather);
 
   SectionKeys(k, "data", &RunConfig::data)
       .add("train", &DataSection::train, not_empty)

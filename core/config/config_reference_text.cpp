@@ -235,17 +235,26 @@ const std::vector<KeyMeaning>& key_meanings() {
       {"precision.master_weights",
        "Dtype of the weights the optimizer updates; only `fp32`."},
       {"precision.fp8",
-       "`off`, `tensorwise` or `rowwise`: the blocks' linear layers multiply in FP8 (e4m3 weights and "
+       "`off`, `tensorwise`, `rowwise` or `delayed`: the blocks' linear layers multiply in FP8 (e4m3 weights and "
        "activations), sums in fp32, with power-of-two scales from the largest values at the time: one per tensor "
-       "(`tensorwise`), or one per row of each operand (`rowwise`: per token and per feature). Needs a GPU of "
-       "compute capability 8.9 or later (Ada, Hopper; `rowwise`: 9.0, Hopper); the CPU backend emulates it "
-       "exactly. `delayed` (scales from an amax history) is refused: only the two dynamic recipes are "
-       "implemented."},
+       "(`tensorwise`), or one per row of each operand (`rowwise`: per token and per feature); or (`delayed`) one "
+       "per tensor from its largest values over the last `fp8_amax_history` steps, recorded as the casts read "
+       "them: no amax pass and no amax exchange per product, at the risk of clipping a tensor that outgrew its "
+       "history (the first step scales as `tensorwise`; checkpoints keep the history). Needs a GPU of compute "
+       "capability 8.9 or later (Ada, Hopper; `rowwise`: 9.0, Hopper); the CPU backend emulates it exactly."},
       {"precision.fp8_layers",
        "With `precision.fp8`: `all`, or a comma-separated list of `qkv`, `attn_out`, `mlp_up`, `mlp_down`. The "
        "LM head, attention and MoE experts stay in the compute dtype."},
       {"precision.fp8_grad_format",
        "With `precision.fp8`: the output gradients' format in backward, `e5m2` (wider range) or `e4m3`."},
+      {"precision.fp8_amax_history",
+       "With `precision.fp8=delayed`: how many steps of each tensor's largest magnitude its scale covers (the "
+       "largest of them); 1 to 1024. A resumed run whose history length changed keeps the newest steps."},
+      {"precision.fp8_weight_gather",
+       "With `precision.fp8=tensorwise` and `parallel.zero_stage=3`: all-gather the FP8 layers' weights as e4m3 codes "
+       "(one byte a value, each rank casting its shard with the whole weight's scale) instead of in the compute "
+       "dtype: half the bytes of a bf16 gather, a quarter of fp32's, and the same products bit for bit. `rowwise` "
+       "and `delayed` gather in the compute dtype. Default `true`."},
       // ---- data
       {"data.train",
        "Glob of llm.c token shards (`.bin`) to train on; not empty."},

@@ -146,11 +146,16 @@ struct PrecisionSection {
   std::string compute_dtype = "auto";  // auto | fp32 | bf16 (auto: fp32 on cpu, bf16 on cuda)
   std::string master_weights = "fp32";
   // FP8 products for the blocks' linear layers (core/parallel/fp8_linear.h): "off",
-  // "tensorwise" or "rowwise"; which layers ("all", or a comma-separated list of qkv, attn_out, mlp_up,
-  // mlp_down); the gradients' format (e5m2 or e4m3; weights and activations are e4m3).
+  // "tensorwise", "rowwise" or "delayed"; which layers ("all", or a comma-separated list of qkv,
+  // attn_out, mlp_up, mlp_down); the gradients' format (e5m2 or e4m3; weights and activations
+  // are e4m3); delayed scaling's amax history in steps (core/parallel/fp8_delayed.h).
   std::string fp8 = "off";
   std::string fp8_layers = "all";
   std::string fp8_grad_format = "e5m2";
+  int fp8_amax_history = 16;
+  // ZeRO-3 all-gathers the FP8 layers' weights as e4m3 codes (tensorwise only;
+  // core/train/param_gather.h).
+  bool fp8_weight_gather = true;
 };
 
 struct DataSection {

@@ -88,7 +88,7 @@ void CpuOps::fp8_amax(Tensor amax, Tensor x, int rows, int cols, Fp8Amax over) {
 }
 
 void CpuOps::fp8_quantize(Tensor q, Tensor scale_inv, Tensor x, Tensor amaxes, int n_amax, int rows, int cols,
-                          bool transpose, bool per_row) {
+                          bool transpose, bool per_row, Tensor record_amax) {
   cpu::check_dims("fp8_quantize", {n_amax, rows, cols});
   const size_t n = size_t(rows) * cols;
   const int R = transpose ? cols : rows;  // q's rows
@@ -115,6 +115,23 @@ void CpuOps::fp8_quantize(Tensor q, Tensor scale_inv, Tensor x, Tensor amaxes, i
       codes[transpose ? size_t(c) * rows + r : size_t(r) * cols + c] = code;
     }
   for (size_t i = 0; i < scales; i++) sinv[i] = fp8_pow2(-k[i]);
+  if (record_amax) {
+    check(!per_row, "CpuOps::fp8_quantize: record_amax with per-row scales (it records one tensor's amax)");
+    float* rec = cpu::f32_arg(record_amax, 1, "fp8_quantize", "record_amax");
+    uint32_t largest = fp8_magnitude_bits(rec[0]);
+#pragma omp parallel for reduction(max : largest) schedule(static)
+    for (long long i = 0; i < static_cast<long long>(n); i++) largest = std::max(largest, fp8_magnitude_bits(in[i]));
+    rec[0] = fp8_bits_float(largest);
+  }
+}
+
+void CpuOps::fp8_dequantize(Tensor out, Tensor q, Tensor scale_inv, size_t n) {
+  const Fp8Format f = fp8_format_of(q, "fp8_dequantize", "q");
+  const uint8_t* codes = fp8_arg(q, n, "fp8_dequantize", "q");
+  const float s = cpu::f32_arg(scale_inv, 1, "fp8_dequantize", "scale_inv")[0];
+  float* o = cpu::f32_arg(out, n, "fp8_dequantize", "out");
+#pragma omp parallel for schedule(static)
+  for (long long i = 0; i < static_cast<long long>(n); i++) o[i] = fp8_decode(codes[i], f) * s;
 }
 
 void CpuOps::fp8_matmul(Tensor out, Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, Tensor bias, int M,

@@ -33,7 +33,8 @@ DecoderStage::DecoderStage(const ModelSection& model, ParamStore& store, Ops& op
 
 DecoderStage::DecoderStage(const ModelSection& model, ParamStore& store, Ops& ops, int B, int T, const StageLayers& layers,
                      StageSlots slots, Recompute recompute, const ModelParallel& mp, const Fp8Recipe& fp8)
-    : d_(StageDims::make(model, B, T, mp.tp_size(), mp.sequence_parallel, mp.cp_size(), mp.ep ? mp.ep->size() : 1)),
+    : d_(StageDims::make(model, B, T, mp.tp_size(), mp.sequence_parallel, mp.cp_size(), mp.ep ? mp.ep->size() : 1,
+                            mp.dp_cp ? mp.dp_cp->size() : 1)),
       store_(store),
       ops_(ops),
       layers_(layers),
@@ -150,7 +151,8 @@ DecoderStage::DecoderStage(const ModelSection& model, ParamStore& store, Ops& op
   tp_ = std::make_unique<TensorParallel>(ops, *tp_comm_, d.sp);
   if (fp8_.any()) {
     if (ops.device() == Device::cuda) Fp8Linear::check_gpu_shapes(d.N, fp8_layer_shapes(d, layers, fp8_));
-    tp_->enable_fp8(mp.cp, fp8_.grad, fp8_.rowwise);
+    if (fp8_.delayed) fp8_delayed_ = std::make_unique<Fp8Delayed>(ops, layers.layers() * kFp8BlockLayers, fp8_.amax_history, *tp_comm_, mp.dp_cp);
+    tp_->enable_fp8(mp.cp, fp8_.grad, fp8_.rowwise, fp8_delayed_.get());
     activation_bytes_ += fp8_scratch_bytes(d, layers, fp8_);
   }
   if (d.tp > 1 && layers.head) vocab_ce_ = std::make_unique<VocabParallelCrossEntropy>(ops, *tp_comm_);
@@ -277,15 +279,28 @@ void DecoderStage::rope(Tensor qkv, bool backward) {
     ops_.rope_forward(qkv, pos_, d.B, d.T, d.QKVl, d.NHl + d.NKVl, arch_.head_dim, arch_.rope_theta);
 }
 
+Fp8Site DecoderStage::fp8_site(int l, Fp8Layer layer) const {
+  if (!fp8_layer_on(fp8_, layer)) return {};
+  return {(l - layers_.first_layer) * kFp8BlockLayers + static_cast<int>(layer)};
+}
+
+void DecoderStage::fp8_begin_step() {
+  if (fp8_delayed_) fp8_delayed_->begin_step();
+}
+
+void DecoderStage::fp8_end_step(bool keep) {
+  if (fp8_delayed_) fp8_delayed_->end_step(keep);
+}
+
 void DecoderStage::block_forward(const LayerActs& a, const LayerParams& p, Tensor x, bool ln1_ready, bool to_gelu,
                                  int l, int slot) {
   const StageDims& d = d_;
   const int N = d.N, C = d.C;
   if (!ln1_ready) norm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1w, p.ln1b);
-  tp_->column_forward(a.qkv, a.ln1, p.qkvw, p.qkvb, N, C, d.QKVl, fp8_.qkv);
+  tp_->column_forward(a.qkv, a.ln1, p.qkvw, p.qkvb, N, C, d.QKVl, fp8_site(l, Fp8Layer::qkv));
   rope(a.qkv, false);  // in place: attention, and its backward, read the rotated q and k
   attention_->forward(a.atty, a.lse, a.qkv);
-  tp_->row_forward(a.attproj, a.atty, p.projw, p.projb, N, d.Cl, C, fp8_.attn_out);
+  tp_->row_forward(a.attproj, a.atty, p.projw, p.projb, N, d.Cl, C, fp8_site(l, Fp8Layer::attn_out));
   // res2 = x + attproj, and norm_2 of it, in one pass (the norm sees the stored res2).
   residual_norm_forward(a.res2, a.ln2, a.ln2_mean, a.ln2_rstd, x, a.attproj, p.ln2w, p.ln2b);
   // The MLP: dense (a sparse block's shared experts, if any), then a sparse block's routed
@@ -293,11 +308,11 @@ void DecoderStage::block_forward(const LayerActs& a, const LayerParams& p, Tenso
   // nothing later, and the routed experts keep their own activations (moe_layer.h).
   const int F = mlp_local(l);
   if (F > 0) {
-    tp_->column_forward(a.fch, a.ln2, p.fcw, p.fcb, N, C, up_local(l), fp8_.mlp_up);
+    tp_->column_forward(a.fch, a.ln2, p.fcw, p.fcb, N, C, up_local(l), fp8_site(l, Fp8Layer::mlp_up));
     mlp_activation_forward(a, l);
   }
   if (to_gelu) return;
-  if (F > 0) tp_->row_forward(a.fcproj, a.fch_gelu, p.fcprojw, p.fcprojb, N, F, C, fp8_.mlp_down);
+  if (F > 0) tp_->row_forward(a.fcproj, a.fch_gelu, p.fcprojw, p.fcprojb, N, F, C, fp8_site(l, Fp8Layer::mlp_down));
   if (arch_.sparse_block(l)) {
     const Tensor out = F > 0 ? moe_out_ : a.fcproj;
     moe_->forward(slot, sparse_index(l), out, a.ln2, d.rows, p.moe, aux_weight_, training_);
@@ -504,12 +519,12 @@ void DecoderStage::backward(MicroSlot at) {
     if (F > 0) {
       if (arch_.mlp == MlpKind::gelu) {  // the GELU's backward inside the projection's (every mode)
         tp_->row_backward_dgelu(dfch_, g.fcprojw, g.fcprojb, dres, a.fch_gelu, p.fcprojw, a.fch, N, F, C,
-                                fp8_.mlp_down);
+                                fp8_site(l, Fp8Layer::mlp_down));
       } else {
-        tp_->row_backward(dfch_gelu_, g.fcprojw, g.fcprojb, dres, a.fch_gelu, p.fcprojw, N, F, C, fp8_.mlp_down);
+        tp_->row_backward(dfch_gelu_, g.fcprojw, g.fcprojb, dres, a.fch_gelu, p.fcprojw, N, F, C, fp8_site(l, Fp8Layer::mlp_down));
         ops_.swiglu_backward(dfch_, a.fch, dfch_gelu_, N, F);
       }
-      tp_->column_backward(dln, g.fcw, g.fcb, dfch_, a.ln2, p.fcw, N, C, up_local(l), fp8_.mlp_up);
+      tp_->column_backward(dln, g.fcw, g.fcb, dfch_, a.ln2, p.fcw, N, C, up_local(l), fp8_site(l, Fp8Layer::mlp_up));
     } else {
       ops_.zero(dln);
     }
@@ -518,10 +533,10 @@ void DecoderStage::backward(MicroSlot at) {
     if (arch_.sparse_block(l)) moe_->backward(at.activations, sparse_index(l), dln, dres, a.ln2, d.rows, p.moe, g.moe);
     norm_backward(dres, g.ln2w, g.ln2b, dln, a.res2, p.ln2w, a.ln2_mean, a.ln2_rstd);
     // Attention branch: res2 = x + proj(attention(rope(qkv(ln1(x)))))
-    tp_->row_backward(datty, g.projw, g.projb, dres, a.atty, p.projw, N, d.Cl, C, fp8_.attn_out);
+    tp_->row_backward(datty, g.projw, g.projb, dres, a.atty, p.projw, N, d.Cl, C, fp8_site(l, Fp8Layer::attn_out));
     attention_->backward(dqkv_, datty, a.qkv, a.atty, a.lse);
     rope(dqkv_, true);  // the gradient of the projection's output, before the rotation
-    tp_->column_backward(dln, g.qkvw, g.qkvb, dqkv_, a.ln1, p.qkvw, N, C, d.QKVl, fp8_.qkv);
+    tp_->column_backward(dln, g.qkvw, g.qkvb, dqkv_, a.ln1, p.qkvw, N, C, d.QKVl, fp8_site(l, Fp8Layer::qkv));
     norm_backward(dres, g.ln1w, g.ln1b, dln, x, p.ln1w, a.ln1_mean, a.ln1_rstd);
     hooks_->release_params(l);
     hooks_->grads_ready(l);

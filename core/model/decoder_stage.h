@@ -196,6 +196,15 @@ class DecoderStage {
   void record_moe_routing(bool on) {
     if (moe_) moe_->record_routing(on);
   }
+  // Delayed FP8 scaling (precision.fp8 = "delayed"; core/parallel/fp8_delayed.h), no-ops
+  // otherwise: fp8_begin_step before a step's first micro-batch; fp8_end_step after its last
+  // backward, collective over this stage's tp and dp_cp groups (ModelParallel), `keep` false
+  // for a skipped step.
+  void fp8_begin_step();
+  void fp8_end_step(bool keep);
+  // The delayed scaling state (its sites are this chunk's layers times kFp8BlockLayers, in
+  // Fp8Layer order); nullptr without it.
+  Fp8Delayed* fp8_delayed() { return fp8_delayed_.get(); }
 
  private:
   struct LayerActs {
@@ -285,6 +294,9 @@ class DecoderStage {
 
   ModelParallel mp_;
   Fp8Recipe fp8_;  // which block layers run their products in FP8 (none by default)
+  std::unique_ptr<Fp8Delayed> fp8_delayed_;  // delayed scaling's amax histories; null without
+  // Block layer l's FP8 site (off when the recipe leaves that layer in the compute dtype).
+  Fp8Site fp8_site(int l, Fp8Layer layer) const;
   std::unique_ptr<Comm> own_tp_;  // a group of one when mp.tp is null
   Comm* tp_comm_ = nullptr;
   std::unique_ptr<TensorParallel> tp_;

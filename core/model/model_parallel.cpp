@@ -4,7 +4,7 @@
 
 namespace pt {
 
-StageDims StageDims::make(const ModelSection& m, int B, int seq_len, int tp, bool sp, int cp, int ep) {
+StageDims StageDims::make(const ModelSection& m, int B, int seq_len, int tp, bool sp, int cp, int ep, int dp_cp) {
   auto need = [](bool ok, const std::string& what) {
     if (!ok) throw ConfigError(what);
   };
@@ -42,6 +42,7 @@ StageDims StageDims::make(const ModelSection& m, int B, int seq_len, int tp, boo
   d.tp = tp;
   d.cp = cp;
   d.ep = a.n_experts > 0 ? ep : 1;
+  d.dp_cp = dp_cp;
   d.arch = a;
   return d;
 }

@@ -27,6 +27,9 @@ struct ModelParallel {
   Comm* cp = nullptr;  // nullptr: no context parallel
   CpImpl cp_impl = CpImpl::ring;
   Comm* ep = nullptr;  // expert parallel (core/model/moe_layer.h); nullptr: every rank runs every expert
+  // The stage's data x context-parallel group, over which delayed FP8 scaling merges the step's
+  // amaxes (core/parallel/fp8_delayed.h); nullptr: a group of one.
+  Comm* dp_cp = nullptr;
   // Expert parallel: the store of this rank's routed experts (core/model/expert_split.h), which
   // the stage reads the expert roles from; nullptr: the stage's own store holds them.
   ParamStore* experts = nullptr;
@@ -55,6 +58,7 @@ struct StageDims {
   int tp = 1, cp = 1;
   bool sp = false;
   int ep = 1;  // expert-parallel ranks (the experts' side of the exchange holds ep x the routed rows)
+  int dp_cp = 1;  // data x context-parallel ranks of the stage (delayed FP8 scaling's merge buffer)
   // The model these are the shapes of: what its blocks are and keep besides the widths above
   // (the norm, the positions, the MLP's activation, the routed experts) is read from it, not
   // copied here.
@@ -71,7 +75,8 @@ struct StageDims {
   size_t rows_c() const { return static_cast<size_t>(rows) * C; }  // one residual-stream tensor
   // B sequences of seq_len tokens (the global micro-batch shape) under tp, sp and cp; throws
   // ConfigError when a dimension does not divide.
-  static StageDims make(const ModelSection& model, int B, int seq_len, int tp, bool sp, int cp, int ep = 1);
+  static StageDims make(const ModelSection& model, int B, int seq_len, int tp, bool sp, int cp, int ep = 1,
+                        int dp_cp = 1);
 };
 
 }  // namespace pt

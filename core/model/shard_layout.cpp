@@ -88,6 +88,12 @@ bool ShardLayout::holds_layer(int layer) const {
   return layer >= first_layer_ && layer <= last_layer_ && held_[static_cast<size_t>(layer - first_layer_)];
 }
 
+size_t ShardLayout::largest_piece_numel() const {
+  size_t largest = 0;
+  for (const Bucket& b : buckets_) largest = std::max(largest, piece_numel(b));
+  return largest;
+}
+
 size_t ShardLayout::arena_offset(const ParamSpec& p) const {
   const Bucket& b = bucket_of_layer(p.layer);
   return b.arena_offset + (p.offset - b.begin);

@@ -84,6 +84,7 @@ class ShardLayout {
   size_t arena_offset(const ParamSpec& p) const;       // where p starts in the padded arena
   size_t shard_numel() const { return shard_numel_; }  // every rank's shard size
   size_t piece_numel(const Bucket& b) const { return b.padded / shards_; }
+  size_t largest_piece_numel() const;  // of every bucket's
 
   // The parameter ranges in rank `shard_rank`'s shard, in shard order (padding is in none).
   std::vector<ShardPiece> pieces(int shard_rank) const;

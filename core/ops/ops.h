@@ -166,8 +166,18 @@ class Ops {
   // amaxes[0 .. n_amax) (one f32 per rank holding a part of the tensor, gathered by the caller:
   // the scale is then the whole tensor's); scale_inv[0] = 1 / s. With per_row: row i of q has
   // its own s_i from the largest of amaxes[k * R + i], k < n_amax; scale_inv[i] = 1 / s_i.
+  // record_amax (may be null; one f32 holding a magnitude, e.g. zeroed; without per_row only)
+  // becomes the larger, in fp8_amax's order, of itself and x's largest magnitude, read in the
+  // same pass: delayed scaling
+  // (core/parallel/fp8_delayed.h) quantises with scales from earlier steps and records what it
+  // quantised for the next ones. It may not overlap q, scale_inv, x or amaxes.
   virtual void fp8_quantize(Tensor q, Tensor scale_inv, Tensor x, Tensor amaxes, int n_amax, int rows, int cols,
-                            bool transpose, bool per_row) = 0;
+                            bool transpose, bool per_row, Tensor record_amax) = 0;
+  // out[i] = the value of code q[i] (f8e4m3 or f8e5m2) times scale_inv[0] (one f32), for n
+  // elements, in out's dtype (the compute dtype): exact wherever the result is a normal number of
+  // that dtype (always, unless the scale is near 2^-126). ZeRO-3's FP8 weight gather
+  // (core/train/param_gather.h) decodes the gathered codes with it.
+  virtual void fp8_dequantize(Tensor out, Tensor q, Tensor scale_inv, size_t n) = 0;
   // out[M, N] = (a[M, K] @ b[N, K]^T) * a_scale_inv * b_scale_inv (+ bias[N]; may be null), or
   // with `accumulate` out += that (no bias). a and b are FP8 codes, K-major (rows of K), not
   // both e5m2; the products and their sum are fp32; out (and bias) are the compute dtype or f32.

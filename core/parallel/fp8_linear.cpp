@@ -33,22 +33,37 @@ Fp8Recipe parse_fp8_layers(const std::string& layers) {
   }
 }
 
-Fp8Recipe fp8_recipe(const std::string& fp8, const std::string& layers, const std::string& grad_format) {
+Fp8Recipe fp8_recipe(const std::string& fp8, const std::string& layers, const std::string& grad_format,
+                     int amax_history) {
   if (fp8 == "off") return {};
-  check(fp8 == "tensorwise" || fp8 == "rowwise", "fp8_recipe: unknown recipe \"" + fp8 + "\"");
+  check(fp8 == "tensorwise" || fp8 == "rowwise" || fp8 == "delayed", "fp8_recipe: unknown recipe \"" + fp8 + "\"");
+  check(amax_history >= 1, "fp8_recipe: an amax history of " + std::to_string(amax_history) + " steps");
   Fp8Recipe r = parse_fp8_layers(layers);
   r.grad = grad_format == "e4m3" ? Fp8Format::e4m3 : Fp8Format::e5m2;
   r.rowwise = fp8 == "rowwise";
+  r.delayed = fp8 == "delayed";
+  r.amax_history = amax_history;
   return r;
 }
 
-Fp8Recipe fp8_recipe(const PrecisionSection& p) { return fp8_recipe(p.fp8, p.fp8_layers, p.fp8_grad_format); }
+Fp8Recipe fp8_recipe(const PrecisionSection& p) {
+  return fp8_recipe(p.fp8, p.fp8_layers, p.fp8_grad_format, p.fp8_amax_history);
+}
+
+bool fp8_layer_on(const Fp8Recipe& r, Fp8Layer layer) {
+  switch (layer) {
+    case Fp8Layer::qkv: return r.qkv;
+    case Fp8Layer::attn_out: return r.attn_out;
+    case Fp8Layer::mlp_up: return r.mlp_up;
+    case Fp8Layer::mlp_down: return r.mlp_down;
+  }
+  return false;
+}
 
 std::string fp8_layer_list(const Fp8Recipe& r, const std::string& separator) {
-  const bool on[] = {r.qkv, r.attn_out, r.mlp_up, r.mlp_down};  // fp8_layer_names()'s order
   std::string list;
   for (size_t i = 0; i < fp8_layer_names().size(); i++)
-    if (on[i]) list += (list.empty() ? "" : separator) + fp8_layer_names()[i];
+    if (fp8_layer_on(r, Fp8Layer(i))) list += (list.empty() ? "" : separator) + fp8_layer_names()[i];
   return list;
 }
 
@@ -113,6 +128,21 @@ Tensor Fp8Linear::meta(Slot slot, int len) {
   return m;
 }
 
+void Fp8Linear::set_delayed(Fp8Delayed* state) {
+  check(!(state && rowwise_), "Fp8Linear: delayed scaling is tensorwise (one scale per tensor), not rowwise");
+  delayed_ = state;
+}
+
+Fp8Linear::Amaxes Fp8Linear::scale_amaxes(Slot slot, Fp8Site site, Fp8Delayed::Operand o, Tensor t, int rows,
+                                          int cols, bool transpose, Split split) {
+  if (delayed_ && delayed_->has_history()) return {delayed_->scale_amax(site.index, o), 1, 1};
+  return gather_amax(slot, t, rows, cols, transpose, split);
+}
+
+Tensor Fp8Linear::record(Fp8Site site, Fp8Delayed::Operand o) const {
+  return delayed_ ? delayed_->record(site.index, o) : Tensor{};
+}
+
 Fp8Linear::Amaxes Fp8Linear::gather_amax(Slot slot, Tensor t, int rows, int cols, bool transpose, Split split) {
   // Tensorwise: one amax over everything. Rowwise: one per row of the operand (t's rows, or its
   // columns when it goes in transposed), running over the other dimension, K.
@@ -137,7 +167,7 @@ Fp8Linear::Amaxes Fp8Linear::gather_amax(Slot slot, Tensor t, int rows, int cols
 }
 
 Fp8Linear::Quantized Fp8Linear::quantize(Slot slot, Tensor t, int rows, int cols, bool transpose, Fp8Format f,
-                                         const Amaxes& amax) {
+                                         const Amaxes& amax, Tensor record) {
   const size_t n = size_t(rows) * cols;
   Tensor& codes = codes_[slot];
   if (codes.numel < n || codes.dtype != fp8_dtype(f)) {
@@ -145,38 +175,46 @@ Fp8Linear::Quantized Fp8Linear::quantize(Slot slot, Tensor t, int rows, int cols
     codes = ops_.alloc(n, fp8_dtype(f));
   }
   const Quantized q{codes.slice(0, n), meta(slot, amax.len).slice(0, size_t(amax.len))};
-  ops_.fp8_quantize(q.codes, q.scale_inv, t, amax.values, amax.count, rows, cols, transpose, rowwise_);
+  ops_.fp8_quantize(q.codes, q.scale_inv, t, amax.values, amax.count, rows, cols, transpose, rowwise_, record);
   return q;
 }
 
-void Fp8Linear::forward(Tensor out, Tensor x, bool x_split, Tensor w, Tensor bias, int N, int IC, int OC) {
+void Fp8Linear::forward(Tensor out, Tensor x, bool x_split, Tensor w, Tensor bias, int N, int IC, int OC,
+                        Fp8Site site) {
+  using D = Fp8Delayed;
   // x: tokens over cp, features over tp in a row-parallel layer; w: a column-parallel layer's
-  // rows, a row-parallel layer's columns over tp.
+  // rows, a row-parallel layer's columns over tp. Delayed scaling records x and w here, once.
   const Split xs{false, x_split, true}, ws{!x_split, x_split, false};
-  const Quantized qx = quantize(kX, x, N, IC, false, Fp8Format::e4m3, gather_amax(kX, x, N, IC, false, xs));
-  const Quantized qw = quantize(kW, w, OC, IC, false, Fp8Format::e4m3, gather_amax(kW, w, OC, IC, false, ws));
+  const Quantized qx = quantize(kX, x, N, IC, false, Fp8Format::e4m3,
+                                scale_amaxes(kX, site, D::kX, x, N, IC, false, xs), record(site, D::kX));
+  const Quantized qw = quantize(kW, w, OC, IC, false, Fp8Format::e4m3,
+                                scale_amaxes(kW, site, D::kW, w, OC, IC, false, ws), record(site, D::kW));
   ops_.fp8_matmul(out, qx.codes, qx.scale_inv, qw.codes, qw.scale_inv, bias, N, OC, IC, false, rowwise_);
 }
 
 void Fp8Linear::backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, bool dout_split, Tensor x,
-                         bool x_split, Tensor w, int N, int IC, int OC) {
+                         bool x_split, Tensor w, int N, int IC, int OC, Fp8Site site) {
+  using D = Fp8Delayed;
   // dout: tokens over cp, features over tp in a column-parallel layer (dout_split); w: as in
   // forward (a column-parallel layer is the one whose output gradient is split).
   const Split ds{false, dout_split, true}, ws{dout_split, !dout_split, false}, xs{false, x_split, true};
   // Tensorwise, dout's one scale serves both of its quantisations (plain for dinp, transposed
-  // for dw); rowwise, each has its own rows.
+  // for dw); rowwise, each has its own rows. Delayed scaling records dout in the first of them
+  // (x and w were recorded in forward).
   Amaxes dout_amax;
-  if (!rowwise_ && (dinp || dw)) dout_amax = gather_amax(kDout, dout, N, OC, false, ds);
+  if (!rowwise_ && (dinp || dw)) dout_amax = scale_amaxes(kDout, site, D::kDout, dout, N, OC, false, ds);
   if (dinp) {  // dinp [N, IC] = dout [N, OC] @ w [OC, IC]: K = OC, so w goes in as w^T [IC, OC]
     const Amaxes a = rowwise_ ? gather_amax(kDout, dout, N, OC, false, ds) : dout_amax;
-    const Quantized qd = quantize(kDout, dout, N, OC, false, grad_, a);
-    const Quantized qw = quantize(kWT, w, OC, IC, true, Fp8Format::e4m3, gather_amax(kWT, w, OC, IC, true, ws));
+    const Quantized qd = quantize(kDout, dout, N, OC, false, grad_, a, record(site, D::kDout));
+    const Quantized qw = quantize(kWT, w, OC, IC, true, Fp8Format::e4m3,
+                                  scale_amaxes(kWT, site, D::kW, w, OC, IC, true, ws), Tensor{});
     ops_.fp8_matmul(dinp, qd.codes, qd.scale_inv, qw.codes, qw.scale_inv, Tensor{}, N, IC, OC, false, rowwise_);
   }
   if (dw) {  // dw [OC, IC] += dout^T [OC, N] @ x [N, IC]: K = N, both transposed
     const Amaxes a = rowwise_ ? gather_amax(kDoutT, dout, N, OC, true, ds) : dout_amax;
-    const Quantized qd = quantize(kDoutT, dout, N, OC, true, grad_, a);
-    const Quantized qx = quantize(kXT, x, N, IC, true, Fp8Format::e4m3, gather_amax(kXT, x, N, IC, true, xs));
+    const Quantized qd = quantize(kDoutT, dout, N, OC, true, grad_, a, dinp ? Tensor{} : record(site, D::kDout));
+    const Quantized qx = quantize(kXT, x, N, IC, true, Fp8Format::e4m3,
+                                  scale_amaxes(kXT, site, D::kX, x, N, IC, true, xs), Tensor{});
     ops_.fp8_matmul(dw, qd.codes, qd.scale_inv, qx.codes, qx.scale_inv, Tensor{}, OC, IC, N, true, rowwise_);
   }
   if (dbias) ops_.matmul_backward(Tensor{}, Tensor{}, dbias, dout, Tensor{}, w, N, IC, OC);

@@ -1,20 +1,23 @@
-// FP8 linear layers (precision.fp8): a layer's product in FP8 with dynamic power-of-two scales,
-// as torchtitan's Float8Linear recipes with round_scales_to_power_of_2 (core/common/fp8.h says
-// why powers of two):
+// FP8 linear layers (precision.fp8): a layer's product in FP8 with power-of-two scales, as
+// torchtitan's Float8Linear recipes with round_scales_to_power_of_2 (core/common/fp8.h says why
+// powers of two):
 //   "tensorwise": one scale per tensor;
 //   "rowwise":    one scale per row of each operand as the product takes it (K-major): per token
 //                 and per output feature forward, per token and per input feature for dinp, per
 //                 output and per input feature for dw. Finer scales, a little more accuracy,
-//                 scale vectors instead of scalars (cuBLASLt's outer-vector scale mode).
+//                 scale vectors instead of scalars (cuBLASLt's outer-vector scale mode);
+//   "delayed":    one scale per tensor, from the tensor's amaxes of earlier steps
+//                 (core/parallel/fp8_delayed.h, set_delayed): no amax pass or amax gather per
+//                 product; the casts record the amaxes for the next steps.
 //
 //   forward:  out  = q4(x) @ q4(w)^T           (+ bias)
 //   backward: dinp = qg(dout) @ q4(w)           dw += qg(dout)^T @ q4(x)      dbias += sum dout
 // q4: e4m3 (weights and activations), qg: the gradient format (e5m2 by default, or e4m3), each
 // scaled by amaxes taken at the time of the product (dynamic scaling: nothing carries from step
-// to step, so checkpoints hold no FP8 state). Products sum in fp32; outputs are in the compute
-// dtype (weight gradients in theirs).
+// to step, so checkpoints hold no FP8 state), or under delayed scaling by its history's.
+// Products sum in fp32; outputs are in the compute dtype (weight gradients in theirs).
 //
-// Every scale covers the WHOLE of what it scales, whatever the layout: a rank that holds only
+// Every dynamic scale covers the WHOLE of what it scales, whatever the layout: a rank that holds only
 // part of a tensor (or of a row) gathers the other parts' amaxes (a max is exact and order-free)
 // before it scales, so every layout quantises exactly as one rank running the same micro-batch
 // would, and the layout parity tests hold with FP8 as they do without. The parts are:
@@ -39,6 +42,7 @@
 #include "core/config/run_config.h"
 #include "core/dist/comm.h"
 #include "core/ops/ops.h"
+#include "core/parallel/fp8_delayed.h"
 
 namespace pt {
 
@@ -49,8 +53,22 @@ struct Fp8Recipe {
   bool mlp_up = false;    // the MLP's up (and gate) projection
   bool mlp_down = false;  // the MLP's down projection
   Fp8Format grad = Fp8Format::e5m2;
-  bool rowwise = false;  // the "rowwise" recipe; else "tensorwise"
+  bool rowwise = false;  // the "rowwise" recipe
+  bool delayed = false;  // the "delayed" recipe; neither: "tensorwise"
+  int amax_history = 16;  // delayed: steps of amaxes kept (precision.fp8_amax_history)
   bool any() const { return qkv || attn_out || mlp_up || mlp_down; }
+};
+
+// The FP8 layers of a block, in fp8_layer_names() order: a block's FP8 site is its layer index
+// times kFp8BlockLayers plus its layer's position here.
+enum class Fp8Layer { qkv, attn_out, mlp_up, mlp_down };
+constexpr int kFp8BlockLayers = 4;
+
+// Which FP8 layer a product is, if any: `index` numbers a pipeline chunk's FP8 layers (delayed
+// scaling keeps each one's amaxes, Fp8Delayed's sites); -1: the product runs in the compute dtype.
+struct Fp8Site {
+  int index = -1;
+  bool on() const { return index >= 0; }
 };
 
 // The layer names precision.fp8_layers takes, in the order above.
@@ -58,10 +76,13 @@ const std::vector<std::string>& fp8_layer_names();
 // precision.fp8_layers: "all", or a comma-separated list of those names (each at most once).
 // Throws ConfigError naming what is wrong. The recipe's layers set; grad left at its default.
 Fp8Recipe parse_fp8_layers(const std::string& layers);
-// The recipe of precision.fp8 ("off", "tensorwise", "rowwise") / fp8_layers / fp8_grad_format
-// (no layer when fp8 is "off").
-Fp8Recipe fp8_recipe(const std::string& fp8, const std::string& layers, const std::string& grad_format);
+// The recipe of precision.fp8 ("off", "tensorwise", "rowwise", "delayed") / fp8_layers /
+// fp8_grad_format / fp8_amax_history (no layer when fp8 is "off").
+Fp8Recipe fp8_recipe(const std::string& fp8, const std::string& layers, const std::string& grad_format,
+                     int amax_history = 16);
 Fp8Recipe fp8_recipe(const PrecisionSection& precision);
+// Whether `r` puts block layer `layer` in FP8.
+bool fp8_layer_on(const Fp8Recipe& r, Fp8Layer layer);
 // The names of the layers `r` puts in FP8, in fp8_layer_names() order, joined by `separator`.
 std::string fp8_layer_list(const Fp8Recipe& r, const std::string& separator);
 
@@ -88,14 +109,19 @@ class Fp8Linear {
   // inner dimension). Throws ConfigError naming the one that is not, and the setting behind it.
   static void check_gpu_shapes(size_t N, const std::vector<Shape>& shapes);
 
+  // Delayed scaling: the products' scales come from `state` (not owned; tensorwise only), a
+  // product's site from the call. nullptr: dynamic scaling again.
+  void set_delayed(Fp8Delayed* state);
+
   // out [N, OC] = x [N, IC] @ w [OC, IC]^T + bias [OC] (may be null). x_split: x's columns are
-  // this tp rank's share of the features (a row-parallel layer's input).
-  void forward(Tensor out, Tensor x, bool x_split, Tensor w, Tensor bias, int N, int IC, int OC);
+  // this tp rank's share of the features (a row-parallel layer's input). site: the layer's
+  // (delayed scaling's state; unused otherwise).
+  void forward(Tensor out, Tensor x, bool x_split, Tensor w, Tensor bias, int N, int IC, int OC, Fp8Site site);
   // dinp [N, IC] = dout @ w (overwritten; may be null), dw += dout^T @ x (may be null),
   // dbias += the column sums of dout (may be null). dout_split: dout's columns are this tp
   // rank's share (a column-parallel layer's output gradient).
   void backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, bool dout_split, Tensor x, bool x_split,
-                Tensor w, int N, int IC, int OC);
+                Tensor w, int N, int IC, int OC, Fp8Site site);
 
  private:
   enum Slot { kX, kW, kDout, kDoutT, kXT, kWT, kSlots };
@@ -116,9 +142,16 @@ class Fp8Linear {
   // t [rows, cols]'s amaxes for the operand it makes (t, or t transposed), taken in `slot`'s
   // floats and gathered over the groups that split what each amax runs over.
   Amaxes gather_amax(Slot slot, Tensor t, int rows, int cols, bool transpose, Split split);
+  // The amaxes the operand scales by: its history's under delayed scaling (once there is one),
+  // else gather_amax's.
+  Amaxes scale_amaxes(Slot slot, Fp8Site site, Fp8Delayed::Operand o, Tensor t, int rows, int cols, bool transpose,
+                      Split split);
+  // Where a cast records the operand's amax: the site's record under delayed scaling, else none.
+  Tensor record(Fp8Site site, Fp8Delayed::Operand o) const;
   // t [rows, cols] quantised into `slot`'s codes (transposed when asked) with the scales of
-  // `amax` (scale_inv: the slot's first floats).
-  Quantized quantize(Slot slot, Tensor t, int rows, int cols, bool transpose, Fp8Format f, const Amaxes& amax);
+  // `amax` (scale_inv: the slot's first floats), its amax maxed into `record` (may be null).
+  Quantized quantize(Slot slot, Tensor t, int rows, int cols, bool transpose, Fp8Format f, const Amaxes& amax,
+                     Tensor record);
   // `slot`'s floats, grown to hold scales and gathered amaxes of `len` each: [scale_inv, padded
   // to 16 bytes][amaxes: cp x tp blocks of len].
   Tensor meta(Slot slot, int len);
@@ -128,6 +161,7 @@ class Fp8Linear {
   Comm* cp_;
   Fp8Format grad_;
   bool rowwise_;
+  Fp8Delayed* delayed_ = nullptr;
   Tensor codes_[kSlots];
   Tensor meta_[kSlots];
 };

@@ -46,19 +46,20 @@ Tensor TensorParallel::all_rows(Tensor t, int N, int cols) {
   return full;
 }
 
-void TensorParallel::enable_fp8(Comm* cp, Fp8Format grad_format, bool rowwise) {
+void TensorParallel::enable_fp8(Comm* cp, Fp8Format grad_format, bool rowwise, Fp8Delayed* delayed) {
   fp8_ = std::make_unique<Fp8Linear>(ops_, tp_, cp, grad_format, rowwise);
+  fp8_->set_delayed(delayed);
 }
 
 void TensorParallel::product(Tensor out, Tensor x, bool x_split, Tensor w, Tensor bias, int N, int IC, int OC,
-                             bool fp8) {
-  if (fp8) need_fp8()->forward(out, x, x_split, w, bias, N, IC, OC);
+                             Fp8Site fp8) {
+  if (fp8.on()) need_fp8()->forward(out, x, x_split, w, bias, N, IC, OC, fp8);
   else ops_.matmul_forward(out, x, w, bias, N, IC, OC);
 }
 
 void TensorParallel::product_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, bool dout_split, Tensor x,
-                                      bool x_split, Tensor w, int N, int IC, int OC, bool fp8) {
-  if (fp8) need_fp8()->backward(dinp, dw, dbias, dout, dout_split, x, x_split, w, N, IC, OC);
+                                      bool x_split, Tensor w, int N, int IC, int OC, Fp8Site fp8) {
+  if (fp8.on()) need_fp8()->backward(dinp, dw, dbias, dout, dout_split, x, x_split, w, N, IC, OC, fp8);
   else ops_.matmul_backward(dinp, dw, dbias, dout, x, w, N, IC, OC);
 }
 
@@ -68,12 +69,12 @@ Fp8Linear* TensorParallel::need_fp8() {
 }
 
 void TensorParallel::column_forward(Tensor out, Tensor inp, Tensor w, Tensor bias, int N, int IC, int OC_local,
-                                    bool fp8) {
+                                    Fp8Site fp8) {
   product(out, all_rows(inp, N, IC), /*x_split=*/false, w, bias, N, IC, OC_local, fp8);
 }
 
 void TensorParallel::column_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, int N,
-                                     int IC, int OC_local, bool fp8) {
+                                     int IC, int OC_local, Fp8Site fp8) {
   // dinp is overwritten (as matmul_backward does): each rank's share of the input gradient is
   // summed over the group straight into it.
   if (!sp_) {
@@ -112,7 +113,7 @@ void TensorParallel::column_chunked(Tensor out_chunk, Tensor dinp, Tensor dw, Te
 }
 
 void TensorParallel::row_forward(Tensor out, Tensor inp, Tensor w, Tensor bias, int N, int IC_local, int OC,
-                                 bool fp8) {
+                                 Fp8Site fp8) {
   // The bias joins the sum once, from rank 0.
   const Tensor b = tp_.rank() == 0 ? bias : Tensor{};
   if (sp_) {
@@ -126,17 +127,17 @@ void TensorParallel::row_forward(Tensor out, Tensor inp, Tensor w, Tensor bias, 
 }
 
 void TensorParallel::row_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, int N,
-                                  int IC_local, int OC, bool fp8) {
+                                  int IC_local, int OC, Fp8Site fp8) {
   // dy is the full output gradient on every rank, so dbias comes out whole (and equal) on each.
   const Tensor dy = all_rows(dout, N, OC);
   product_backward(dinp, dw, dbias, dy, /*dout_split=*/false, inp, /*x_split=*/true, w, N, IC_local, OC, fp8);
 }
 
 void TensorParallel::row_backward_dgelu(Tensor dpre, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w,
-                                        Tensor pre, int N, int IC_local, int OC, bool fp8) {
+                                        Tensor pre, int N, int IC_local, int OC, Fp8Site fp8) {
   const Tensor dy = all_rows(dout, N, OC);
-  if (fp8) {  // no fused epilogue for FP8 products: the product, then the GELU's backward in place
-    product_backward(dpre, dw, dbias, dy, /*dout_split=*/false, inp, /*x_split=*/true, w, N, IC_local, OC, true);
+  if (fp8.on()) {  // no fused epilogue for FP8 products: the product, then the GELU's backward in place
+    product_backward(dpre, dw, dbias, dy, /*dout_split=*/false, inp, /*x_split=*/true, w, N, IC_local, OC, fp8);
     ops_.gelu_backward(dpre, pre, dpre, size_t(N) * IC_local);
     return;
   }

@@ -21,7 +21,7 @@
 // from their token shard only: the caller all-reduces those over tp.
 //
 // All reductions go through Comm (f32 sums). Scratch is grown on demand and reused. Each layer
-// can run its products in FP8 (enable_fp8, and fp8 = true per call).
+// can run its products in FP8 (enable_fp8, and an FP8 site per call).
 #pragma once
 #include <functional>
 #include <memory>
@@ -48,9 +48,10 @@ class TensorParallel {
   TensorParallel& operator=(const TensorParallel&) = delete;
 
   // Lets the layers below run their products in FP8 (core/parallel/fp8_linear.h) when a call
-  // passes fp8 = true, with one scale per tensor or (rowwise) per operand row; cp: the
-  // context-parallel group (nullptr: none), over which amaxes running over tokens are gathered.
-  void enable_fp8(Comm* cp, Fp8Format grad_format, bool rowwise = false);
+  // passes an Fp8Site that is on, with one scale per tensor or (rowwise) per operand row; cp:
+  // the context-parallel group (nullptr: none), over which amaxes running over tokens are
+  // gathered; delayed: delayed scaling's state (not owned; nullptr: dynamic scaling).
+  void enable_fp8(Comm* cp, Fp8Format grad_format, bool rowwise = false, Fp8Delayed* delayed = nullptr);
 
   bool sequence_parallel() const { return sp_; }
   int ranks() const { return tp_.size(); }
@@ -59,12 +60,12 @@ class TensorParallel {
 
   // out [N, OC_local] = inp @ w^T + bias, inp [outer_rows(N), IC] (all-gathered under SP),
   // w [OC_local, IC], bias [OC_local] or null.
-  void column_forward(Tensor out, Tensor inp, Tensor w, Tensor bias, int N, int IC, int OC_local, bool fp8 = false);
+  void column_forward(Tensor out, Tensor inp, Tensor w, Tensor bias, int N, int IC, int OC_local, Fp8Site fp8 = {});
   // dw, dbias += this rank's; dinp [outer_rows(N), IC] = the input gradient summed over the
   // group (all-reduce, or reduce-scatter under SP; overwritten, as Ops::matmul_backward does).
   // Any gradient may be null.
   void column_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, int N, int IC,
-                       int OC_local, bool fp8 = false);
+                       int OC_local, Fp8Site fp8 = {});
   // The column-parallel layer (no bias) in chunks of `chunk_rows` rows, for a consumer that
   // turns each chunk's output into its gradient before the next chunk is computed (the LM head
   // and its cross-entropy: the whole [N, OC_local] output never exists). For each chunk of rows
@@ -78,16 +79,16 @@ class TensorParallel {
                       int chunk_rows, const std::function<void(int r0, int n, Tensor out)>& visit);
   // out [outer_rows(N), OC] = sum over ranks of inp @ w^T, + bias; inp [N, IC_local],
   // w [OC, IC_local], bias [OC] (replicated) or null.
-  void row_forward(Tensor out, Tensor inp, Tensor w, Tensor bias, int N, int IC_local, int OC, bool fp8 = false);
+  void row_forward(Tensor out, Tensor inp, Tensor w, Tensor bias, int N, int IC_local, int OC, Fp8Site fp8 = {});
   // dinp [N, IC_local] = (overwritten), dw, dbias += from dout [outer_rows(N), OC] (all-gathered
   // under SP).
   void row_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, int N, int IC_local,
-                    int OC, bool fp8 = false);
+                    int OC, Fp8Site fp8 = {});
   // The same for a layer whose input was inp = gelu(pre), pre [N, IC_local] (the column-parallel
   // layer's pre-activation, this rank's features): the input gradient comes out through the
   // GELU, dpre [N, IC_local] = gelu'(pre) * (dout @ w) (overwritten; Ops::matmul_backward_input_dgelu).
   void row_backward_dgelu(Tensor dpre, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, Tensor pre, int N,
-                          int IC_local, int OC, bool fp8 = false);
+                          int IC_local, int OC, Fp8Site fp8 = {});
 
   // The sequence-parallel collectives by themselves: full [N, C] <- every rank's shard
   // [N/tp, C]; shard [N/tp, C] <- this rank's rows of the sum over ranks of full [N, C].
@@ -100,11 +101,11 @@ class TensorParallel {
   // A tensor of N rows of `cols` as the layer multiplies it: `t` itself, or under SP every
   // rank's rows of it gathered into the kGathered slot.
   Tensor all_rows(Tensor t, int N, int cols);
-  // One layer's product and its backward, in FP8 when `fp8` (x_split / dout_split: whether the
+  // One layer's product and its backward, in FP8 when `fp8` is on (x_split / dout_split: whether the
   // tensor's columns are this rank's share, for its FP8 scale), else through Ops' own.
-  void product(Tensor out, Tensor x, bool x_split, Tensor w, Tensor bias, int N, int IC, int OC, bool fp8);
+  void product(Tensor out, Tensor x, bool x_split, Tensor w, Tensor bias, int N, int IC, int OC, Fp8Site fp8);
   void product_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, bool dout_split, Tensor x, bool x_split,
-                        Tensor w, int N, int IC, int OC, bool fp8);
+                        Tensor w, int N, int IC, int OC, Fp8Site fp8);
   Fp8Linear* need_fp8();
 
   Ops& ops_;

@@ -59,11 +59,13 @@ LayoutPlan plan_layout(LayoutCandidate c, const Hardware& hw) {
   return lp;
 }
 
-// "tensorwise on qkv, attn_out, mlp_up, mlp_down (gradients e5m2)"; "" with precision.fp8 off.
+// "tensorwise on qkv, attn_out, mlp_up, mlp_down (gradients e5m2)", "delayed (amax history 16
+// steps) on ..."; "" with precision.fp8 off.
 std::string fp8_description(const PrecisionSection& p) {
   const Fp8Recipe r = fp8_recipe(p);
   if (!r.any()) return "";
-  return p.fp8 + " on " + fp8_layer_list(r, ", ") + " (gradients " + fp8_format_name(r.grad) + ")";
+  const std::string history = r.delayed ? " (amax history " + std::to_string(r.amax_history) + " steps)" : "";
+  return p.fp8 + history + " on " + fp8_layer_list(r, ", ") + " (gradients " + fp8_format_name(r.grad) + ")";
 }
 
 // precision.fp8 on a GPU without FP8 tensor cores: nothing to plan, say which GPUs have them.

@@ -39,16 +39,17 @@ double fp8_product_s(const KernelTable& k, const Fp8Plan& f, double n, double ic
   return measured > 0 ? measured : k.matmul_s(n, ic, oc, backward) / f.speedup;
 }
 
-// Quantising one tensor of `elems` values of `s` bytes: the amax pass reads it, the cast reads it
-// again and writes one byte a value (the table's fp8_amax / fp8_quantize rows when measured, else
-// its median memory-bound rate).
-double fp8_cast_s(const KernelTable& k, double elems, double s) {
-  return k.memory_s("fp8_amax", elems * s) + k.memory_s("fp8_quantize", elems * (s + 1));
+// Quantising one tensor of `elems` values of `s` bytes: the amax pass reads it (not under delayed
+// scaling, whose scale comes from earlier steps), the cast reads it again and writes one byte a
+// value (the table's fp8_amax / fp8_quantize rows when measured, else its median memory-bound rate).
+double fp8_cast_s(const KernelTable& k, double elems, double s, bool delayed) {
+  return (delayed ? 0 : k.memory_s("fp8_amax", elems * s)) + k.memory_s("fp8_quantize", elems * (s + 1));
 }
 
 // One FP8 layer, x [n, ic] -> [n, oc]: forward quantises x and w; backward dout, w^T, dout^T, x^T.
-Cost fp8_casts(const KernelTable& k, double n, double ic, double oc, double s) {
-  const double x = fp8_cast_s(k, n * ic, s), w = fp8_cast_s(k, oc * ic, s), dout = fp8_cast_s(k, n * oc, s);
+Cost fp8_casts(const KernelTable& k, double n, double ic, double oc, double s, bool delayed) {
+  const double x = fp8_cast_s(k, n * ic, s, delayed), w = fp8_cast_s(k, oc * ic, s, delayed),
+               dout = fp8_cast_s(k, n * oc, s, delayed);
   return {x + w, 2 * dout + w + x};
 }
 
@@ -70,7 +71,7 @@ BlockCost block_cost(const KernelTable& k, const Architecture& a, const RunConfi
   // A block's linear layer, in FP8 when the recipe says so.
   auto linear = [&](bool in_fp8, double rows, double ic, double oc) {
     if (!in_fp8) return matmul(k, rows, ic, oc);
-    const Cost casts = fp8_casts(k, rows, ic, oc, s);
+    const Cost casts = fp8_casts(k, rows, ic, oc, s, fp8.recipe.delayed);
     out.fp8_casts += casts;
     return Cost{fp8_product_s(k, fp8, rows, ic, oc, false) + casts.forward,
                 fp8_product_s(k, fp8, rows, ic, oc, true) + casts.backward};

@@ -4,6 +4,7 @@
 #include "core/model/model_parallel.h"
 #include "core/model/pipeline_stages.h"
 #include "core/model/shard_layout.h"
+#include "core/train/param_gather.h"
 #include "core/train/pipeline_executor.h"
 #include "core/train/pp_schedule.h"
 
@@ -19,7 +20,12 @@ std::vector<StageMemory> plan_stage_memory(const RunConfig& cfg, const ParamTabl
   // ZeRO shards over the dp_shard x cp ranks of one HSDP replica (ShardLayout takes 1 under ZeRO-0).
   const int shards = par.dp / par.dp_replicate * par.cp;
   const size_t bucket_cap = bucket_cap_elements(par.grad_bucket_mb);
-  const StageDims dims = StageDims::make(m, b.micro_batch_size, b.seq_len, par.tp, par.sequence_parallel, par.cp, par.ep);
+  const StageDims dims = StageDims::make(m, b.micro_batch_size, b.seq_len, par.tp, par.sequence_parallel, par.cp, par.ep,
+                                         par.dp * par.cp);
+  // ZeRO-3's FP8 weight gather's buffers (ParamGather::enable_fp8), counted with the gathered layers.
+  const auto fp8_gather_bytes = [&](const ShardLayout& layout, const ParamTable& table) {
+    return ParamGather::fp8_scratch_bytes(layout, table, fp8_gathered_params(table, cfg), compute, par.tp);
+  };
   std::vector<StageMemory> out;
   for (int r = 0; r < par.pp; r++) {
     const std::vector<StageLayers> chunks = pipeline_chunks(m, par, r);
@@ -40,10 +46,14 @@ std::vector<StageMemory> plan_stage_memory(const RunConfig& cfg, const ParamTabl
       // Expert parallel: the dense part as above, and 1/ep of the routed experts sharded over the
       // ranks holding the same ones (expert_split.h).
       const ExpertSplit split = split_expert_parallel(stage, m.moe.n_experts, par.ep, 0);
-      s.plan = plan_memory(ShardLayout(split.dense, par.zero_stage, shards, 0, bucket_cap), compute, activations);
+      const ShardLayout dense(split.dense, par.zero_stage, shards, 0, bucket_cap);
+      s.plan = plan_memory(dense, compute, activations);
+      s.plan.params_working += fp8_gather_bytes(dense, split.dense);
       add_expert_memory(s.plan, ShardLayout(split.experts, par.zero_stage, shards / par.ep, 0, bucket_cap), compute);
     } else {
-      s.plan = plan_memory(ShardLayout(stage, par.zero_stage, shards, 0, bucket_cap), compute, activations);
+      const ShardLayout layout(stage, par.zero_stage, shards, 0, bucket_cap);
+      s.plan = plan_memory(layout, compute, activations);
+      s.plan.params_working += fp8_gather_bytes(layout, stage);
     }
     out.push_back(std::move(s));
   }

@@ -11,6 +11,7 @@
 #include "core/parallel/cp_attention.h"
 #include "core/plan/comm_model.h"
 #include "core/plan/stage_compute.h"
+#include "core/train/param_gather.h"
 #include "core/train/pp_bubble.h"
 #include "core/train/pp_schedule.h"
 #include "core/train/pp_simulator.h"
@@ -103,6 +104,7 @@ StepTime estimate_step_time(const RunConfig& cfg, const ParamTable& model, const
   // The largest stage: its blocks and its parameters per rank (after the tensor-parallel split).
   int stage_layers = 0, stage_sparse = 0;
   double psi = 0;
+  double gathered_bytes = 0;  // what ZeRO-3 gathers of the largest stage: FP8 weights in one byte (param_gather.h)
   const Architecture arch = describe_architecture(m);
   for (int r = 0; r < par.pp; r++) {
     const std::vector<StageLayers> chunks = pipeline_chunks(m, par, r);
@@ -115,6 +117,10 @@ StepTime estimate_step_time(const RunConfig& cfg, const ParamTable& model, const
     stage_sparse = std::max(stage_sparse, sparse);
     const ParamTable stage = tensor_parallel_table(stage_param_table(model, chunks, m.n_layers), par.tp, 0);
     psi = std::max(psi, static_cast<double>(stage.total_numel()));
+    const std::vector<bool> fp8 = fp8_gathered_params(stage, cfg);
+    double bytes = 0;
+    for (size_t i = 0; i < fp8.size(); i++) bytes += double(stage.specs()[i].numel) * (fp8[i] ? 1 : c);
+    gathered_bytes = std::max(gathered_bytes, bytes);
   }
 
   // Per micro-batch on a stage's critical path.
@@ -147,7 +153,7 @@ StepTime estimate_step_time(const RunConfig& cfg, const ParamTable& model, const
   // run beside the last micro-batch's backward (at least the last bucket, one layer's, after
   // it); the rest is exposed unless Overlap says the system hides it.
   const int shards = par.dp / par.dp_replicate * par.cp, replicas = par.dp_replicate;
-  const double grads = 4 * psi, params = c * psi;
+  const double grads = 4 * psi, params = gathered_bytes;
   const double last_bucket = 1.0 / std::max(1, stage_layers);
   double grad_comm = 0, gather_comm = 0, after_comm = 0;
   if (par.zero_stage == 0) {

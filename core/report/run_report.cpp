@@ -102,6 +102,7 @@ json build_report(const RunSummary& s, const std::vector<json>& metrics, const S
                     {"fp8", c.precision.fp8}};
   if (c.precision.fp8 != "off")
     r["precision"].update({{"fp8_layers", c.precision.fp8_layers}, {"fp8_grad_format", c.precision.fp8_grad_format}});
+  if (c.precision.fp8 == "delayed") r["precision"]["fp8_amax_history"] = c.precision.fp8_amax_history;
   r["checkpoint"] = {{"every_steps", c.checkpoint.every_steps},
                      {"final", c.checkpoint.final},
                      {"cadence", c.checkpoint.cadence()},

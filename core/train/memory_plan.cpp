@@ -59,9 +59,7 @@ MemoryPlan store_memory(const ShardLayout& layout, DType compute, size_t working
   if (!layout.single_shard()) {
     if (!params_full) p.params_working = c * working;
     if (!grads_full) {
-      size_t largest_piece = 0;
-      for (const auto& b : layout.buckets()) largest_piece = std::max(largest_piece, layout.piece_numel(b));
-      p.grads_working = f * (working + largest_piece);
+      p.grads_working = f * (working + layout.largest_piece_numel());
     }
   }
   p.optimizer = 2 * f * shard;
@@ -127,7 +125,10 @@ std::vector<Fp8Linear::Shape> fp8_layer_shapes(const StageDims& d, const StageLa
 }
 
 size_t fp8_scratch_bytes(const StageDims& d, const StageLayers& layers, const Fp8Recipe& fp8) {
-  return Fp8Linear::scratch_bytes(static_cast<size_t>(d.N), fp8_layer_shapes(d, layers, fp8), d.tp, d.cp, fp8.rowwise);
+  const size_t delayed =
+      fp8.any() && fp8.delayed ? Fp8Delayed::bytes(layers.layers() * kFp8BlockLayers, fp8.amax_history, d.tp, d.dp_cp) : 0;
+  return Fp8Linear::scratch_bytes(static_cast<size_t>(d.N), fp8_layer_shapes(d, layers, fp8), d.tp, d.cp, fp8.rowwise) +
+         delayed;
 }
 
 size_t decoder_activation_bytes(const StageDims& d, CpImpl cp_impl, DType compute, const StageLayers& layers,

@@ -68,7 +68,8 @@ void add_expert_memory(MemoryPlan& plan, const ShardLayout& experts, DType compu
 size_t decoder_activation_bytes(const StageDims& dims, CpImpl cp_impl, DType compute_dtype, const StageLayers& layers,
                              StageSlots slots, Recompute recompute, const Fp8Recipe& fp8 = {});
 // Of the above, the FP8 products' scratch (core/parallel/fp8_linear.h) for the layers `fp8`
-// puts in FP8: 0 when it puts none.
+// puts in FP8, and delayed scaling's state (fp8_delayed.h, merged over dims.dp_cp ranks): 0 when
+// it puts none.
 size_t fp8_scratch_bytes(const StageDims& dims, const StageLayers& layers, const Fp8Recipe& fp8);
 // The shapes of the layers `fp8` puts in FP8, as this rank's products see them (per tp rank).
 std::vector<Fp8Linear::Shape> fp8_layer_shapes(const StageDims& dims, const StageLayers& layers, const Fp8Recipe& fp8);

@@ -90,6 +90,8 @@ StepResult Trainer::step() {
   grad_sync_->start_step();
   if (expert_sync_) expert_sync_->start_step();
   executor_->record_fingerprints(replay_due);
+  const int chunks = static_cast<int>(executor_->chunks().size());
+  for (int c = 0; c < chunks; c++) executor_->chunk(c).fp8_begin_step();
   const float step_dloss = faults_.nan_gradient.erase(this_step) ? std::nanf("") : dloss;
   PipelineStepStats ps = executor_->train_step(inputs_.data(), targets_.data(), step_dloss, &timeline_);
   if (faults_.inf_loss.erase(this_step)) ps.loss_sum = std::numeric_limits<double>::infinity();
@@ -103,7 +105,7 @@ StepResult Trainer::step() {
   // This rank's loss sum and tokens with a target, and its sparse blocks' routing statistics
   // (each the same on every tp and cp rank of a micro-batch, so their ratio survives the sum).
   MoeStats moe;
-  for (int c = 0; c < static_cast<int>(executor_->chunks().size()); c++) {
+  for (int c = 0; c < chunks; c++) {
     const MoeStats m = executor_->chunk(c).take_moe_stats();
     moe.aux_sum += m.aux_sum;
     moe.max_load_sum += m.max_load_sum;
@@ -132,6 +134,8 @@ StepResult Trainer::step() {
     gather_->gather_updated();  // ZeRO-1/2: every rank's updated piece back into the full params
     if (expert_gather_) expert_gather_->gather_updated();
   }
+  // Delayed FP8 scaling: the step's amaxes join the history (a skipped step's are dropped).
+  for (int c = 0; c < chunks; c++) executor_->chunk(c).fp8_end_step(!r.skipped);
   r.grad_norm = s.grad_norm;
   r.phases = timeline_.finish();
   if (pp > 1) {
@@ -288,11 +292,14 @@ void Trainer::run() {
   double fp8_peak = 0;
   if (const Fp8Recipe fp8 = fp8_recipe(cfg_.precision); fp8.any()) {
     fp8_peak = ops_.device() == Device::cuda ? gpu_fp8_peak_tflops(ops_.device_description()) : peak;
+    const std::vector<bool> gathered = fp8_gathered_params(store_->table(), cfg_);
+    const bool fp8_gather = std::find(gathered.begin(), gathered.end(), true) != gathered.end();
     if (lead)
-      print_linef(Stream::out, "fp8       | %s: the products of %s in FP8 (gradients %s); mfu_fp8 = tflops_per_gpu / FP8 peak %s",
-                  cfg_.precision.fp8.c_str(),
+      print_linef(Stream::out, "fp8       | %s: the products of %s in FP8 (gradients %s)%s; mfu_fp8 = tflops_per_gpu / FP8 peak %s",
+                  fp8.delayed ? format("delayed, amax history %d steps", fp8.amax_history).c_str()
+                              : cfg_.precision.fp8.c_str(),
                   cfg_.precision.fp8_layers == "all" ? fp8_layer_list(fp8, ",").c_str() : cfg_.precision.fp8_layers.c_str(),
-                  cfg_.precision.fp8_grad_format.c_str(),
+                  cfg_.precision.fp8_grad_format.c_str(), fp8_gather ? "; ZeRO-3 gathers their weights in FP8" : "",
                   fp8_peak > 0 ? format("%.4f TFLOP/s (%s)", fp8_peak,
                                         ops_.device() == Device::cuda ? "device table" : "the emulation's: the fp32 peak")
                                      .c_str()

@@ -44,6 +44,7 @@
 #include "core/report/run_summary.h"
 #include "core/report/session_log.h"
 #include "core/ops/ops.h"
+#include "core/train/fp8_history_state.h"
 #include "core/train/grad_sync.h"
 #include "core/train/optimizer.h"
 #include "core/train/param_gather.h"
@@ -136,6 +137,8 @@ class Trainer {
   // this rank's tensor-parallel piece (ParamSpec::shape; global_shape is the whole one).
   const ParamTable& stage_table() const { return *stage_table_; }
   PipelineExecutor& pipeline() { return *executor_; }
+  // Every call, byte and second of this rank's communication so far (the groups' TimedComms).
+  const CommStats& comm_stats() const { return *groups_.comm_stats; }
   const Grid& grid() const { return *grid_; }
   const ProcessGroups& groups() const { return groups_; }
   // The fp32 master weights of this rank's stage in stage_table() order, whole parameters
@@ -202,6 +205,7 @@ class Trainer {
   std::unique_ptr<PipelineExecutor> executor_;
   std::unique_ptr<DataLoader> train_data_, val_data_;
   std::unique_ptr<ckpt::Checkpointer> ckpt_;
+  std::unique_ptr<Fp8HistoryState> fp8_history_;  // delayed FP8 scaling's checkpoint state; null without
   std::unique_ptr<Grid> grid_;
   Coord coord_;  // this rank's place on the grid
   ProcessGroups groups_;

@@ -56,6 +56,7 @@ Trainer::Trainer(const RunConfig& cfg, const World& world, Ops& ops)
   // wait in its collective for a rank that has already left.
   try {
     gather_ = std::make_unique<ParamGather>(*store_, ops, *groups_.shard);
+    gather_->enable_fp8(fp8_gathered_params(store_->table(), cfg), *groups_.tp);
     grad_sync_ = std::make_unique<GradSync>(*store_, ops, *groups_.dp_cp, *groups_.shard, *groups_.replicate);
     hooks_ = std::make_unique<ZeroHooks>(*gather_, *grad_sync_);
     std::vector<GradSync*> syncs = {grad_sync_.get()};
@@ -76,10 +77,19 @@ Trainer::Trainer(const RunConfig& cfg, const World& world, Ops& ops)
     mp.cp = groups_.cp.get();
     mp.cp_impl = parse_cp_impl(cfg.parallel.cp_impl);
     mp.ep = groups_.ep.get();
+    mp.dp_cp = groups_.dp_cp.get();
     mp.experts = expert_store_.get();
     executor_ = std::make_unique<PipelineExecutor>(cfg, coord_.pp, *store_, ops, mp);
     executor_->connect(*groups_.pp, groups_.embedding.get());
     executor_->set_grad_runtime(hooks_.get(), syncs);
+    // Delayed FP8 scaling's histories are checkpoint state: the same on every rank of a stage,
+    // saved by its first (dp, tp and cp rank 0).
+    if (const Fp8Recipe fp8 = fp8_recipe(cfg.precision); fp8.any() && fp8.delayed) {
+      std::vector<DecoderStage*> chunks;
+      for (size_t c = 0; c < executor_->chunks().size(); c++) chunks.push_back(&executor_->chunk(static_cast<int>(c)));
+      fp8_history_ = std::make_unique<Fp8HistoryState>(chunks, fp8);
+      ckpt_->set_extra_state(fp8_history_.get(), coord_.dp == 0 && coord_.tp == 0 && coord_.cp == 0);
+    }
     startup_lap("model", t0);
     guard_ = std::make_unique<RunGuard>(cfg.run);
     // A checkpoint overwrites every master weight (Checkpointer::load reads each tensor of the

@@ -1,0 +1,61 @@
+#include "core/train/fp8_history_state.h"
+
+namespace pt {
+
+std::string Fp8HistoryState::name(int layer, Fp8Layer kind) {
+  return "fp8_amax_history/layers." + std::to_string(layer) + "." + fp8_layer_names()[static_cast<size_t>(kind)];
+}
+
+Fp8HistoryState::Fp8HistoryState(std::vector<DecoderStage*> chunks, const Fp8Recipe& recipe) {
+  for (DecoderStage* chunk : chunks) {
+    Fp8Delayed* state = chunk->fp8_delayed();
+    if (!state) continue;
+    const StageLayers& layers = chunk->layers();
+    for (int l = layers.first_layer; l < layers.end_layer; l++)
+      for (int k = 0; k < kFp8BlockLayers; k++)
+        if (fp8_layer_on(recipe, Fp8Layer(k)))
+          sites_.push_back({state, (l - layers.first_layer) * kFp8BlockLayers + k, l, Fp8Layer(k)});
+  }
+}
+
+std::vector<std::string> Fp8HistoryState::names() const {
+  std::vector<std::string> out;
+  for (const Site& s : sites_) out.push_back(name(s.layer, s.kind));
+  return out;
+}
+
+std::vector<ckpt::ExtraState::Entry> Fp8HistoryState::save_entries() {
+  std::vector<Entry> out;
+  for (const Site& s : sites_) {
+    if (!s.state->has_history()) continue;  // nothing recorded yet: the resumed run starts afresh too
+    out.push_back({name(s.layer, s.kind), {s.state->history(), Fp8Delayed::kOperands}, s.state->history_of(s.site)});
+  }
+  return out;
+}
+
+void Fp8HistoryState::restore(const std::vector<std::optional<Entry>>& found) {
+  check(found.size() == sites_.size(), "Fp8HistoryState::restore: " + std::to_string(found.size()) +
+                                           " entries for " + std::to_string(sites_.size()) + " layers");
+  bool complete = true;
+  for (size_t i = 0; i < found.size(); i++) {
+    if (!found[i]) complete = false;
+    else if (found[i]->shape.size() != 2 || found[i]->shape[1] != Fp8Delayed::kOperands)
+      throw ckpt::CorruptCheckpoint("tensor " + found[i]->name + " is not [steps, " +
+                                    std::to_string(int(Fp8Delayed::kOperands)) + "]");
+  }
+  // Each chunk's histories, by site (sites without FP8 stay empty).
+  std::vector<Fp8Delayed*> states;
+  for (const Site& s : sites_)
+    if (states.empty() || states.back() != s.state) states.push_back(s.state);
+  for (Fp8Delayed* state : states) {
+    std::vector<std::vector<float>> rows;
+    if (complete) {
+      rows.resize(static_cast<size_t>(state->sites()));
+      for (size_t i = 0; i < sites_.size(); i++)
+        if (sites_[i].state == state) rows[static_cast<size_t>(sites_[i].site)] = found[i]->values;
+    }
+    state->restore(rows);
+  }
+}
+
+}  // namespace pt

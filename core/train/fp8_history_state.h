@@ -1,0 +1,42 @@
+// Delayed FP8 scaling's amax histories (core/parallel/fp8_delayed.h) as checkpoint state: one
+// tensor per FP8 layer of the model, "fp8_amax_history/layers.<layer>.<qkv|attn_out|mlp_up|
+// mlp_down>", [steps, 3] floats (the x, w and dout amaxes of each step, the oldest first), named by
+// the layer's global index so a checkpoint resumes under any pipeline split. Every rank of a
+// pipeline stage holds the same histories (they are merged over tp and dp x cp every step): one
+// rank per stage writes them, every rank reads its chunks'. A checkpoint that lacks any of this
+// run's layers (written without delayed scaling, or with other fp8_layers) restores none: the
+// run starts its histories afresh, its next step scaling dynamically.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "core/ckpt/checkpointer.h"
+#include "core/model/decoder_stage.h"
+
+namespace pt {
+
+class Fp8HistoryState : public ckpt::ExtraState {
+ public:
+  // `chunks`: this rank's pipeline chunks (not owned), those with delayed scaling taking part;
+  // `recipe`: which block layers are in FP8.
+  Fp8HistoryState(std::vector<DecoderStage*> chunks, const Fp8Recipe& recipe);
+
+  std::vector<Entry> save_entries() override;
+  std::vector<std::string> names() const override;
+  void restore(const std::vector<std::optional<Entry>>& found) override;
+
+  // The checkpoint name of block `layer`'s FP8 layer `kind`.
+  static std::string name(int layer, Fp8Layer kind);
+
+ private:
+  // Every (chunk, site) whose layer is in FP8, in names() order.
+  struct Site {
+    Fp8Delayed* state;
+    int site;
+    int layer;
+    Fp8Layer kind;
+  };
+  std::vector<Site> sites_;
+};
+
+}  // namespace pt
