@@ -13,6 +13,7 @@
 #include "cuda/cuda_ops_args.h"
 #include "cuda/elementwise.h"
 #include "cuda/matmul_cublaslt.h"
+#include "cuda/matmul_fp8.h"
 
 namespace pt {
 
@@ -50,6 +51,7 @@ CudaOps::CudaOps(DType compute_dtype) : compute_(compute_dtype) {
                 dtype_name(compute_dtype));
   description_ = desc;
   fp8_ = prop.major > 8 || (prop.major == 8 && prop.minor >= 9);
+  fp8_rowwise_ = fp8_ && gpu::fp8_rowwise_available(prop.major);
   cudaStream_t s = nullptr;
   // A blocking stream: it orders with the legacy default stream, so raw cudaMemcpy/cudaMemset on
   // our buffers (tests, cuda_memory.h) see every op queued before them.

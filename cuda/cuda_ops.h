@@ -134,6 +134,7 @@ class CudaOps final : public Ops {
   void fp8_matmul(Tensor out, Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, Tensor bias, int M, int N,
                   int K, bool accumulate, bool per_row) override;
   bool supports_fp8() const override { return fp8_; }
+  bool supports_fp8_rowwise() const override { return fp8_rowwise_; }
 
  private:
   // At least `bytes` of device memory for the current op's temporaries (valid until the next call).
@@ -143,6 +144,7 @@ class CudaOps final : public Ops {
   DType compute_;
   std::string description_;
   bool fp8_ = false;  // compute capability 8.9 or more: FP8 tensor cores (Ada, Hopper and later)
+  bool fp8_rowwise_ = false;  // and rowwise products (gpu::fp8_rowwise_available)
   void* stream_ = nullptr;  // cudaStream_t
   gpu::MatmulContext* matmul_ = nullptr;
   void* scratch_ = nullptr;

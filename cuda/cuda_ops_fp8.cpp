@@ -112,11 +112,8 @@ void CudaOps::fp8_matmul(Tensor out, Tensor a, Tensor a_scale_inv, Tensor b, Ten
   if (per_row) {
     // cuBLASLt's outer-vector scale mode (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F) has kernels
     // for Hopper (9.0) and later only; Ada (8.9) runs tensorwise products only.
-    int device = 0, major = 0;
-    CUDA_CHECK(cudaGetDevice(&device));
-    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    check(major >= 9, where(op) + ": rowwise FP8 products (cuBLASLt outer-vector scales) need compute capability "
-                                  "9.0+ (Hopper or newer); this GPU is " + description_);
+    check(fp8_rowwise_, where(op) + ": rowwise FP8 products (cuBLASLt outer-vector scales) need compute capability "
+                                    "9.0+ (Hopper or newer) and cuBLAS 12.9+; this GPU is " + description_);
     if (M > 0) need(a_scale_inv, size_t(M), DType::f32, op, "a_scale_inv");
     if (N > 0) need(b_scale_inv, size_t(N), DType::f32, op, "b_scale_inv");
   } else {

@@ -240,6 +240,15 @@ bool run_fp8_accumulate_via_scratch(MatmulContext* ctx, const Fp8Gemm& g, cudaSt
 
 }  // namespace
 
+bool fp8_rowwise_available(int major) {
+#if CUBLAS_VERSION >= 120900
+  return major >= 9;
+#else
+  (void)major;
+  return false;
+#endif
+}
+
 void matmul_fp8(MatmulContext* ctx, DType a_dtype, DType b_dtype, DType out_dtype, void* out, const void* a,
                 const float* a_scale_inv, const void* b, const float* b_scale_inv, const void* bias, int M, int N,
                 int K, bool accumulate, bool per_row, void* stream) {

@@ -495,13 +495,6 @@ std::vector<float> rows_spread(std::vector<float> v, int rows, int cols) {
   return v;
 }
 
-// The compute capability's major number from CudaOps' description ("... (sm_90, ...").
-int sm_major(const Ops& ops) {
-  const std::string d = ops.device_description();
-  const size_t at = d.find("(sm_");
-  return at == std::string::npos ? 0 : std::atoi(d.c_str() + at + 4) / 10;
-}
-
 }  // namespace
 
 namespace {
@@ -534,7 +527,7 @@ TEST_CASE("fp8_matmul matches CpuOps on the same codes and repeats bitwise", "[g
   };
   const Shape shapes[] = {{128, 64, 96}, {512, 768, 2304}, {37, 64, 96}};  // M (cuBLASLt's n) is free
   const std::pair<DType, DType> formats[] = {{DType::f8e4m3, DType::f8e4m3}, {DType::f8e5m2, DType::f8e4m3}};
-  const bool rowwise_ok = sm_major(ops) >= 9;  // cuBLASLt's outer-vector scales: Hopper and later
+  const bool rowwise_ok = ops.supports_fp8_rowwise();  // cuBLASLt's outer-vector scales: Hopper and later
   uint32_t seed = 100;
   for (bool per_row : {false, true})
     for (const Shape& sh : shapes)

@@ -42,6 +42,7 @@ class CpuOps final : public Ops {
   void fp8_amax(Tensor amax, Tensor x, int rows, int cols, Fp8Amax over) override;
   void fp8_quantize(Tensor q, Tensor scale_inv, Tensor x, Tensor amaxes, int n_amax, int rows, int cols, bool transpose, bool per_row, Tensor record_amax) override;
   void fp8_dequantize(Tensor out, Tensor q, Tensor scale_inv, size_t n) override;
+  bool supports_fp8_rowwise() const override { return true; }
   void fp8_matmul(Tensor out, Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, Tensor bias, int M, int N, int K, bool accumulate, bool per_row) override;
   bool supports_fp8() const override;
   void attention_forward(Tensor out, Tensor lse, Tensor qkv, int B, int T, int C, int NH, int NKV) override;

@@ -185,8 +185,10 @@ class Ops {
   // scaled by a_scale_inv[i] * b_scale_inv[j]; else one f32 each.
   virtual void fp8_matmul(Tensor out, Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, Tensor bias, int M,
                           int N, int K, bool accumulate, bool per_row) = 0;
-  // Whether this backend runs fp8_matmul (CudaOps: compute capability 8.9 and up).
+  // Whether this backend runs fp8_matmul (CudaOps: compute capability 8.9 and up), and with
+  // per_row scales (CudaOps: 9.0 and up, with a cuBLASLt that has outer-vector scales).
   virtual bool supports_fp8() const = 0;
+  virtual bool supports_fp8_rowwise() const = 0;
 
   // ---- causal self-attention -------------------------------------------------------------
   // Grouped-query attention (Llama): NH query heads of HS = C / NH channels share NKV key/value

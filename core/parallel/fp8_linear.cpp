@@ -80,6 +80,9 @@ Fp8Linear::Fp8Linear(Ops& ops, Comm& tp, Comm* cp, Fp8Format grad_format, bool r
     : ops_(ops), tp_(tp), cp_(cp && cp->size() > 1 ? cp : nullptr), grad_(grad_format), rowwise_(rowwise) {
   check(ops.supports_fp8(), "precision.fp8: this device cannot run FP8 matrix products (" +
                                 ops.device_description() + "; FP8 needs compute capability 8.9 or later)");
+  check(!rowwise || ops.supports_fp8_rowwise(),
+        "precision.fp8=rowwise: this device cannot run rowwise-scaled FP8 products (" + ops.device_description() +
+            "; they need compute capability 9.0 or later and cuBLAS 12.9+): use precision.fp8=tensorwise or delayed");
 }
 
 Fp8Linear::~Fp8Linear() {
