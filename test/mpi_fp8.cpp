@@ -80,9 +80,10 @@ std::map<std::string, std::vector<float>> histories(Trainer& t) {
     Fp8Delayed* d = ex.chunk(static_cast<int>(c)).fp8_delayed();
     REQUIRE(d != nullptr);
     const StageLayers& layers = ex.chunks()[c];
+    const std::vector<std::vector<float>> h = d->histories();
     for (int l = layers.first_layer; l < layers.end_layer; l++)
       for (int k = 0; k < kFp8BlockLayers; k++)
-        out[Fp8HistoryState::name(l, Fp8Layer(k))] = d->history_of((l - layers.first_layer) * kFp8BlockLayers + k);
+        out[Fp8HistoryState::name(l, Fp8Layer(k))] = h[size_t((l - layers.first_layer) * kFp8BlockLayers + k)];
   }
   return out;
 }

@@ -87,8 +87,8 @@ TEST_CASE("the amax history: pushed each step, the oldest evicted, skipped steps
   // Step 4 evicted step 1; the history is 7, 3, 1.5 (oldest first) and its max 7 still.
   CHECK(read1(buf, d.scale_amax(1, D::kDout)) == 7.0f);
   CHECK(read1(buf, d.scale_amax(0, D::kX)) == 1.0f);
-  CHECK(d.history_of(1) == std::vector<float>{0, 0, 7, 0, 0, 3, 0, 0, 1.5f});
-  CHECK(d.history_of(0) == std::vector<float>{0.25f, 0, 0, 1, 0, 0, 0.125f, 0, 0});
+  CHECK(d.histories()[1] == std::vector<float>{0, 0, 7, 0, 0, 3, 0, 0, 1.5f});
+  CHECK(d.histories()[0] == std::vector<float>{0.25f, 0, 0, 1, 0, 0, 0.125f, 0, 0});
   // A skipped step records but pushes nothing.
   d.begin_step();
   record(ops, buf, d, 1, D::kDout, 100.0f);
@@ -116,15 +116,15 @@ TEST_CASE("the amax history restores from a checkpoint, of any length, or starts
   const std::vector<float> four = {9, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4, 4}, two = {5, 6, 7, 8, 0.5f, 1};
   d.restore({four, two});
   CHECK(d.has_history());
-  CHECK(d.history_of(0) == std::vector<float>{2, 2, 2, 3, 3, 3, 4, 4, 4});
-  CHECK(d.history_of(1) == std::vector<float>{0, 0, 0, 5, 6, 7, 8, 0.5f, 1});
+  CHECK(d.histories()[0] == std::vector<float>{2, 2, 2, 3, 3, 3, 4, 4, 4});
+  CHECK(d.histories()[1] == std::vector<float>{0, 0, 0, 5, 6, 7, 8, 0.5f, 1});
   CHECK(read1(buf, d.scale_amax(0, D::kX)) == 4.0f);  // 9 was the evicted step's
   CHECK(read1(buf, d.scale_amax(1, D::kW)) == 6.0f);
   // The next push overwrites the oldest row.
   d.begin_step();
   record(ops, buf, d, 0, D::kX, 1.0f);
   d.end_step(true);
-  CHECK(d.history_of(0) == std::vector<float>{3, 3, 3, 4, 4, 4, 1, 0, 0});
+  CHECK(d.histories()[0] == std::vector<float>{3, 3, 3, 4, 4, 4, 1, 0, 0});
   // A checkpoint without histories: none, dynamic scaling until the next step.
   d.restore({});
   CHECK_FALSE(d.has_history());

@@ -57,7 +57,7 @@ void Fp8Delayed::end_step(bool keep) {
   }
   ops_.copy(history_rows_.slice(size_t(next_) * S, S), records, S);
   next_ = (next_ + 1) % history_;
-  steps_++;
+  recorded_ = true;
   recompute_scale_amaxes();
 }
 
@@ -66,16 +66,17 @@ void Fp8Delayed::recompute_scale_amaxes() {
   if (S > 0) ops_.fp8_amax(scale_amaxes_.slice(0, S), history_rows_.slice(0, size_t(history_) * S), history_, int(S), Fp8Amax::cols);
 }
 
-std::vector<float> Fp8Delayed::history_of(int site) const {
-  slot(site, kX);  // checks the site
+std::vector<std::vector<float>> Fp8Delayed::histories() const {
   const size_t S = size_t(sites_) * kOperands;
   std::vector<float> all(size_t(history_) * S);
-  ops_.download(all.data(), DType::f32, history_rows_.slice(0, all.size()), all.size());
-  std::vector<float> out;
-  out.reserve(size_t(history_) * kOperands);
-  for (int i = 0; i < history_; i++) {  // from the oldest row (next_) on
-    const float* row = all.data() + size_t((next_ + i) % history_) * S + size_t(site) * kOperands;
-    out.insert(out.end(), row, row + kOperands);
+  if (S > 0) ops_.download(all.data(), DType::f32, history_rows_.slice(0, all.size()), all.size());
+  std::vector<std::vector<float>> out(static_cast<size_t>(sites_));
+  for (int site = 0; site < sites_; site++) {
+    out[size_t(site)].reserve(size_t(history_) * kOperands);
+    for (int i = 0; i < history_; i++) {  // from the oldest row (next_) on
+      const float* row = all.data() + size_t((next_ + i) % history_) * S + size_t(site) * kOperands;
+      out[size_t(site)].insert(out[size_t(site)].end(), row, row + kOperands);
+    }
   }
   return out;
 }
@@ -84,7 +85,7 @@ void Fp8Delayed::restore(const std::vector<std::vector<float>>& rows) {
   const size_t S = size_t(sites_) * kOperands;
   std::vector<float> all(size_t(history_) * S, 0.0f);
   next_ = 0;
-  steps_ = 0;
+  recorded_ = false;
   if (!rows.empty()) {
     check(rows.size() == size_t(sites_), "Fp8Delayed::restore: " + std::to_string(rows.size()) + " histories for " +
                                              std::to_string(sites_) + " sites");
@@ -99,7 +100,7 @@ void Fp8Delayed::restore(const std::vector<std::vector<float>>& rows) {
         std::copy(src, src + kOperands, all.data() + (history_ - keep + i) * S + size_t(site) * kOperands);
       }
     }
-    steps_ = 1;  // scales from now on come from the history
+    recorded_ = true;  // scales from now on come from the history
   }
   if (S > 0) ops_.upload(history_rows_.slice(0, all.size()), all.data(), DType::f32, all.size());
   ops_.zero(records_);

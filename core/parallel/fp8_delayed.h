@@ -21,7 +21,7 @@
 // tp, cp, pp and gradient accumulation all scale exactly as one rank does, from the second step
 // on. The first step has no history and scales dynamically, per product (has_history()).
 //
-// Checkpoints save each site's history oldest row first (history_of) and restore it (restore),
+// Checkpoints save each site's history oldest row first (histories) and restore it (restore),
 // so a resumed run scales as the uninterrupted one would; a checkpoint without it (an earlier
 // run without delayed scaling) starts the history afresh.
 #pragma once
@@ -50,7 +50,7 @@ class Fp8Delayed {
   int sites() const { return sites_; }
   int history() const { return history_; }
   // Whether some step has been recorded; until then the products scale dynamically.
-  bool has_history() const { return steps_ > 0; }
+  bool has_history() const { return recorded_; }
   // The amax the site's operand scales by (one f32): the largest of its history.
   Tensor scale_amax(int site, Operand o) const;
   // The step's running amax of the site's operand (one f32), for fp8_quantize's record_amax.
@@ -61,9 +61,9 @@ class Fp8Delayed {
   // when `keep`; a skipped step (keep false, on every rank alike) only discards.
   void end_step(bool keep);
 
-  // The site's history, [history, kOperands] floats, oldest step first (rows never recorded are
-  // zero and come first).
-  std::vector<float> history_of(int site) const;
+  // Every site's history, [history, kOperands] floats each, oldest step first (rows never
+  // recorded are zero and come first): one download for them all.
+  std::vector<std::vector<float>> histories() const;
   // Sets every site's history from a checkpoint: `rows[site]` holds [n, kOperands] floats, oldest
   // first (n may differ from history(): the newest rows are kept, the missing ones are zero);
   // empty `rows` (a checkpoint without any): no history, the next step scales dynamically.
@@ -77,7 +77,7 @@ class Fp8Delayed {
   int sites_, history_;
   Comm& tp_;
   Comm* dp_cp_;
-  int steps_ = 0;  // steps pushed since the history was (re)set
+  bool recorded_ = false;  // a step pushed (or a history restored) since the history was (re)set
   int next_ = 0;   // the history row the next step overwrites (its oldest)
   Tensor records_;      // [sites * kOperands]
   Tensor history_rows_;  // [history, sites * kOperands]: row next_ the oldest

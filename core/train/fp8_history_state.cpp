@@ -26,9 +26,13 @@ std::vector<std::string> Fp8HistoryState::names() const {
 
 std::vector<ckpt::ExtraState::Entry> Fp8HistoryState::save_entries() {
   std::vector<Entry> out;
+  // Each chunk's histories in one download (sites_ lists a chunk's sites together).
+  const Fp8Delayed* downloaded = nullptr;
+  std::vector<std::vector<float>> histories;
   for (const Site& s : sites_) {
     if (!s.state->has_history()) continue;  // nothing recorded yet: the resumed run starts afresh too
-    out.push_back({name(s.layer, s.kind), {s.state->history(), Fp8Delayed::kOperands}, s.state->history_of(s.site)});
+    if (s.state != downloaded) histories = s.state->histories(), downloaded = s.state;
+    out.push_back({name(s.layer, s.kind), {s.state->history(), Fp8Delayed::kOperands}, histories[size_t(s.site)]});
   }
   return out;
 }
