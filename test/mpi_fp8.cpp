@@ -19,8 +19,15 @@
 // train like one rank; a resumed run (a 3-step history, so it has wrapped) restores the history
 // bit for bit and continues as the straight run did, also when the checkpoint was written under
 // pp2 and read without; the memory plan counts its buffers; recompute changes no bit.
+// The LM head in FP8 (precision.fp8_layers = all,lm_head): it changes the one-rank run (its
+// products really are FP8's), and tp2 + SP, cp2, pp2, dp2 delayed, the Llama's untied head under
+// tp2 + SP, rowwise under tp2 (2 ranks), tp2 x cp2 + SP, tp2 x pp2 delayed and the Llama under
+// dp2 x tp2 + SP with ZeRO-3 (4 ranks) train like one rank (losses within kFp8HeadBounds); its
+// delayed history is recorded alike on every rank, checkpointed and resumed (also from pp2),
+// and its buffers are in the memory plan (tp2 + SP rowwise; pp4 delayed, every stage's plan).
 // ZeRO-3 gathers the FP8 layers' weights as e4m3 codes (core/train/param_gather.h): the run is
-// the bf16-gather run bit for bit (dp2; dp2 x tp2 + SP, dp4), with well under half the bytes;
+// the bf16-gather run bit for bit (dp2, the Llama with its untied head in FP8 under dp2; dp2 x
+// tp2 + SP, dp4), with well under half the bytes;
 // each weight is cast with the whole weight's scale (a weight whose shards' parts lie 2^16 apart
 // gathers to the whole's quantised values); its buffers are in the memory plan.
 #include <mpi.h>
@@ -57,34 +64,33 @@ Layout llama_fp8(int dp, int tp, int cp) {
 
 Layout delayed(int dp, int tp, int cp, int pp = 1) { return fp8(dp, tp, cp, pp).with_fp8("delayed"); }
 
-const RunResult& reference(const std::string& arch = "gpt2", const std::string& recipe = "tensorwise") {
-  static const RunResult gpt2 = train(fp8(1, 1, 1), World{}, data().dir);
-  static const RunResult llama = train(llama_fp8(1, 1, 1), World{}, data().dir);
-  static const RunResult rowwise = train(fp8(1, 1, 1).with_fp8("rowwise"), World{}, data().dir);
-  static const RunResult delayed_gpt2 = train(delayed(1, 1, 1), World{}, data().dir);
-  if (recipe == "rowwise") return rowwise;
-  if (recipe == "delayed") return delayed_gpt2;
-  return arch == "gpt2" ? gpt2 : llama;
+Layout with_head(const Layout& l) { return l.with([](Layout& x) { x.fp8_layers = "all,lm_head"; }); }
+
+// The one-rank run of `l`'s model and FP8 recipe (each computed once per process).
+const RunResult& reference(const Layout& l) {
+  static std::map<std::string, RunResult> runs;
+  const Layout one = one_rank(l);
+  const std::string key = one.describe() + ", history " + std::to_string(one.fp8_history);
+  auto it = runs.find(key);
+  if (it == runs.end()) it = runs.emplace(key, train(one, World{}, data().dir)).first;
+  return it->second;
 }
 
-void check(const Layout& l, const World& world) {
-  REQUIRE((l.arch == "gpt2" || l.fp8 == "tensorwise"));  // the references this file has
-  check_trains_like(l, world, data().dir, reference(l.arch, l.fp8));
-}
+void check(const Layout& l, const World& world) { check_trains_like(l, world, data().dir, reference(l)); }
 
-// Every amax history this rank holds, by checkpoint name (Fp8HistoryState's), oldest step first.
-std::map<std::string, std::vector<float>> histories(Trainer& t) {
-  std::map<std::string, std::vector<float>> out;
+// Every amax history this rank holds, by checkpoint name, oldest step first: what its checkpoint
+// would save (Fp8HistoryState over the trainer's chunks).
+std::map<std::string, std::vector<float>> histories(Trainer& t, const Layout& l) {
+  std::vector<DecoderStage*> chunks;
   PipelineExecutor& ex = t.pipeline();
   for (size_t c = 0; c < ex.chunks().size(); c++) {
-    Fp8Delayed* d = ex.chunk(static_cast<int>(c)).fp8_delayed();
-    REQUIRE(d != nullptr);
-    const StageLayers& layers = ex.chunks()[c];
-    const std::vector<std::vector<float>> h = d->histories();
-    for (int l = layers.first_layer; l < layers.end_layer; l++)
-      for (int k = 0; k < kFp8BlockLayers; k++)
-        out[Fp8HistoryState::name(l, Fp8Layer(k))] = h[size_t((l - layers.first_layer) * kFp8BlockLayers + k)];
+    REQUIRE(ex.chunk(static_cast<int>(c)).fp8_delayed() != nullptr);
+    chunks.push_back(&ex.chunk(static_cast<int>(c)));
   }
+  Fp8HistoryState state(chunks, fp8_recipe(parity_config(l, data().dir).precision));
+  std::map<std::string, std::vector<float>> out;
+  for (const ckpt::ExtraState::Entry& e : state.save_entries()) out[e.name] = e.values;
+  REQUIRE(out.size() == state.names().size());  // every site has recorded
   return out;
 }
 
@@ -149,7 +155,7 @@ TEST_CASE("an FP8 layer whose tokens are split over cp equals the unsplit FP8 la
 }
 
 TEST_CASE("FP8 changes the one-rank run by the formats' rounding, and it still trains", "[mpi][fp8]") {
-  const RunResult& with_fp8 = reference();
+  const RunResult& with_fp8 = reference(fp8(1, 1, 1));
   const RunResult without = train(grid(1, 1, 1), World{}, data().dir);
   REQUIRE(with_fp8.steps.size() == without.steps.size());
   // Step 1's loss is the initial weights' in both (the FP8 forward rounds it a little); later
@@ -159,6 +165,23 @@ TEST_CASE("FP8 changes the one-rank run by the formats' rounding, and it still t
   CHECK(first < 1e-2);
   CHECK(last > 1e-6);
   CHECK(last < 5e-2);
+  // The LM head in FP8 too (precision.fp8_layers = all,lm_head) changes it again: its products
+  // really run in FP8.
+  const RunResult& head = reference(with_head(fp8(1, 1, 1)));
+  const double head_gap = std::fabs(head.steps.back().loss - with_fp8.steps.back().loss) / with_fp8.steps.back().loss;
+  CHECK(head_gap > 1e-6);
+  CHECK(head_gap < 5e-2);
+}
+
+TEST_CASE("the LM head in FP8 trains like one rank: tp (vocabulary rows), cp, pp, dp, ZeRO-3", "[mpi][fp8][head]") {
+  const World world = whole_world();
+  if (world.size == 2)
+    for (const Layout& l : {fp8(1, 2, 1).with_sp(), fp8(1, 1, 2), fp8(1, 1, 1, 2), delayed(2, 1, 1),
+                            llama_fp8(1, 2, 1).with_sp(), fp8(1, 2, 1).with_fp8("rowwise")})
+      check(with_head(l), world);
+  if (world.size == 4)
+    for (const Layout& l : {fp8(1, 2, 2).with_sp(), delayed(1, 2, 1, 2), llama_fp8(2, 2, 1).with_sp().with_zero(3)})
+      check(with_head(l), world);
 }
 
 TEST_CASE("FP8 over two ranks trains like one rank: dp, tp, sp, cp, pp", "[mpi][fp8]") {
@@ -218,22 +241,24 @@ TEST_CASE("activation recompute changes no bit under FP8 (tp2 x cp2)", "[mpi][fp
 TEST_CASE("delayed FP8 scaling: step 1 is tensorwise's, then every rank keeps one history", "[mpi][fp8][delayed]") {
   const World world = whole_world();
   // One rank: the first step has no history and scales as tensorwise does, bit for bit.
-  const RunResult& d = reference("gpt2", "delayed");
-  const RunResult& t = reference("gpt2", "tensorwise");
+  const RunResult& d = reference(delayed(1, 1, 1));
+  const RunResult& t = reference(fp8(1, 1, 1));
   CHECK(d.steps[0].loss == t.steps[0].loss);
   CHECK(d.steps[0].grad_norm == t.steps[0].grad_norm);
   // Under data, tensor and context parallel every rank ends a step with the same histories, the
   // largest amaxes of every rank's micro-batches and parts; each layer's x, w and dout recorded.
   std::vector<Layout> layouts;
-  if (world.size == 2) layouts = {delayed(2, 1, 1), delayed(1, 2, 1).with_sp(), delayed(1, 1, 2)};
-  if (world.size == 4) layouts = {delayed(2, 2, 1).with_sp(), delayed(1, 2, 2).with_sp()};
+  if (world.size == 2) layouts = {delayed(2, 1, 1), delayed(1, 2, 1).with_sp(), with_head(delayed(1, 1, 2))};
+  if (world.size == 4) layouts = {delayed(2, 2, 1).with_sp(), with_head(delayed(1, 2, 2).with_sp())};
   for (const Layout& l : layouts) {
     INFO(l.describe());
     CpuOps ops;
     Trainer tr(parity_config(l, data().dir), world, ops);
     for (int s = 0; s < 3; s++) tr.step();
-    const std::vector<float> mine = flat(histories(tr));
-    REQUIRE(mine.size() == size_t(8 * kFp8BlockLayers * 16 * 3));  // 8 layers, 16 steps of x, w, dout
+    const std::vector<float> mine = flat(histories(tr, l));
+    // 8 blocks' 4 layers (and the LM head), 16 steps of x, w, dout each
+    const size_t layers = 8 * kFp8BlockLayers + (l.fp8_layers == "all" ? 0 : 1);
+    REQUIRE(mine.size() == layers * 16 * 3);
     for (size_t i = 0; i < mine.size(); i++)  // the 3 newest rows of 16 recorded, the rest zero
       if ((i / 3) % 16 >= 13) REQUIRE(mine[i] > 0.0f);
       else REQUIRE(mine[i] == 0.0f);
@@ -251,16 +276,17 @@ TEST_CASE("delayed FP8 scaling over two and four ranks trains like one rank", "[
   const World world = whole_world();
   if (world.size == 2)
     for (const Layout& l : {delayed(2, 1, 1), delayed(1, 2, 1).with_sp(), delayed(1, 1, 2), delayed(1, 1, 1, 2)})
-      check_trains_like(l, world, data().dir, reference("gpt2", "delayed"));
+      check(l, world);
   if (world.size == 4)
     for (const Layout& l : {delayed(2, 2, 1).with_sp().with_zero(3), delayed(1, 2, 2).with_sp(), delayed(1, 2, 1, 2)})
-      check_trains_like(l, world, data().dir, reference("gpt2", "delayed"));
+      check(l, world);
 }
 
 TEST_CASE("delayed FP8 scaling resumes bit-exactly: checkpoints keep the amax histories", "[mpi][fp8][delayed][ckpt]") {
   const World world = whole_world();
   // A 3-step history has wrapped by step 5: its oldest row is not its first.
-  const Layout l = (world.size == 2 ? delayed(1, 2, 1).with_sp() : delayed(1, 2, 2).with_sp())
+  // The LM head's history too, saved by the last stage under pp2.
+  const Layout l = with_head(world.size == 2 ? delayed(1, 2, 1).with_sp() : delayed(1, 2, 2).with_sp())
                        .with([](Layout& x) { x.fp8_history = 3; });
   const RunResult straight = train(l, world, data().dir);
   // Saved under l, and (the same run) under pp2: layers named globally, read by any split.
@@ -275,10 +301,11 @@ TEST_CASE("delayed FP8 scaling resumes bit-exactly: checkpoints keep the amax hi
       Trainer t(parity_config(saver, data().dir), world, ops);
       for (int s = 0; s < 5; s++) t.step();
       saved = t.save_checkpoint();
-      at_save = histories(t);
+      at_save = histories(t, saver);
     }
     // The checkpoint holds each layer's history, [3 steps, x w dout], as the saving ranks had it.
     ckpt::CheckpointReader reader(saved);
+    CHECK(reader.has("fp8_amax_history/lm_head"));
     for (const auto& [name, h] : at_save) {
       INFO(name);
       REQUIRE(reader.has(name));
@@ -293,7 +320,7 @@ TEST_CASE("delayed FP8 scaling resumes bit-exactly: checkpoints keep the amax hi
     CpuOps ops;
     Trainer t(parity_config(resumer, data().dir), world, ops);
     REQUIRE(t.steps_done() == 5);
-    for (const auto& [name, h] : histories(t)) {
+    for (const auto& [name, h] : histories(t, resumer)) {
       INFO(name << " restored");
       std::vector<float> v(9);
       reader.read(name, 0, 9, v.data());
@@ -306,8 +333,12 @@ TEST_CASE("delayed FP8 scaling resumes bit-exactly: checkpoints keep the amax hi
 
 TEST_CASE("delayed FP8 scaling: its buffers are in the memory plan, recompute changes no bit", "[mpi][fp8][delayed][memory]") {
   const World world = whole_world();
-  if (world.size == 2) check_activation_memory(delayed(2, 1, 1), world, data().dir);
+  if (world.size == 2) {
+    check_activation_memory(delayed(2, 1, 1), world, data().dir);
+    check_activation_memory(with_head(fp8(1, 2, 1).with_sp().with_fp8("rowwise")), world, data().dir);
+  }
   if (world.size == 4) {
+    check_activation_memory(with_head(delayed(1, 1, 1, 4)), world, data().dir);
     check_activation_memory(delayed(1, 2, 2).with_sp(), world, data().dir);
     check_recompute_is_bitwise(delayed(1, 2, 2).with_sp(), world, data().dir, 3);
   }
@@ -316,7 +347,8 @@ TEST_CASE("delayed FP8 scaling: its buffers are in the memory plan, recompute ch
 TEST_CASE("ZeRO-3 gathers FP8 weights in one byte: the same run bit for bit, far fewer bytes", "[mpi][fp8][zero]") {
   const World world = whole_world();
   std::vector<Layout> layouts;
-  if (world.size == 2) layouts = {fp8(2, 1, 1).with_zero(3)};
+  // The Llama's untied LM head in FP8 gathers in FP8 too.
+  if (world.size == 2) layouts = {fp8(2, 1, 1).with_zero(3), with_head(llama_fp8(2, 1, 1).with_zero(3))};
   if (world.size == 4) layouts = {fp8(2, 2, 1).with_sp().with_zero(3), fp8(4, 1, 1).with_zero(3)};
   for (const Layout& l : layouts) {
     INFO(l.describe());

@@ -9,7 +9,8 @@
 //    dlogits, eval mode), for a vocabulary with no padding, one whose padding straddles the last
 //    shard, and one whose last shard is all padding;
 //  - the LM head run in chunks of rows (TensorParallel::column_chunked with the vocab-parallel
-//    cross-entropy in each chunk) equals the unsplit head, with and without sequence parallelism.
+//    cross-entropy in each chunk) equals the unsplit head, with and without sequence parallelism;
+//    in FP8 it equals the same chunks on one rank.
 // Tolerance: atol 1e-6 + rtol 1e-5 (sums over ranks reassociate float additions).
 #include <mpi.h>
 
@@ -169,30 +170,55 @@ TEST_CASE("vocab-parallel cross-entropy equals the full one", "[mpi][tp]") {
   }
 }
 
-TEST_CASE("the LM head in row chunks (column_chunked + vocab-parallel CE) equals the unsplit head", "[mpi][tp]") {
+namespace {
+
+// The LM head in row chunks over the world as tp (vocabulary rows split), the vocab-parallel
+// cross-entropy in each chunk. fp32: against the unsplit, unchunked head. FP8: against the same
+// chunks on a group of one (each chunk's scales cover the chunk's rows of the whole tensors,
+// gathered over tp), with the first rank's vocabulary rows 2^-16 of the rest, as in
+// check_split_mlp, so that a scale not gathered over tp shows.
+void check_chunked_head(bool fp8, bool rowwise = false) {
   const World w = whole_world();
   CpuOps ops;
   const auto tp = make_group_comm(everyone(w.size), w, ops);
+  LocalComm one(w.rank, ops);
   const int P = tp->size(), r = tp->rank();
   const int N = 4 * P, C = 6, Vl = 5, Vp = Vl * P, V = Vp - 2, chunk = 3;  // chunks of 3, 3, ..., a short last one
-  const std::vector<float> x = random_floats(size_t(N) * C, 31), W = random_floats(size_t(Vp) * C, 32),
-                           dx0 = random_floats(size_t(N) * C, 33);
+  const std::vector<float> x = random_floats(size_t(N) * C, 31), dx0 = random_floats(size_t(N) * C, 33);
+  std::vector<float> W = random_floats(size_t(Vp) * C, 32);
+  if (fp8)
+    for (size_t i = 0; i < size_t(Vl) * C; i++) W[i] /= 65536;
   std::vector<int32_t> targets(N);
   for (int n = 0; n < N; n++) targets[n] = n == 2 ? -1 : (7 * n) % V;
   const float dloss = 1.0f / N;
+  const Fp8Format grads = Fp8Format::e4m3;
+  const Fp8Site site = fp8 ? Fp8Site{0} : Fp8Site{};
+  const double atol = fp8 ? 0.0 : 1e-6;
 
-  // The unsplit head on every rank: logits, cross-entropy (dlogits in place), backward.
+  // The reference head on every rank: logits, cross-entropy (dlogits in place), backward.
   Buffers ref(ops);
   Tensor rx = ref.f32(x), rW = ref.f32(W), rlog = ref.zeros(size_t(N) * Vp), rl = ref.zeros(N), rtg = ref.i32(targets);
   Tensor rdx = ref.zeros(size_t(N) * C), rdW = ref.zeros(W.size());
   ops.matmul_forward(rlog, rx, rW, Tensor{}, N, C, Vp);
   ops.softmax_cross_entropy(rl, rlog, rtg, N, V, Vp, dloss);
-  ops.matmul_backward(rdx, rdW, Tensor{}, rlog, rx, rW, N, C, Vp);
+  const std::vector<float> loss_fp32 = ref.read(rl);
+  if (fp8) {
+    TensorParallel whole(ops, one, false);
+    whole.enable_fp8(nullptr, grads, rowwise);
+    whole.column_chunked(rlog, rdx, rdW, rx, rW, N, C, Vp, chunk, site, [&](int r0, int n, Tensor logits) {
+      ops.softmax_cross_entropy(rl.slice(size_t(r0), size_t(n)), logits, rtg.slice(size_t(r0), size_t(n)), n, V, Vp,
+                                dloss);
+    });
+    CHECK(relative_l2(ref.read(rl), loss_fp32) > 1e-4);  // FP8 really ran
+  } else {
+    ops.matmul_backward(rdx, rdW, Tensor{}, rlog, rx, rW, N, C, Vp);
+  }
   const std::vector<float> loss_ref = ref.read(rl), dx_ref = ref.read(rdx), dW_ref = ref.read(rdW);
 
   for (bool sp : {false, true}) {
     INFO("sequence parallel " << sp);
     TensorParallel tpl(ops, *tp, sp);
+    if (fp8) tpl.enable_fp8(nullptr, grads, rowwise);
     VocabParallelCrossEntropy ce(ops, *tp);
     const int No = tpl.outer_rows(N), row0 = sp ? r * No : 0;
     Buffers bufs(ops);
@@ -200,7 +226,7 @@ TEST_CASE("the LM head in row chunks (column_chunked + vocab-parallel CE) equals
     Tensor out = bufs.zeros(size_t(chunk) * Vl), losses = bufs.zeros(N), tg = bufs.i32(targets);
     Tensor dx = bufs.f32(rows_of(dx0, C, row0, No)), dW = bufs.zeros(size_t(Vl) * C);
     int visits = 0;
-    tpl.column_chunked(out, dx, dW, tx, tW, N, C, Vl, chunk, [&](int r0, int n, Tensor logits) {
+    tpl.column_chunked(out, dx, dW, tx, tW, N, C, Vl, chunk, site, [&](int r0, int n, Tensor logits) {
       CHECK(r0 == visits * chunk);
       CHECK(n == std::min(chunk, N - r0));
       ce.forward_backward(losses.slice(size_t(r0), size_t(n)), logits, tg.slice(size_t(r0), size_t(n)), n, V, Vl,
@@ -210,7 +236,18 @@ TEST_CASE("the LM head in row chunks (column_chunked + vocab-parallel CE) equals
     CHECK(visits == (N + chunk - 1) / chunk);
     require_close(bufs.read(losses), loss_ref, 1e-6, 1e-5, "losses");
     // The input gradient is overwritten (dx0 is gone), summed over the group.
-    require_close(bufs.read(dx), rows_of(dx_ref, C, row0, No), 1e-6, 1e-5, "dx");
-    require_close(bufs.read(dW), rows_of(dW_ref, C, r * Vl, Vl), 1e-6, 1e-5, "dW");
+    require_close(bufs.read(dx), rows_of(dx_ref, C, row0, No), atol, 1e-5, "dx");
+    require_close(bufs.read(dW), rows_of(dW_ref, C, r * Vl, Vl), atol, 1e-5, "dW");
   }
+}
+
+}  // namespace
+
+TEST_CASE("the LM head in row chunks (column_chunked + vocab-parallel CE) equals the unsplit head", "[mpi][tp]") {
+  check_chunked_head(false);
+}
+
+TEST_CASE("in FP8, the chunked LM head over tp equals the same chunks on one rank", "[mpi][tp][fp8]") {
+  SECTION("tensorwise") { check_chunked_head(true); }
+  SECTION("rowwise") { check_chunked_head(true, true); }
 }

@@ -56,7 +56,8 @@ struct Layout {
   int experts = 0, top_k = 2, moe_every = 1, shared = 0;
   int ep = 1;  // expert parallel: ep of the dp ranks split the experts
   int dp_replicate = 1;  // HSDP: ZeRO shards within dp / dp_replicate ranks, replicated across
-  std::string fp8 = "off";  // precision.fp8 (every block layer when on)
+  std::string fp8 = "off";  // precision.fp8
+  std::string fp8_layers = "all";  // precision.fp8_layers (with fp8 on)
   int fp8_history = 16;     // precision.fp8_amax_history (fp8 "delayed")
   bool fp8_gather = true;   // precision.fp8_weight_gather (ZeRO-3)
   int ranks() const { return pp * dp * tp * cp; }
@@ -94,7 +95,7 @@ struct Layout {
                   dp_replicate > 1 ? (", " + std::to_string(dp_replicate) + " HSDP replicas").c_str() : "",
                   recompute.c_str());
     std::string d = buf;
-    if (fp8 != "off") d += ", FP8 " + fp8;
+    if (fp8 != "off") d += ", FP8 " + fp8 + " on " + fp8_layers;
     if (arch != "gpt2") d += tied ? ", tied head" : ", untied head";
     if (experts > 0) {
       std::snprintf(buf, sizeof buf, ", %d experts (top %d, every %d block, %d shared, ep %d)", experts, top_k,
@@ -133,7 +134,7 @@ inline RunConfig parity_config(const Layout& l, const std::filesystem::path& dir
       {"checkpoint", {{"dir", l.checkpoints.empty() ? (dir / "unused").string() : l.checkpoints},
                       {"resume", l.resume}}},
   };
-  if (l.fp8 != "off") j["precision"] = {{"fp8", l.fp8}};
+  if (l.fp8 != "off") j["precision"] = {{"fp8", l.fp8}, {"fp8_layers", l.fp8_layers}};
   if (l.fp8 == "delayed") j["precision"]["fp8_amax_history"] = l.fp8_history;
   if (!l.fp8_gather) j["precision"]["fp8_weight_gather"] = false;
   if (l.arch != "gpt2")
@@ -195,6 +196,15 @@ struct ParityBounds {
 // 2026-11-28 over the 2-rank layouts). What these bounds still catch is FP8 wiring that is
 // wrong for a layout (an operand or a scale from the wrong rank: O(1) errors).
 inline constexpr ParityBounds kFp8Bounds{3e-5, 3e-3, 3e-3};
+// With the LM head in FP8 too (precision.fp8_layers = all,lm_head) a flip lands in the head's
+// e5m2 logit gradients, which feed the loss most directly: up to 1.0e-4 relative (dp2, delayed
+// scaling: steps 1-5 equal to 1e-9, then a flip at step 6; measured 2026-11-28); tp, cp and pp
+// layouts stay under 3e-5.
+inline constexpr ParityBounds kFp8HeadBounds{3e-4, 3e-3, 3e-3};
+inline ParityBounds parity_bounds(const Layout& l) {
+  if (l.fp8 == "off") return {};
+  return l.fp8_layers.find("lm_head") == std::string::npos ? kFp8Bounds : kFp8HeadBounds;
+}
 
 // Losses and norms of the steps `got` ran; once it has reached the reference's last step, also
 // the final weights and (when it evaluated) the validation loss.
@@ -246,7 +256,7 @@ inline void check_trains_like(const Layout& l, const World& world, const std::fi
   REQUIRE(l.ranks() == world.size);
   INFO(l.describe());
   const RunResult r = train(l, world, dir);
-  check_parity(r, reference, true, l.fp8 == "off" ? ParityBounds{} : kFp8Bounds);
+  check_parity(r, reference, true, parity_bounds(l));
   check_tied_copies(r, l, world);
 }
 
@@ -268,8 +278,8 @@ inline void check_recompute_is_bitwise(Layout l, const World& world, const std::
 
 // What `l`'s stages allocate for activations equals decoder_activation_bytes' formula, under each
 // recompute mode, and after a step (the tensor-parallel buffers have grown) this rank holds
-// exactly its memory plan (ZeRO-0: nothing is allocated and freed within the step; see
-// test_zero.cpp).
+// exactly its pipeline stage's memory plan (ZeRO-0: nothing is allocated and freed within the
+// step; see test_zero.cpp).
 inline void check_activation_memory(Layout l, const World& world, const std::filesystem::path& dir) {
   for (const char* mode : {"none", "selective", "full"}) {
     INFO("recompute " << mode);
@@ -287,7 +297,8 @@ inline void check_activation_memory(Layout l, const World& world, const std::fil
                                        fp8_recipe(cfg.precision));
     CHECK(ex.activation_bytes() == want);
     t.step();
-    const size_t plan = plan_stage_memory(cfg, build_param_table(cfg.model), DType::f32).at(0).plan.total();
+    const int stage = world.rank / (l.tp * l.cp * l.dp);  // order tp-cp-dp-pp: pp varies slowest
+    const size_t plan = plan_stage_memory(cfg, build_param_table(cfg.model), DType::f32).at(size_t(stage)).plan.total();
     CHECK(ops.memory_use().live == plan);
     CHECK(ops.memory_use().peak == plan);
   }
@@ -305,6 +316,7 @@ inline Layout one_rank(const Layout& l) {
   one.moe_every = l.moe_every;
   one.shared = l.shared;
   one.fp8 = l.fp8;
+  one.fp8_layers = l.fp8_layers;
   one.fp8_history = l.fp8_history;
   return one;
 }

@@ -395,14 +395,26 @@ TEST_CASE("the FP8 linear layer is the product of the quantised operands, forwar
 
 TEST_CASE("precision.fp8 keys: recipes, layers and formats, with errors that name the key", "[fp8][config]") {
   const Fp8Recipe all = fp8_recipe("tensorwise", "all", "e5m2");
-  CHECK((all.qkv && all.attn_out && all.mlp_up && all.mlp_down));
+  using L = Fp8Layer;
+  CHECK((all.on(L::qkv) && all.on(L::attn_out) && all.on(L::mlp_up) && all.on(L::mlp_down)));
+  CHECK_FALSE(all.on(L::lm_head));  // the LM head only when asked
+  CHECK(all.blocks());
   CHECK(all.grad == Fp8Format::e5m2);
   CHECK_FALSE(fp8_recipe("off", "all", "e5m2").any());
   const Fp8Recipe some = fp8_recipe("tensorwise", "mlp_down,qkv", "e4m3");
-  CHECK((some.qkv && !some.attn_out && !some.mlp_up && some.mlp_down));
+  CHECK((some.on(L::qkv) && !some.on(L::attn_out) && !some.on(L::mlp_up) && some.on(L::mlp_down)));
   CHECK(some.grad == Fp8Format::e4m3);
+  const Fp8Recipe with_head = fp8_recipe("tensorwise", "all,lm_head", "e5m2");
+  CHECK((with_head.blocks() && with_head.on(L::mlp_down) && with_head.on(L::lm_head)));
+  const Fp8Recipe head_only = fp8_recipe("delayed", "lm_head", "e5m2");
+  CHECK((head_only.any() && !head_only.blocks() && head_only.on(L::lm_head)));
+  CHECK(fp8_site_count(head_only, 3, true) == 3 * kFp8BlockLayers + 1);
+  CHECK(fp8_site_count(head_only, 3, false) == 3 * kFp8BlockLayers);
+  CHECK(fp8_layer_list(with_head, ",") == "qkv,attn_out,mlp_up,mlp_down,lm_head");
   CHECK_THROWS_AS(parse_fp8_layers("qkv,head"), ConfigError);
   CHECK_THROWS_AS(parse_fp8_layers("qkv,qkv"), ConfigError);
+  CHECK_THROWS_AS(parse_fp8_layers("all,qkv"), ConfigError);  // all names qkv already
+  CHECK_THROWS_AS(parse_fp8_layers("lm_head,"), ConfigError);
   CHECK_THROWS_AS(parse_fp8_layers(""), ConfigError);
 
   const nlohmann::json base = {{"data", {{"train", "x_*.bin"}}}};
@@ -423,6 +435,8 @@ TEST_CASE("precision.fp8 keys: recipes, layers and formats, with errors that nam
   CHECK_THROWS_WITH(with({{"fp8", "delayed"}, {"fp8_amax_history", 0}}), Catch::Contains("precision.fp8_amax_history"));
   CHECK_THROWS_WITH(with({{"fp8", "delayed"}, {"fp8_amax_history", 1025}}), Catch::Contains("precision.fp8_amax_history"));
   CHECK_THROWS_WITH(with({{"fp8", "yes"}}), Catch::Contains("precision.fp8"));
-  CHECK_THROWS_WITH(with({{"fp8_layers", "qkv,lm_head"}}), Catch::Contains("precision.fp8_layers") && Catch::Contains("lm_head"));
+  CHECK(with({{"fp8", "tensorwise"}, {"fp8_layers", "qkv,lm_head"}}).precision.fp8_layers == "qkv,lm_head");
+  CHECK_THROWS_WITH(with({{"fp8_layers", "qkv,attention"}}),
+                    Catch::Contains("precision.fp8_layers") && Catch::Contains("attention"));
   CHECK_THROWS_WITH(with({{"fp8_grad_format", "e3m4"}}), Catch::Contains("precision.fp8_grad_format"));
 }

@@ -506,6 +506,18 @@ TEST_CASE("precision.fp8: the FP8 layers' products at the FP8 rate, plus their c
         Approx(blocks_times_micro * per_block[0] * (1 - 1 / speedup)).epsilon(1e-6));
   CHECK(qkv.fp8_casts_s > 0);
   CHECK(qkv.fp8_casts_s < all.fp8_casts_s);
+  // The LM head (asked for by name): its products' saving, once per micro-batch; its casts take
+  // the weight [50304, 1600] once per chunk of rows (the 8192 x 50304 bf16 logits are 786 MiB:
+  // two chunks under the 512 MiB budget), so two more weight casts than one pass would.
+  const StepTime head = with("lm_head");
+  const double V = 50304;
+  CHECK(bf16.compute_s - (head.compute_s - head.fp8_casts_s) == Approx(16 * both(c, V) * (1 - 1 / speedup)).epsilon(1e-6));
+  double head_bytes = 5 * (2 * n * c + 2 * V * c + 2 * n * V);
+  head_bytes += 5 * 2 * V * c;  // the second chunk's weight casts, forward and backward
+  CHECK(head.fp8_casts_s > 16 * head_bytes / 3.35e12);
+  CHECK(head.fp8_casts_s < 16 * head_bytes / (0.3 * 3.35e12));
+  const StepTime all_head = with("all,lm_head");
+  CHECK(all_head.compute_s == Approx(all.compute_s + head.compute_s - bf16.compute_s).epsilon(1e-9));
   // A GPU without FP8 tensor cores: a config error naming the key and the GPU.
   std::vector<std::string> a100 = sets;
   a100.push_back("precision.fp8=tensorwise");

@@ -235,7 +235,7 @@ const std::vector<KeyMeaning>& key_meanings() {
       {"precision.master_weights",
        "Dtype of the weights the optimizer updates; only `fp32`."},
       {"precision.fp8",
-       "`off`, `tensorwise`, `rowwise` or `delayed`: the blocks' linear layers multiply in FP8 (e4m3 weights and "
+       "`off`, `tensorwise`, `rowwise` or `delayed`: the linear layers of `fp8_layers` multiply in FP8 (e4m3 weights and "
        "activations), sums in fp32, with power-of-two scales from the largest values at the time: one per tensor "
        "(`tensorwise`), or one per row of each operand (`rowwise`: per token and per feature); or (`delayed`) one "
        "per tensor from its largest values over the last `fp8_amax_history` steps, recorded as the casts read "
@@ -243,8 +243,10 @@ const std::vector<KeyMeaning>& key_meanings() {
        "history (the first step scales as `tensorwise`; checkpoints keep the history). Needs a GPU of compute "
        "capability 8.9 or later (Ada, Hopper; `rowwise`: 9.0, Hopper); the CPU backend emulates it exactly."},
       {"precision.fp8_layers",
-       "With `precision.fp8`: `all`, or a comma-separated list of `qkv`, `attn_out`, `mlp_up`, `mlp_down`. The "
-       "LM head, attention and MoE experts stay in the compute dtype."},
+       "With `precision.fp8`: which layers multiply in FP8, a comma-separated list of `all` (a block's four linear "
+       "layers, the default), `qkv`, `attn_out`, `mlp_up`, `mlp_down` and `lm_head` (the LM head, whose dynamic "
+       "scales then cover one chunk of its rows at a time; `all,lm_head` adds it to the blocks'). Attention and MoE "
+       "routed experts stay in the compute dtype."},
       {"precision.fp8_grad_format",
        "With `precision.fp8`: the output gradients' format in backward, `e5m2` (wider range) or `e4m3`."},
       {"precision.fp8_amax_history",

@@ -149,11 +149,11 @@ DecoderStage::DecoderStage(const ModelSection& model, ParamStore& store, Ops& op
     tp_comm_ = own_tp_.get();
   }
   tp_ = std::make_unique<TensorParallel>(ops, *tp_comm_, d.sp);
-  if (fp8_.any()) {
-    if (ops.device() == Device::cuda) Fp8Linear::check_gpu_shapes(d.N, fp8_layer_shapes(d, layers, fp8_));
-    if (fp8_.delayed) fp8_delayed_ = std::make_unique<Fp8Delayed>(ops, layers.layers() * kFp8BlockLayers, fp8_.amax_history, *tp_comm_, mp.dp_cp);
+  if (const int sites = fp8_site_count(fp8_, layers.layers(), layers.head); sites > 0) {
+    if (ops.device() == Device::cuda) Fp8Linear::check_gpu_shapes(d.N, fp8_layer_shapes(d, layers, fp8_, act));
+    if (fp8_.delayed) fp8_delayed_ = std::make_unique<Fp8Delayed>(ops, sites, fp8_.amax_history, *tp_comm_, mp.dp_cp);
     tp_->enable_fp8(mp.cp, fp8_.grad, fp8_.rowwise, fp8_delayed_.get());
-    activation_bytes_ += fp8_scratch_bytes(d, layers, fp8_);
+    activation_bytes_ += fp8_scratch_bytes(d, layers, fp8_, act);
   }
   if (d.tp > 1 && layers.head) vocab_ce_ = std::make_unique<VocabParallelCrossEntropy>(ops, *tp_comm_);
   attention_ = std::make_unique<CpAttention>(ops, mp.cp, mp.cp_impl, d.B, d.T, d.Cl, d.NHl, d.NKVl, act);
@@ -280,7 +280,8 @@ void DecoderStage::rope(Tensor qkv, bool backward) {
 }
 
 Fp8Site DecoderStage::fp8_site(int l, Fp8Layer layer) const {
-  if (!fp8_layer_on(fp8_, layer)) return {};
+  if (!fp8_.on(layer)) return {};
+  if (layer == Fp8Layer::lm_head) return {layers_.layers() * kFp8BlockLayers};  // after the blocks'
   return {(l - layers_.first_layer) * kFp8BlockLayers + static_cast<int>(layer)};
 }
 
@@ -464,7 +465,7 @@ double DecoderStage::forward(MicroSlot at, const int32_t* tokens, const int32_t*
   // (the logits become their gradient in place) and its backward, before the next chunk. Only
   // the gradient of the last block's output is kept for backward(slot).
   tp_->column_chunked(logits_, s.backward_due ? dbtc_ : Tensor{}, head_dw, lnf_, head_w, N, C, d.Vl, head_rows_,
-                      [&](int r0, int n, Tensor logits) {
+                      fp8_site(-1, Fp8Layer::lm_head), [&](int r0, int n, Tensor logits) {
                         const Tensor losses = losses_.slice(size_t(r0), size_t(n));
                         const Tensor targets = targets_.slice(size_t(r0), size_t(n));
                         if (vocab_ce_)

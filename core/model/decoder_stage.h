@@ -202,8 +202,8 @@ class DecoderStage {
   // for a skipped step.
   void fp8_begin_step();
   void fp8_end_step(bool keep);
-  // The delayed scaling state (its sites are this chunk's layers times kFp8BlockLayers, in
-  // Fp8Layer order); nullptr without it.
+  // The delayed scaling state (its sites: this chunk's blocks times kFp8BlockLayers, in Fp8Layer
+  // order, then the LM head's when the chunk has it in FP8: fp8_site_count); nullptr without it.
   Fp8Delayed* fp8_delayed() { return fp8_delayed_.get(); }
 
  private:
@@ -293,9 +293,10 @@ class DecoderStage {
   Tensor emb_full_, ln_grads_;
 
   ModelParallel mp_;
-  Fp8Recipe fp8_;  // which block layers run their products in FP8 (none by default)
+  Fp8Recipe fp8_;  // which layers run their products in FP8 (none by default)
   std::unique_ptr<Fp8Delayed> fp8_delayed_;  // delayed scaling's amax histories; null without
-  // Block layer l's FP8 site (off when the recipe leaves that layer in the compute dtype).
+  // Block l's layer `layer` FP8 site, or the LM head's (l unused); off when the recipe leaves
+  // that layer in the compute dtype.
   Fp8Site fp8_site(int l, Fp8Layer layer) const;
   std::unique_ptr<Comm> own_tp_;  // a group of one when mp.tp is null
   Comm* tp_comm_ = nullptr;

@@ -5,29 +5,30 @@
 namespace pt {
 
 const std::vector<std::string>& fp8_layer_names() {
-  static const std::vector<std::string> names = {"qkv", "attn_out", "mlp_up", "mlp_down"};
+  static const std::vector<std::string> names = {"qkv", "attn_out", "mlp_up", "mlp_down", "lm_head"};
   return names;
 }
 
 Fp8Recipe parse_fp8_layers(const std::string& layers) {
   Fp8Recipe r;
-  bool* flags[] = {&r.qkv, &r.attn_out, &r.mlp_up, &r.mlp_down};
-  if (layers == "all") {
-    for (bool* f : flags) *f = true;
-    return r;
-  }
   const std::vector<std::string>& names = fp8_layer_names();
+  const auto set = [&](size_t i, const std::string& named_by) {
+    if (r.layers[i]) throw ConfigError("names " + names[i] + " twice (in \"" + named_by + "\")");
+    r.layers[i] = true;
+  };
   size_t start = 0;
   while (true) {
     const size_t comma = layers.find(',', start);
     const std::string name = layers.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
     const auto it = std::find(names.begin(), names.end(), name);
-    if (it == names.end())
-      throw ConfigError("\"" + name + "\" is not a layer: must be \"all\" or a comma-separated list of qkv, "
-                        "attn_out, mlp_up, mlp_down");
-    bool& flag = *flags[it - names.begin()];
-    if (flag) throw ConfigError("names \"" + name + "\" twice");
-    flag = true;
+    if (name == "all") {
+      for (size_t i = 0; i < kFp8BlockLayers; i++) set(i, name);
+    } else if (it == names.end()) {
+      throw ConfigError("\"" + name + "\" is not a layer: must be a comma-separated list of all (a block's linear "
+                        "layers), qkv, attn_out, mlp_up, mlp_down, lm_head");
+    } else {
+      set(static_cast<size_t>(it - names.begin()), name);
+    }
     if (comma == std::string::npos) return r;
     start = comma + 1;
   }
@@ -35,7 +36,7 @@ Fp8Recipe parse_fp8_layers(const std::string& layers) {
 
 Fp8Recipe fp8_recipe(const std::string& fp8, const std::string& layers, const std::string& grad_format,
                      int amax_history) {
-  if (fp8 == "off") return {};
+  if (fp8 == "off") return {};  // no layer in FP8
   check(fp8 == "tensorwise" || fp8 == "rowwise" || fp8 == "delayed", "fp8_recipe: unknown recipe \"" + fp8 + "\"");
   check(amax_history >= 1, "fp8_recipe: an amax history of " + std::to_string(amax_history) + " steps");
   Fp8Recipe r = parse_fp8_layers(layers);
@@ -50,20 +51,14 @@ Fp8Recipe fp8_recipe(const PrecisionSection& p) {
   return fp8_recipe(p.fp8, p.fp8_layers, p.fp8_grad_format, p.fp8_amax_history);
 }
 
-bool fp8_layer_on(const Fp8Recipe& r, Fp8Layer layer) {
-  switch (layer) {
-    case Fp8Layer::qkv: return r.qkv;
-    case Fp8Layer::attn_out: return r.attn_out;
-    case Fp8Layer::mlp_up: return r.mlp_up;
-    case Fp8Layer::mlp_down: return r.mlp_down;
-  }
-  return false;
+int fp8_site_count(const Fp8Recipe& r, int blocks, bool head) {
+  return blocks * kFp8BlockLayers + (head && r.on(Fp8Layer::lm_head) ? 1 : 0);
 }
 
 std::string fp8_layer_list(const Fp8Recipe& r, const std::string& separator) {
   std::string list;
   for (size_t i = 0; i < fp8_layer_names().size(); i++)
-    if (fp8_layer_on(r, Fp8Layer(i))) list += (list.empty() ? "" : separator) + fp8_layer_names()[i];
+    if (r.layers[i]) list += (list.empty() ? "" : separator) + fp8_layer_names()[i];
   return list;
 }
 
@@ -94,16 +89,17 @@ Fp8Linear::~Fp8Linear() {
 
 size_t Fp8Linear::scratch_bytes(size_t N, const std::vector<Shape>& shapes, int tp, int cp, bool rowwise) {
   if (shapes.empty()) return 0;
-  size_t x = 0, w = 0, dout = 0, in = 0, out = 0;
+  size_t x = 0, w = 0, dout = 0, in = 0, out = 0, rows = 0;
   for (const Shape& s : shapes) {
-    x = std::max(x, N * s.in), w = std::max(w, s.out * s.in), dout = std::max(dout, N * s.out);
-    in = std::max(in, s.in), out = std::max(out, s.out);
+    const size_t n = s.rows > 0 ? s.rows : N;
+    x = std::max(x, n * s.in), w = std::max(w, s.out * s.in), dout = std::max(dout, n * s.out);
+    in = std::max(in, s.in), out = std::max(out, s.out), rows = std::max(rows, n);
   }
   // Codes: kX and kXT, kW and kWT, kDout and kDoutT. Scales per slot: one, or (rowwise) one per
   // row of its operand: kX and kDout per token, kW and kDoutT per output feature, kXT and kWT
   // per input feature.
   const auto floats = [&](size_t len) { return meta_floats(rowwise ? len : 1, tp, cp); };
-  const size_t scale_floats = 2 * floats(N) + 2 * floats(out) + 2 * floats(in);
+  const size_t scale_floats = 2 * floats(rows) + 2 * floats(out) + 2 * floats(in);
   return 2 * (x + w + dout) + sizeof(float) * scale_floats;
 }
 
@@ -116,6 +112,7 @@ void Fp8Linear::check_gpu_shapes(size_t N, const std::vector<Shape>& shapes) {
   if (!shapes.empty())
     need(N, "the tokens of a micro-batch on this rank (batch.micro_batch_size x batch.seq_len / parallel.cp)");
   for (const Shape& s : shapes) {
+    if (s.rows > 0) need(s.rows, "the rows of one LM head chunk");
     need(s.in, "a layer's input width on this rank");
     need(s.out, "a layer's output width on this rank");
   }

@@ -35,6 +35,8 @@
 // quantises dout, w and x transposed; backward re-derives each scale from the same tensor as
 // forward did (the weights do not change in between) instead of keeping forward's codes.
 #pragma once
+#include <algorithm>
+#include <array>
 #include <string>
 #include <vector>
 
@@ -46,23 +48,32 @@
 
 namespace pt {
 
-// Which of a block's linear layers run in FP8, and the gradients' format.
+// The layers precision.fp8_layers can put in FP8, in fp8_layer_names() order: a block's four
+// linear layers, then the LM head (the model's one). A pipeline chunk numbers its FP8 sites
+// block by block (a block's site is its layer index within the chunk times kFp8BlockLayers plus
+// its layer's position here), the LM head's after the last block's (fp8_site_count).
+enum class Fp8Layer { qkv, attn_out, mlp_up, mlp_down, lm_head };
+constexpr int kFp8BlockLayers = 4;
+constexpr int kFp8Layers = 5;
+
+// Which layers run in FP8, and the gradients' format.
 struct Fp8Recipe {
-  bool qkv = false;       // attention's input projection (q, k, v)
-  bool attn_out = false;  // attention's output projection
-  bool mlp_up = false;    // the MLP's up (and gate) projection
-  bool mlp_down = false;  // the MLP's down projection
+  // By Fp8Layer: qkv (attention's input projection), attn_out (its output projection), mlp_up
+  // (the dense MLP's up and gate projection, or the shared experts'), mlp_down (its down
+  // projection), lm_head (the LM head, with its chunked cross-entropy).
+  std::array<bool, kFp8Layers> layers{};
   Fp8Format grad = Fp8Format::e5m2;
   bool rowwise = false;  // the "rowwise" recipe
   bool delayed = false;  // the "delayed" recipe; neither: "tensorwise"
   int amax_history = 16;  // delayed: steps of amaxes kept (precision.fp8_amax_history)
-  bool any() const { return qkv || attn_out || mlp_up || mlp_down; }
+  bool on(Fp8Layer layer) const { return layers[static_cast<size_t>(layer)]; }
+  // Whether some block layer is in FP8.
+  bool blocks() const {
+    const auto end = layers.begin() + kFp8BlockLayers;
+    return std::find(layers.begin(), end, true) != end;
+  }
+  bool any() const { return blocks() || on(Fp8Layer::lm_head); }
 };
-
-// The FP8 layers of a block, in fp8_layer_names() order: a block's FP8 site is its layer index
-// times kFp8BlockLayers plus its layer's position here.
-enum class Fp8Layer { qkv, attn_out, mlp_up, mlp_down };
-constexpr int kFp8BlockLayers = 4;
 
 // Which FP8 layer a product is, if any: `index` numbers a pipeline chunk's FP8 layers (delayed
 // scaling keeps each one's amaxes, Fp8Delayed's sites); -1: the product runs in the compute dtype.
@@ -71,9 +82,10 @@ struct Fp8Site {
   bool on() const { return index >= 0; }
 };
 
-// The layer names precision.fp8_layers takes, in the order above.
+// The layer names precision.fp8_layers takes, in Fp8Layer order.
 const std::vector<std::string>& fp8_layer_names();
-// precision.fp8_layers: "all", or a comma-separated list of those names (each at most once).
+// precision.fp8_layers: a comma-separated list of those names and "all" (a block's four linear
+// layers), each layer at most once: "all" is the default, "all,lm_head" adds the LM head.
 // Throws ConfigError naming what is wrong. The recipe's layers set; grad left at its default.
 Fp8Recipe parse_fp8_layers(const std::string& layers);
 // The recipe of precision.fp8 ("off", "tensorwise", "rowwise", "delayed") / fp8_layers /
@@ -81,8 +93,8 @@ Fp8Recipe parse_fp8_layers(const std::string& layers);
 Fp8Recipe fp8_recipe(const std::string& fp8, const std::string& layers, const std::string& grad_format,
                      int amax_history = 16);
 Fp8Recipe fp8_recipe(const PrecisionSection& precision);
-// Whether `r` puts block layer `layer` in FP8.
-bool fp8_layer_on(const Fp8Recipe& r, Fp8Layer layer);
+// The FP8 sites of a pipeline chunk of `blocks` blocks, with the LM head or not.
+int fp8_site_count(const Fp8Recipe& r, int blocks, bool head);
 // The names of the layers `r` puts in FP8, in fp8_layer_names() order, joined by `separator`.
 std::string fp8_layer_list(const Fp8Recipe& r, const std::string& separator);
 
@@ -95,12 +107,13 @@ class Fp8Linear {
   Fp8Linear(const Fp8Linear&) = delete;
   Fp8Linear& operator=(const Fp8Linear&) = delete;
 
-  // A layer's shape as its product sees it: x [N, in], w [out, in].
+  // A layer's shape as its product sees it: x [rows, in], w [out, in]; rows 0: the call's N
+  // (the LM head's products take one chunk of rows at a time).
   struct Shape {
-    size_t in = 0, out = 0;
+    size_t in = 0, out = 0, rows = 0;
   };
   // Bytes the FP8 scratch holds once every layer of `shapes` has run forward and backward over
-  // N rows: each operand's codes (one byte an element), plain and transposed, and its scales and
+  // its rows (N where not set): each operand's codes (one byte an element), plain and transposed, and its scales and
   // gathered amaxes, at the largest layer's size (they grow on first use). The memory plan
   // counts them.
   static size_t scratch_bytes(size_t N, const std::vector<Shape>& shapes, int tp, int cp, bool rowwise);

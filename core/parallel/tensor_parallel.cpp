@@ -91,7 +91,8 @@ void TensorParallel::column_backward(Tensor dinp, Tensor dw, Tensor dbias, Tenso
 }
 
 void TensorParallel::column_chunked(Tensor out_chunk, Tensor dinp, Tensor dw, Tensor inp, Tensor w, int N, int IC,
-                                    int OC_local, int chunk_rows, const std::function<void(int, int, Tensor)>& visit) {
+                                    int OC_local, int chunk_rows, Fp8Site fp8,
+                                    const std::function<void(int, int, Tensor)>& visit) {
   check(chunk_rows > 0, "TensorParallel::column_chunked: chunk_rows must be positive");
   const Tensor x = all_rows(inp, N, IC);
   // The input gradient of every token: this rank's share, summed over the group at the end
@@ -101,11 +102,11 @@ void TensorParallel::column_chunked(Tensor out_chunk, Tensor dinp, Tensor dw, Te
     const int n = std::min(chunk_rows, N - r0);
     const Tensor out = out_chunk.slice(0, size_t(n) * OC_local);
     const Tensor xr = x.slice(size_t(r0) * IC, size_t(n) * IC);
-    ops_.matmul_forward(out, xr, w, Tensor{}, n, IC, OC_local);
+    product(out, xr, /*x_split=*/false, w, Tensor{}, n, IC, OC_local, fp8);
     visit(r0, n, out);
     if (dx || dw)
-      ops_.matmul_backward(dx ? dx.slice(size_t(r0) * IC, size_t(n) * IC) : Tensor{}, dw, Tensor{}, out, xr, w, n, IC,
-                           OC_local);
+      product_backward(dx ? dx.slice(size_t(r0) * IC, size_t(n) * IC) : Tensor{}, dw, Tensor{}, out,
+                       /*dout_split=*/true, xr, /*x_split=*/false, w, n, IC, OC_local, fp8);
   }
   if (!dinp || tp_.size() == 1) return;
   if (sp_) reduce_scatter_tokens(dinp, dx, N, IC);

@@ -75,8 +75,10 @@ class TensorParallel {
   // [outer_rows(N), IC] is overwritten with the input gradient summed over the group, as
   // column_backward's. out_chunk holds at least chunk_rows * OC_local elements. Under SP the
   // input is all-gathered once and the input gradient reduce-scattered once, after the last chunk.
+  // In FP8 (fp8 on) each chunk's products are scaled by that chunk's amaxes (the whole output
+  // gradient never exists at once), or under delayed scaling by the site's history.
   void column_chunked(Tensor out_chunk, Tensor dinp, Tensor dw, Tensor inp, Tensor w, int N, int IC, int OC_local,
-                      int chunk_rows, const std::function<void(int r0, int n, Tensor out)>& visit);
+                      int chunk_rows, Fp8Site fp8, const std::function<void(int r0, int n, Tensor out)>& visit);
   // out [outer_rows(N), OC] = sum over ranks of inp @ w^T, + bias; inp [N, IC_local],
   // w [OC, IC_local], bias [OC] (replicated) or null.
   void row_forward(Tensor out, Tensor inp, Tensor w, Tensor bias, int N, int IC_local, int OC, Fp8Site fp8 = {});

@@ -5,6 +5,7 @@
 #include "core/common/error.h"
 #include "core/model/architecture.h"
 #include "core/model/decoder_stage.h"
+#include "core/model/head_chunks.h"
 #include "core/model/pipeline_stages.h"
 #include "core/parallel/fp8_linear.h"
 #include "core/plan/step_time.h"
@@ -53,6 +54,18 @@ Cost fp8_casts(const KernelTable& k, double n, double ic, double oc, double s, b
   return {x + w, 2 * dout + w + x};
 }
 
+// A linear layer x [n, ic] -> [n, oc], in FP8 when `in_fp8` (its casts added to `casts`): its
+// weight is cast `weight_casts` times a pass (once per chunk of the LM head's rows).
+Cost linear(const KernelTable& k, const Fp8Plan& fp8, bool in_fp8, double n, double ic, double oc, double s,
+            Cost& casts, double weight_casts = 1) {
+  if (!in_fp8) return matmul(k, n, ic, oc);
+  Cost c = fp8_casts(k, n, ic, oc, s, fp8.recipe.delayed);
+  const double w = fp8_cast_s(k, oc * ic, s, fp8.recipe.delayed) * (weight_casts - 1);
+  c += {w, w};
+  casts += c;
+  return Cost{fp8_product_s(k, fp8, n, ic, oc, false) + c.forward, fp8_product_s(k, fp8, n, ic, oc, true) + c.backward};
+}
+
 // One block of the stage's layers on one rank.
 struct BlockCost {
   Cost cost;
@@ -69,30 +82,27 @@ BlockCost block_cost(const KernelTable& k, const Architecture& a, const RunConfi
   BlockCost out;
   Cost& x = out.cost;
   // A block's linear layer, in FP8 when the recipe says so.
-  auto linear = [&](bool in_fp8, double rows, double ic, double oc) {
-    if (!in_fp8) return matmul(k, rows, ic, oc);
-    const Cost casts = fp8_casts(k, rows, ic, oc, s, fp8.recipe.delayed);
-    out.fp8_casts += casts;
-    return Cost{fp8_product_s(k, fp8, rows, ic, oc, false) + casts.forward,
-                fp8_product_s(k, fp8, rows, ic, oc, true) + casts.backward};
+  auto block_linear = [&](Fp8Layer layer, double rows, double ic, double oc) {
+    return linear(k, fp8, fp8.recipe.on(layer), rows, ic, oc, s, out.fp8_casts);
   };
   // The two norms (the residual add fused into them) and their backward.
   x.forward += 2 * k.memory_s("residual_layernorm_forward", norm_rows * c * 4 * s + 8 * norm_rows + 2 * c * s);
   x.backward += 2 * k.memory_s("layernorm_backward", norm_rows * c * 4 * s + 8 * norm_rows + 16 * c);
-  x += linear(fp8.recipe.qkv, n, c, a.qkv_width() / tp);
+  x += block_linear(Fp8Layer::qkv, n, c, a.qkv_width() / tp);
   const double heads = a.n_heads / tp;
   out.attention_forward = k.attention_s(b.micro_batch_size, heads, b.seq_len, a.head_dim, false) / par.cp;
   x += {out.attention_forward, k.attention_s(b.micro_batch_size, heads, b.seq_len, a.head_dim, true) / par.cp};
-  x += linear(fp8.recipe.attn_out, n, a.q_width() / tp, c);
+  x += block_linear(Fp8Layer::attn_out, n, a.q_width() / tp, c);
   // The MLP: dense (or a sparse block's shared experts; FP8 as the recipe says), then the routed
   // experts (bf16).
   auto mlp = [&](double rows, double hidden, bool in_fp8) {
     if (hidden <= 0) return;
-    x += linear(in_fp8 && fp8.recipe.mlp_up, rows, c, a.up_width(static_cast<int>(hidden)) / tp);
+    x += linear(k, fp8, in_fp8 && fp8.recipe.on(Fp8Layer::mlp_up), rows, c, a.up_width(static_cast<int>(hidden)) / tp, s,
+                out.fp8_casts);
     const double h = rows * hidden / tp;
     if (a.mlp == MlpKind::swiglu) x += {k.memory_s("swiglu_forward", 3 * h * s), k.memory_s("swiglu_backward", 5 * h * s)};
     else x += {k.memory_s("gelu_forward", 2 * h * s), k.memory_s("gelu_backward", 3 * h * s)};
-    x += linear(in_fp8 && fp8.recipe.mlp_down, rows, hidden / tp, c);
+    x += linear(k, fp8, in_fp8 && fp8.recipe.on(Fp8Layer::mlp_down), rows, hidden / tp, c, s, out.fp8_casts);
   };
   mlp(n, a.mlp_hidden(layer), true);
   if (a.sparse_block(layer)) {
@@ -113,7 +123,7 @@ std::vector<StageCompute> stage_compute(const RunConfig& cfg, const KernelTable&
   const auto& b = cfg.batch;
   const Architecture a = describe_architecture(cfg.model);
   const double s = static_cast<double>(dtype_size(planned_dtype(cfg)));
-  const double tp = par.tp, n = double(b.micro_batch_size) * b.seq_len / par.cp, c = a.d_model;
+  const double n = double(b.micro_batch_size) * b.seq_len / par.cp, c = a.d_model;
   const Recompute recompute = parse_recompute(cfg.recompute.mode);
   std::vector<StageCompute> out;
   for (int r = 0; r < par.pp; r++) {
@@ -142,11 +152,17 @@ std::vector<StageCompute> stage_compute(const RunConfig& cfg, const KernelTable&
         }
       }
       if (chunk.head) {
-        const double vocab = a.padded_vocab / tp;
-        st.forward_s += k.memory_s("layernorm_forward", n * c * 2 * s + 8 * n + 2 * c * s) +
-                        k.matmul_s(n, c, vocab, false) +
+        // The LM head runs in chunks of rows (core/model/head_chunks.h); in FP8 each chunk casts
+        // the weight again.
+        const int vocab = a.padded_vocab / par.tp;
+        const int rows = static_cast<int>(n), chunk_rows = head_chunk_rows(rows, vocab, planned_dtype(cfg));
+        const double chunks = std::ceil(double(rows) / chunk_rows);
+        Cost casts;
+        const Cost head = linear(k, fp8, fp8.recipe.on(Fp8Layer::lm_head), n, c, vocab, s, casts, chunks);
+        st.fp8_casts_s += casts.forward + casts.backward;
+        st.forward_s += k.memory_s("layernorm_forward", n * c * 2 * s + 8 * n + 2 * c * s) + head.forward +
                         k.memory_s("softmax_cross_entropy", n * vocab * 2 * s + 8 * n) + k.memory_s("sum (losses", 4 * n);
-        st.backward_s += k.memory_s("layernorm_backward", n * c * 4 * s + 8 * n + 16 * c) + k.matmul_s(n, c, vocab, true);
+        st.backward_s += k.memory_s("layernorm_backward", n * c * 4 * s + 8 * n + 16 * c) + head.backward;
       }
     }
     out.push_back(st);

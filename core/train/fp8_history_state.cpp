@@ -3,6 +3,7 @@
 namespace pt {
 
 std::string Fp8HistoryState::name(int layer, Fp8Layer kind) {
+  if (kind == Fp8Layer::lm_head) return "fp8_amax_history/lm_head";
   return "fp8_amax_history/layers." + std::to_string(layer) + "." + fp8_layer_names()[static_cast<size_t>(kind)];
 }
 
@@ -13,14 +14,17 @@ Fp8HistoryState::Fp8HistoryState(std::vector<DecoderStage*> chunks, const Fp8Rec
     const StageLayers& layers = chunk->layers();
     for (int l = layers.first_layer; l < layers.end_layer; l++)
       for (int k = 0; k < kFp8BlockLayers; k++)
-        if (fp8_layer_on(recipe, Fp8Layer(k)))
-          sites_.push_back({state, (l - layers.first_layer) * kFp8BlockLayers + k, l, Fp8Layer(k)});
+        if (recipe.on(Fp8Layer(k)))
+          sites_.push_back({state, (l - layers.first_layer) * kFp8BlockLayers + k, name(l, Fp8Layer(k))});
+    // The LM head's site follows the chunk's blocks' (DecoderStage::fp8_site).
+    if (layers.head && recipe.on(Fp8Layer::lm_head))
+      sites_.push_back({state, layers.layers() * kFp8BlockLayers, name(-1, Fp8Layer::lm_head)});
   }
 }
 
 std::vector<std::string> Fp8HistoryState::names() const {
   std::vector<std::string> out;
-  for (const Site& s : sites_) out.push_back(name(s.layer, s.kind));
+  for (const Site& s : sites_) out.push_back(s.name);
   return out;
 }
 
@@ -32,7 +36,7 @@ std::vector<ckpt::ExtraState::Entry> Fp8HistoryState::save_entries() {
   for (const Site& s : sites_) {
     if (!s.state->has_history()) continue;  // nothing recorded yet: the resumed run starts afresh too
     if (s.state != downloaded) histories = s.state->histories(), downloaded = s.state;
-    out.push_back({name(s.layer, s.kind), {s.state->history(), Fp8Delayed::kOperands}, histories[size_t(s.site)]});
+    out.push_back({s.name, {s.state->history(), Fp8Delayed::kOperands}, histories[size_t(s.site)]});
   }
   return out;
 }

@@ -109,25 +109,31 @@ std::string MemoryPlan::describe() const {
   return s;
 }
 
-std::vector<Fp8Linear::Shape> fp8_layer_shapes(const StageDims& d, const StageLayers& layers, const Fp8Recipe& fp8) {
-  if (layers.layers() == 0) return {};  // a stage of the embeddings or the head alone
+std::vector<Fp8Linear::Shape> fp8_layer_shapes(const StageDims& d, const StageLayers& layers, const Fp8Recipe& fp8,
+                                               DType compute) {
   std::vector<Fp8Linear::Shape> shapes;
   const size_t C = static_cast<size_t>(d.C);
-  if (fp8.qkv) shapes.push_back({C, static_cast<size_t>(d.QKVl)});
-  if (fp8.attn_out) shapes.push_back({static_cast<size_t>(d.Cl), C});
+  if (layers.layers() > 0) {  // not a stage of the embeddings or the head alone
+    if (fp8.on(Fp8Layer::qkv)) shapes.push_back({C, static_cast<size_t>(d.QKVl)});
+    if (fp8.on(Fp8Layer::attn_out)) shapes.push_back({static_cast<size_t>(d.Cl), C});
+  }
   for (int l = layers.first_layer; l < layers.end_layer; l++) {
     const size_t F = static_cast<size_t>(d.arch.mlp_hidden(l) / d.tp), U = d.arch.up_width(d.arch.mlp_hidden(l)) / d.tp;
     if (F == 0) continue;  // a sparse block without shared experts: no dense MLP
-    if (fp8.mlp_up) shapes.push_back({C, U});
-    if (fp8.mlp_down) shapes.push_back({F, C});
+    if (fp8.on(Fp8Layer::mlp_up)) shapes.push_back({C, U});
+    if (fp8.on(Fp8Layer::mlp_down)) shapes.push_back({F, C});
   }
+  // The LM head's products take one chunk of rows at a time (core/model/head_chunks.h).
+  if (layers.head && fp8.on(Fp8Layer::lm_head))
+    shapes.push_back({C, static_cast<size_t>(d.Vl), static_cast<size_t>(head_chunk_rows(d.N, d.Vl, compute))});
   return shapes;
 }
 
-size_t fp8_scratch_bytes(const StageDims& d, const StageLayers& layers, const Fp8Recipe& fp8) {
-  const size_t delayed =
-      fp8.any() && fp8.delayed ? Fp8Delayed::bytes(layers.layers() * kFp8BlockLayers, fp8.amax_history, d.tp, d.dp_cp) : 0;
-  return Fp8Linear::scratch_bytes(static_cast<size_t>(d.N), fp8_layer_shapes(d, layers, fp8), d.tp, d.cp, fp8.rowwise) +
+size_t fp8_scratch_bytes(const StageDims& d, const StageLayers& layers, const Fp8Recipe& fp8, DType compute) {
+  const int sites = fp8_site_count(fp8, layers.layers(), layers.head);
+  const size_t delayed = fp8.delayed && sites > 0 ? Fp8Delayed::bytes(sites, fp8.amax_history, d.tp, d.dp_cp) : 0;
+  return Fp8Linear::scratch_bytes(static_cast<size_t>(d.N), fp8_layer_shapes(d, layers, fp8, compute), d.tp, d.cp,
+                                  fp8.rowwise) +
          delayed;
 }
 
@@ -190,7 +196,8 @@ size_t decoder_activation_bytes(const StageDims& d, CpImpl cp_impl, DType comput
          sizeof(float) * (S * per_set_f32 + shared_f32) + dtype_size(DType::i32) * (S * per_set_i32 + shared_i32) +
          CpAttention::scratch_bytes(cp_impl, d.cp, d.B, d.T, d.Cl, d.NHl, d.NKVl, compute) +
          TensorParallel::scratch_bytes(d.tp, d.sp, N, static_cast<size_t>(d.C), compute) +
-         (layers.head ? VocabParallelCrossEntropy::scratch_bytes(d.tp, N) : 0) + fp8_scratch_bytes(d, layers, fp8);
+         (layers.head ? VocabParallelCrossEntropy::scratch_bytes(d.tp, N) : 0) +
+         fp8_scratch_bytes(d, layers, fp8, compute);
 }
 
 size_t decoder_activation_bytes(const ModelSection& m, int B, int T, DType compute, const StageLayers& layers,

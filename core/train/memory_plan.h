@@ -70,9 +70,11 @@ size_t decoder_activation_bytes(const StageDims& dims, CpImpl cp_impl, DType com
 // Of the above, the FP8 products' scratch (core/parallel/fp8_linear.h) for the layers `fp8`
 // puts in FP8, and delayed scaling's state (fp8_delayed.h, merged over dims.dp_cp ranks): 0 when
 // it puts none.
-size_t fp8_scratch_bytes(const StageDims& dims, const StageLayers& layers, const Fp8Recipe& fp8);
-// The shapes of the layers `fp8` puts in FP8, as this rank's products see them (per tp rank).
-std::vector<Fp8Linear::Shape> fp8_layer_shapes(const StageDims& dims, const StageLayers& layers, const Fp8Recipe& fp8);
+size_t fp8_scratch_bytes(const StageDims& dims, const StageLayers& layers, const Fp8Recipe& fp8, DType compute_dtype);
+// The shapes of the layers `fp8` puts in FP8, as this rank's products see them (per tp rank; the
+// LM head's with the rows of one chunk of its logits in `compute_dtype`).
+std::vector<Fp8Linear::Shape> fp8_layer_shapes(const StageDims& dims, const StageLayers& layers, const Fp8Recipe& fp8,
+                                               DType compute_dtype);
 // B x T micro-batches on one rank (no tensor or context parallel).
 size_t decoder_activation_bytes(const ModelSection& model, int B, int T, DType compute_dtype, const StageLayers& layers,
                              StageSlots slots, Recompute recompute);

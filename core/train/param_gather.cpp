@@ -10,13 +10,16 @@ std::vector<bool> fp8_gathered_params(const ParamTable& table, const RunConfig& 
   std::vector<bool> out(table.specs().size(), false);
   const Fp8Recipe r = fp8_recipe(cfg.precision);
   if (!r.any() || r.rowwise || r.delayed || !cfg.precision.fp8_weight_gather || cfg.parallel.zero_stage != 3) return out;
+  // An untied LM head's weight too; a tied one is the token embedding, whose lookup needs its
+  // values, not their FP8 codes.
   const std::pair<ParamRole, Fp8Layer> roles[] = {{ParamRole::qkv, Fp8Layer::qkv},
                                                   {ParamRole::attn_out, Fp8Layer::attn_out},
                                                   {ParamRole::mlp_up, Fp8Layer::mlp_up},
-                                                  {ParamRole::mlp_down, Fp8Layer::mlp_down}};
+                                                  {ParamRole::mlp_down, Fp8Layer::mlp_down},
+                                                  {ParamRole::head, Fp8Layer::lm_head}};
   for (size_t i = 0; i < out.size(); i++)
     for (const auto& [role, layer] : roles)
-      if (table.specs()[i].role == role && fp8_layer_on(r, layer)) out[i] = true;
+      if (table.specs()[i].role == role && r.on(layer)) out[i] = true;
   return out;
 }
 

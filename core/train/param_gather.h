@@ -33,7 +33,8 @@
 namespace pt {
 
 // Which parameters of `table` ZeRO-3 gathers in FP8 (ParamGather::enable_fp8) under `cfg`: the
-// weights of the block layers precision.fp8_layers names, when precision.fp8 is "tensorwise",
+// weights of the layers precision.fp8_layers names (the LM head's when untied: a tied head is the
+// token embedding, whose lookup reads the values), when precision.fp8 is "tensorwise",
 // precision.fp8_weight_gather is on and parallel.zero_stage is 3; all false otherwise (rowwise
 // and delayed scales are not the gather's one scale per weight, so those weights travel in the
 // compute dtype).

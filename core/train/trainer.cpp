@@ -298,7 +298,7 @@ void Trainer::run() {
       print_linef(Stream::out, "fp8       | %s: the products of %s in FP8 (gradients %s)%s; mfu_fp8 = tflops_per_gpu / FP8 peak %s",
                   fp8.delayed ? format("delayed, amax history %d steps", fp8.amax_history).c_str()
                               : cfg_.precision.fp8.c_str(),
-                  cfg_.precision.fp8_layers == "all" ? fp8_layer_list(fp8, ",").c_str() : cfg_.precision.fp8_layers.c_str(),
+                  fp8_layer_list(fp8, ",").c_str(),
                   cfg_.precision.fp8_grad_format.c_str(), fp8_gather ? "; ZeRO-3 gathers their weights in FP8" : "",
                   fp8_peak > 0 ? format("%.4f TFLOP/s (%s)", fp8_peak,
                                         ops_.device() == Device::cuda ? "device table" : "the emulation's: the fp32 peak")
