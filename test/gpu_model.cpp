@@ -18,7 +18,8 @@
 //    differ from the CPU's without FP8 (FP8 really ran);
 //  - 50 AdamW steps in bf16 following the CPU's fp32 loss curve, for GPT-2, for the Mixtral
 //    (where a few tokens routing differently moves the loss far less than the bound), and for
-//    GPT-2 with FP8 on both backends (tensorwise, delayed, delayed with the LM head in FP8;
+//    GPT-2 with FP8 on both backends (tensorwise, delayed, delayed with the LM head in FP8; the
+//    Mixtral with its routed experts in FP8, delayed, their rows padded to 16 on both backends;
 //    bf16 + FP8 against the CPU's fp32 + FP8 emulation; on the
 //    CPU FP8 runs from perturbed weights stay within 0.1 of the bound of each other, FP8 vs no
 //    FP8 within 0.17 of it): at every step |loss_gpu - loss_cpu| <= 0.02 + 0.02 * loss_cpu (bf16
@@ -254,12 +255,14 @@ TEST_CASE("GPU training follows the CPU loss curve", "[gpu][model][train]") {
     bool fp8 = false;      // all_fp8() on both backends (N = 256: a multiple of 16)
     bool delayed = false;  // with delayed scaling (an amax history of 16 steps)
     bool head = false;     // the LM head in FP8 too
+    bool experts = false;  // the routed experts in FP8 too (delayed scaling)
   };
   for (const Run& run : {Run{"gpt2", DType::bf16, 50}, Run{"gpt2", DType::f32, 20}, Run{"mixtral", DType::bf16, 50},
                          Run{"gpt2", DType::bf16, 50, true}, Run{"gpt2", DType::bf16, 50, true, true},
-                         Run{"gpt2", DType::bf16, 50, true, true, true}}) {
+                         Run{"gpt2", DType::bf16, 50, true, true, true},
+                         Run{"mixtral", DType::bf16, 50, true, true, false, true}}) {
     INFO(run.arch << ", mode " << mode_name(run.mode) << (run.fp8 ? " + FP8" : "") << (run.delayed ? " delayed" : "")
-                  << (run.head ? " with the LM head" : ""));
+                  << (run.head ? " with the LM head" : "") << (run.experts ? " with the routed experts" : ""));
     const ModelSection m = tiny_model(128, 2, run.arch);
     const Batch batch = periodic_batch(N, m.vocab_size, 8);
     const std::vector<float> w = initial_weights(m, 9, run.mode);
@@ -269,6 +272,7 @@ TEST_CASE("GPU training follows the CPU loss curve", "[gpu][model][train]") {
     Fp8Recipe fp8 = run.fp8 ? all_fp8() : Fp8Recipe{};
     fp8.delayed = run.delayed;
     fp8.layers[static_cast<size_t>(Fp8Layer::lm_head)] = run.head;
+    fp8.layers[static_cast<size_t>(Fp8Layer::experts)] = run.experts;
     Model cm(m, cops, w, B, T, fp8), gm(m, gops, w, B, T, fp8);
     std::vector<double> cpu_loss, gpu_loss;
     for (int step = 1; step <= run.steps; ++step) {

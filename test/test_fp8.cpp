@@ -408,9 +408,17 @@ TEST_CASE("precision.fp8 keys: recipes, layers and formats, with errors that nam
   CHECK((with_head.blocks() && with_head.on(L::mlp_down) && with_head.on(L::lm_head)));
   const Fp8Recipe head_only = fp8_recipe("delayed", "lm_head", "e5m2");
   CHECK((head_only.any() && !head_only.blocks() && head_only.on(L::lm_head)));
-  CHECK(fp8_site_count(head_only, 3, true) == 3 * kFp8BlockLayers + 1);
-  CHECK(fp8_site_count(head_only, 3, false) == 3 * kFp8BlockLayers);
   CHECK(fp8_layer_list(with_head, ",") == "qkv,attn_out,mlp_up,mlp_down,lm_head");
+  const Fp8Recipe experts = fp8_recipe("delayed", "experts", "e5m2");
+  CHECK((experts.any() && !experts.blocks() && experts.on(L::experts) && !experts.on(L::lm_head)));
+  // A chunk's sites: its blocks' four each, the head's, then two per expert of each sparse block.
+  const Fp8Sites sites{3, true, 2, 8};
+  CHECK(sites.count() == 3 * kFp8BlockLayers + 1 + 2 * 8 * 2);
+  CHECK(sites.block(2, L::mlp_down) == 2 * kFp8BlockLayers + 3);
+  CHECK(sites.lm_head() == 3 * kFp8BlockLayers);
+  CHECK(sites.expert(0, 0, false) == 3 * kFp8BlockLayers + 1);
+  CHECK(sites.expert(1, 7, true) == sites.count() - 1);
+  CHECK(Fp8Sites{3, false, 0, 0}.count() == 3 * kFp8BlockLayers);
   CHECK_THROWS_AS(parse_fp8_layers("qkv,head"), ConfigError);
   CHECK_THROWS_AS(parse_fp8_layers("qkv,qkv"), ConfigError);
   CHECK_THROWS_AS(parse_fp8_layers("all,qkv"), ConfigError);  // all names qkv already
@@ -438,5 +446,19 @@ TEST_CASE("precision.fp8 keys: recipes, layers and formats, with errors that nam
   CHECK(with({{"fp8", "tensorwise"}, {"fp8_layers", "qkv,lm_head"}}).precision.fp8_layers == "qkv,lm_head");
   CHECK_THROWS_WITH(with({{"fp8_layers", "qkv,attention"}}),
                     Catch::Contains("precision.fp8_layers") && Catch::Contains("attention"));
+  // The routed experts: delayed scaling only, and a model with experts.
+  const auto moe = [&](const nlohmann::json& precision) {
+    nlohmann::json j = base;
+    j["model"] = {{"arch", "llama"}, {"n_layers", 2}, {"d_model", 64}, {"n_heads", 4}, {"n_kv_heads", 2}};
+    j["moe"] = {{"n_experts", 4}, {"top_k", 2}, {"expert_hidden", 32}};
+    j["precision"] = precision;
+    return config_from_json(j, {}, 1);
+  };
+  CHECK(moe({{"fp8", "delayed"}, {"fp8_layers", "all,experts"}}).precision.fp8_layers == "all,experts");
+  CHECK_THROWS_WITH(moe({{"fp8", "tensorwise"}, {"fp8_layers", "all,experts"}}),
+                    Catch::Contains("precision.fp8_layers") && Catch::Contains("delayed"));
+  CHECK_THROWS_WITH(with({{"fp8", "delayed"}, {"fp8_layers", "experts"}}),
+                    Catch::Contains("precision.fp8_layers") && Catch::Contains("no routed experts"));
+  CHECK(with({{"fp8", "off"}, {"fp8_layers", "experts"}}).precision.fp8 == "off");  // unused when off
   CHECK_THROWS_WITH(with({{"fp8_grad_format", "e3m4"}}), Catch::Contains("precision.fp8_grad_format"));
 }

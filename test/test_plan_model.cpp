@@ -525,6 +525,33 @@ TEST_CASE("precision.fp8: the FP8 layers' products at the FP8 rate, plus their c
                     Catch::Contains("precision.fp8=tensorwise") && Catch::Contains("a100-80g"));
 }
 
+TEST_CASE("precision.fp8: routed experts in FP8 (delayed) at the FP8 rate, each expert's weights cast", "[plan][fp8][moe]") {
+  // tiny-moe: 4 sparse blocks of 8 experts (top 2, hidden 192), d_model 128; 2 micro-batches of
+  // 8 x 64 tokens.
+  const std::vector<std::string> sets = {"parallel.zero_stage=0", "precision.fp8=delayed"};
+  const auto with = [&](const std::string& layers) {
+    std::vector<std::string> s = sets;
+    s.push_back("precision.fp8_layers=" + layers);
+    return one_gpu_plan("tiny-moe.json", s).layouts.at(0).time;
+  };
+  const StepTime blocks = with("all"), experts = with("all,experts");
+  const KernelTable& k = KernelTable::h100();
+  const double rows = 8 * 64 * 2, c = 128, h = 192, speedup = Hardware{}.fp8_speedup;
+  const auto both = [&](double ic, double oc) { return k.matmul_s(rows, ic, oc, false) + k.matmul_s(rows, ic, oc, true); };
+  // The routed rows' up (gate and up, 2h) and down products, per sparse block and micro-batch.
+  const double products = 4 * 2 * (both(c, 2 * h) + both(h, c));
+  const double saving = (blocks.compute_s - blocks.fp8_casts_s) - (experts.compute_s - experts.fp8_casts_s);
+  CHECK(saving == Approx(products * (1 - 1 / speedup)).epsilon(1e-6));
+  // Their casts: under delayed scaling each operand read once and written as bytes (3 bytes a
+  // bf16 value): x, dout twice and the 8 experts' weights, forward and backward, of both products.
+  double bytes = 0;
+  for (auto [ic, oc] : {std::pair{c, 2 * h}, {h, c}}) bytes += 3 * (2 * rows * ic + 2 * 8 * oc * ic + 2 * rows * oc);
+  bytes *= 4 * 2;
+  const double casts = experts.fp8_casts_s - blocks.fp8_casts_s;
+  CHECK(casts > bytes / 3.35e12);
+  CHECK(casts < bytes / (0.3 * 3.35e12));
+}
+
 TEST_CASE("precision.fp8 under ZeRO-3: the planner counts the FP8 weights' gathers at one byte", "[plan][fp8][zero]") {
   // GPT-2 1.5B over 8 GPUs of a node, ZeRO-3: every layer gathered in forward and backward.
   const auto dp_seconds = [](bool fp8_gather) {

@@ -244,9 +244,10 @@ const std::vector<KeyMeaning>& key_meanings() {
        "capability 8.9 or later (Ada, Hopper; `rowwise`: 9.0, Hopper); the CPU backend emulates it exactly."},
       {"precision.fp8_layers",
        "With `precision.fp8`: which layers multiply in FP8, a comma-separated list of `all` (a block's four linear "
-       "layers, the default), `qkv`, `attn_out`, `mlp_up`, `mlp_down` and `lm_head` (the LM head, whose dynamic "
-       "scales then cover one chunk of its rows at a time; `all,lm_head` adds it to the blocks'). Attention and MoE "
-       "routed experts stay in the compute dtype."},
+       "layers, the default), `qkv`, `attn_out`, `mlp_up`, `mlp_down`, `lm_head` (the LM head, whose dynamic "
+       "scales then cover one chunk of its rows at a time; `all,lm_head` adds it to the blocks') and `experts` (the "
+       "routed experts of sparse blocks; needs `precision.fp8=delayed`, and they run in the compute dtype until the "
+       "first step has recorded their amaxes). Attention stays in the compute dtype."},
       {"precision.fp8_grad_format",
        "With `precision.fp8`: the output gradients' format in backward, `e5m2` (wider range) or `e4m3`."},
       {"precision.fp8_amax_history",

@@ -9,6 +9,7 @@
 
 #include "core/common/error.h"
 #include "core/config/config_keys.h"
+#include "core/parallel/fp8_linear.h"
 
 namespace pt::config {
 namespace {
@@ -245,6 +246,20 @@ void check_schedule(const RunConfig& c) {
     fail(cat("schedule.warmup_steps=", s.warmup_steps, " must be <= schedule.total_steps=", s.total_steps));
 }
 
+// The routed experts in FP8 scale from delayed scaling's history only (core/model/moe_layer.h says
+// why), and only a model with experts has them.
+void check_fp8(const RunConfig& c) {
+  const auto& p = c.precision;
+  if (p.fp8 == "off" || !parse_fp8_layers(p.fp8_layers).on(Fp8Layer::experts)) return;
+  if (p.fp8 != "delayed")
+    fail(cat("precision.fp8_layers=", p.fp8_layers, " names experts, which need precision.fp8=\"delayed\" (not \"",
+             p.fp8, "\"): an expert's rows are other tokens under each layout, so only scales from the amax history "
+             "(the largest over every rank) quantise alike under every layout"));
+  if (!c.model.moe.enabled())
+    fail(cat("precision.fp8_layers=", p.fp8_layers, " names experts, but the model has no routed experts "
+             "(moe.n_experts is 0)"));
+}
+
 void resolve_paths(RunConfig& c) {
   namespace fs = std::filesystem;
   if (c.run.out_dir.empty()) c.run.out_dir = (fs::path("runs") / c.run.name).string();
@@ -263,6 +278,7 @@ void check_rules_and_derive(RunConfig& cfg) {
   resolve_dp(cfg);
   resolve_batch(cfg);
   check_schedule(cfg);
+  check_fp8(cfg);
   resolve_paths(cfg);
 }
 

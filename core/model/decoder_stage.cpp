@@ -149,7 +149,8 @@ DecoderStage::DecoderStage(const ModelSection& model, ParamStore& store, Ops& op
     tp_comm_ = own_tp_.get();
   }
   tp_ = std::make_unique<TensorParallel>(ops, *tp_comm_, d.sp);
-  if (const int sites = fp8_site_count(fp8_, layers.layers(), layers.head); sites > 0) {
+  fp8_sites_ = pt::fp8_sites(fp8_, layers, arch_);
+  if (const int sites = fp8_sites_.count(); sites > 0) {
     if (ops.device() == Device::cuda) Fp8Linear::check_gpu_shapes(d.N, fp8_layer_shapes(d, layers, fp8_, act));
     if (fp8_.delayed) fp8_delayed_ = std::make_unique<Fp8Delayed>(ops, sites, fp8_.amax_history, *tp_comm_, mp.dp_cp);
     tp_->enable_fp8(mp.cp, fp8_.grad, fp8_.rowwise, fp8_delayed_.get());
@@ -173,6 +174,12 @@ DecoderStage::DecoderStage(const ModelSection& model, ParamStore& store, Ops& op
                                       std::vector<Comm*>{sp_group, mp.cp}, sp_group,
                                       [this](size_t n, DType t) { return alloc_act(n, t); }, mp.ep);
     moe_out_ = alloc_act(RC, act);
+    if (fp8_sites_.sparse > 0) {  // the routed experts in FP8 (delayed scaling: config_rules.cpp checks)
+      check(fp8_delayed_ != nullptr, "DecoderStage: the routed experts' FP8 needs precision.fp8=delayed");
+      moe_->enable_fp8(fp8_delayed_.get(), fp8_sites_, fp8_.grad,
+                       [this](size_t n, DType t) { return alloc_act(n, t); });
+      activation_bytes_ += moe_->fp8_products_bytes();
+    }
   }
 }
 
@@ -281,8 +288,8 @@ void DecoderStage::rope(Tensor qkv, bool backward) {
 
 Fp8Site DecoderStage::fp8_site(int l, Fp8Layer layer) const {
   if (!fp8_.on(layer)) return {};
-  if (layer == Fp8Layer::lm_head) return {layers_.layers() * kFp8BlockLayers};  // after the blocks'
-  return {(l - layers_.first_layer) * kFp8BlockLayers + static_cast<int>(layer)};
+  if (layer == Fp8Layer::lm_head) return {fp8_sites_.lm_head()};
+  return {fp8_sites_.block(l - layers_.first_layer, layer)};
 }
 
 void DecoderStage::fp8_begin_step() {

@@ -202,9 +202,9 @@ class DecoderStage {
   // for a skipped step.
   void fp8_begin_step();
   void fp8_end_step(bool keep);
-  // The delayed scaling state (its sites: this chunk's blocks times kFp8BlockLayers, in Fp8Layer
-  // order, then the LM head's when the chunk has it in FP8: fp8_site_count); nullptr without it.
+  // The delayed scaling state (its sites numbered as fp8_sites() says); nullptr without it.
   Fp8Delayed* fp8_delayed() { return fp8_delayed_.get(); }
+  const Fp8Sites& fp8_sites() const { return fp8_sites_; }
 
  private:
   struct LayerActs {
@@ -294,6 +294,7 @@ class DecoderStage {
 
   ModelParallel mp_;
   Fp8Recipe fp8_;  // which layers run their products in FP8 (none by default)
+  Fp8Sites fp8_sites_;  // the chunk's FP8 layers as delayed scaling numbers them (none without FP8)
   std::unique_ptr<Fp8Delayed> fp8_delayed_;  // delayed scaling's amax histories; null without
   // Block l's layer `layer` FP8 site, or the LM head's (l unused); off when the recipe leaves
   // that layer in the compute dtype.

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/common/error.h"
+#include "core/dist/local_comm.h"
 
 namespace pt {
 
@@ -23,6 +24,16 @@ MoeRouting plan_moe_routing(const int32_t* topk_expert, int N, int k, int E) {
   for (size_t i = 0; i < NK; i++) r.slot_of[i] = next[size_t(topk_expert[i])]++;
   return r;
 }
+
+namespace {
+// The rows of the experts' side (every routed row of the ep group), rounded up to 16: the most
+// rows one expert's padded weight-gradient product takes.
+size_t padded_rows(int rows, int k, int ep) { return (size_t(rows) * k * ep + 15) / 16 * 16; }
+// An expert's two products: up [2H, C] and down [C, H].
+std::vector<Fp8Linear::Shape> expert_shapes(int H, int C) {
+  return {{size_t(C), size_t(2) * H}, {size_t(H), size_t(C)}};
+}
+}  // namespace
 
 MoeLayer::MoeLayer(Ops& ops, const Architecture& a, int rows, int layers, int slots,
                    std::vector<Comm*> token_groups, Comm* grad_group, const Alloc& alloc, Comm* ep_group)
@@ -95,6 +106,78 @@ size_t MoeLayer::scratch_bytes(int E, int k, int H, int C, int rows, DType act, 
          (ep > 1 ? s * cap * 4 * size_t(C) + 4 * size_t(E) * (1 + ep) : 0);
 }
 
+void MoeLayer::enable_fp8(Fp8Delayed* state, const Fp8Sites& sites, Fp8Format grad_format, const Alloc& alloc) {
+  check(state != nullptr, "MoeLayer::enable_fp8: the routed experts' FP8 needs delayed scaling");
+  check(sites.experts == E_ && sites.sparse == layers_, "MoeLayer::enable_fp8: sites for " +
+                                                           std::to_string(sites.sparse) + " sparse blocks of " +
+                                                           std::to_string(sites.experts) + " experts");
+  // The GPU's FP8 products take widths that are multiples of 16 (the rows are padded to 16).
+  if (ops_.device() == Device::cuda) Fp8Linear::check_gpu_shapes(16, expert_shapes(H_, C_));
+  fp8_group_ = std::make_unique<LocalComm>(0, ops_);
+  fp8_ = std::make_unique<Fp8Linear>(ops_, *fp8_group_, nullptr, grad_format);
+  fp8_->set_delayed(state);
+  fp8_state_ = state;
+  fp8_sites_ = sites;
+  const size_t cap16 = padded_rows(rows_, k_, ep_size_);
+  pad_x_ = alloc(cap16 * std::max(C_, H_), ops_.compute_dtype());
+  pad_dout_ = alloc(cap16 * std::max(C_, 2 * H_), ops_.compute_dtype());
+  // The products' scratch at its largest now (an expert may get every row of the experts' side),
+  // so that what the layer holds does not depend on the routing.
+  fp8_->reserve(cap16, expert_shapes(H_, C_));
+}
+
+size_t MoeLayer::fp8_products_bytes() const {
+  return fp8_ ? Fp8Linear::scratch_bytes(padded_rows(rows_, k_, ep_size_), expert_shapes(H_, C_), 1, 1, false) : 0;
+}
+
+size_t MoeLayer::fp8_scratch_bytes(int k, int H, int C, int rows, DType act, int ep) {
+  const size_t cap16 = padded_rows(rows, k, ep);
+  const size_t pads = dtype_size(act) * cap16 * (size_t(std::max(C, H)) + size_t(std::max(C, 2 * H)));
+  return pads + Fp8Linear::scratch_bytes(cap16, expert_shapes(H, C), 1, 1, false);
+}
+
+Fp8Site MoeLayer::expert_site(int layer, int local_expert, bool down) const {
+  if (!fp8_) return {};
+  return {fp8_sites_.expert(layer, first_expert_ + local_expert, down)};
+}
+
+Tensor MoeLayer::padded(Tensor pad, Tensor src, int m, int m16, int cols) {
+  const size_t n = size_t(m) * cols;
+  ops_.copy(pad.slice(0, n), src, n);
+  ops_.zero(pad.slice(n, size_t(m16 - m) * cols));
+  return pad.slice(0, size_t(m16) * cols);
+}
+
+void MoeLayer::expert_forward(Tensor out, Tensor x, Tensor w, int m, int IC, int OC, Fp8Site site) {
+  if (site.on() && fp8_state_->has_history()) {
+    fp8_->forward(out, x, false, w, Tensor{}, m, IC, OC, site);
+    return;
+  }
+  ops_.matmul_forward(out, x, w, Tensor{}, m, IC, OC);
+  if (site.on()) {  // the first step: only the amaxes, for the next step's scales
+    fp8_->record_only(x, m, IC, site, Fp8Delayed::kX);
+    fp8_->record_only(w, OC, IC, site, Fp8Delayed::kW);
+  }
+}
+
+void MoeLayer::expert_backward(Tensor dinp, Tensor dw, Tensor dout, Tensor x, Tensor w, int m, int IC, int OC,
+                               Fp8Site site) {
+  if (!site.on() || !fp8_state_->has_history()) {
+    ops_.matmul_backward(dinp, dw, Tensor{}, dout, x, w, m, IC, OC);
+    if (site.on()) fp8_->record_only(dout, m, OC, site, Fp8Delayed::kDout);
+    return;
+  }
+  const int m16 = (m + 15) / 16 * 16;
+  if (m16 == m) {
+    fp8_->backward(dinp, dw, Tensor{}, dout, false, x, false, w, m, IC, OC, site);
+    return;
+  }
+  // The weight gradient's inner dimension is the rows: padded to 16 with zero rows.
+  fp8_->backward(dinp, Tensor{}, Tensor{}, dout, false, x, false, w, m, IC, OC, site);
+  fp8_->backward(Tensor{}, dw, Tensor{}, padded(pad_dout_, dout, m, m16, OC), false, padded(pad_x_, x, m, m16, IC),
+                 false, w, m16, IC, OC, site);
+}
+
 MoeLayer::Kept& MoeLayer::kept(int slot, int layer) {
   const size_t i = size_t(slot) * layers_ + size_t(layer);
   check(layer >= 0 && layer < layers_ && i < kept_.size(), "MoeLayer: slot or layer out of range");
@@ -162,23 +245,29 @@ void MoeLayer::from_experts(Tensor permuted, Tensor expert_rows, const Exchange&
   copy_runs(x.sent, send_, permuted, false);
 }
 
-void MoeLayer::run_experts(const Kept& s, const MoeParams& p) {
+void MoeLayer::run_experts(int layer, const Kept& s, const MoeParams& p) {
   const int H = H_, C = C_;
   for (int e = 0; e < local_experts_; e++) {
     const int r0 = s.offsets[size_t(e)], m = s.offsets[size_t(e) + 1] - r0;
-    if (m == 0) continue;
     const size_t g = size_t(e);  // p holds this rank's experts only
     const Tensor up = p.up.slice(g * 2 * H * C, size_t(2) * H * C);
     const Tensor down = p.down.slice(g * C * H, size_t(C) * H);
+    if (m == 0) {  // an idle expert still records its weights, so that their scales are ready when chosen
+      if (fp8_) {
+        fp8_->record_only(up, 2 * H, C, expert_site(layer, e, false), Fp8Delayed::kW);
+        fp8_->record_only(down, C, H, expert_site(layer, e, true), Fp8Delayed::kW);
+      }
+      continue;
+    }
     const Tensor h = s.eh.slice(size_t(r0) * 2 * H, size_t(m) * 2 * H);
     const Tensor act = s.eact.slice(size_t(r0) * H, size_t(m) * H);
-    ops_.matmul_forward(h, s.ex.slice(size_t(r0) * C, size_t(m) * C), up, Tensor{}, m, C, 2 * H);
+    expert_forward(h, s.ex.slice(size_t(r0) * C, size_t(m) * C), up, m, C, 2 * H, expert_site(layer, e, false));
     ops_.swiglu_forward(act, h, m, H);
-    ops_.matmul_forward(s.ey.slice(size_t(r0) * C, size_t(m) * C), act, down, Tensor{}, m, H, C);
+    expert_forward(s.ey.slice(size_t(r0) * C, size_t(m) * C), act, down, m, H, C, expert_site(layer, e, true));
   }
 }
 
-void MoeLayer::experts_backward(const Kept& s, Tensor dy_rows, Tensor dx_rows, const MoeParams& p,
+void MoeLayer::experts_backward(int layer, const Kept& s, Tensor dy_rows, Tensor dx_rows, const MoeParams& p,
                                 const MoeParams& g) {
   const int H = H_, C = C_;
   for (int e = 0; e < local_experts_; e++) {
@@ -189,13 +278,12 @@ void MoeLayer::experts_backward(const Kept& s, Tensor dy_rows, Tensor dx_rows, c
     const Tensor dh = dh_.slice(size_t(r0) * 2 * H, size_t(m) * 2 * H);
     const Tensor act = s.eact.slice(size_t(r0) * H, size_t(m) * H);
     const Tensor dact = dact_.slice(size_t(r0) * H, size_t(m) * H);
-    ops_.matmul_backward(dact, g.down.slice(down_at, size_t(C) * H), Tensor{},
-                         dy_rows.slice(size_t(r0) * C, size_t(m) * C), act, p.down.slice(down_at, size_t(C) * H), m, H,
-                         C);
+    expert_backward(dact, g.down.slice(down_at, size_t(C) * H), dy_rows.slice(size_t(r0) * C, size_t(m) * C), act,
+                    p.down.slice(down_at, size_t(C) * H), m, H, C, expert_site(layer, e, true));
     ops_.swiglu_backward(dh, h, dact, m, H);
-    ops_.matmul_backward(dx_rows.slice(size_t(r0) * C, size_t(m) * C), g.up.slice(up_at, size_t(2) * H * C), Tensor{},
-                         dh, s.ex.slice(size_t(r0) * C, size_t(m) * C), p.up.slice(up_at, size_t(2) * H * C), m, C,
-                         2 * H);
+    expert_backward(dx_rows.slice(size_t(r0) * C, size_t(m) * C), g.up.slice(up_at, size_t(2) * H * C), dh,
+                    s.ex.slice(size_t(r0) * C, size_t(m) * C), p.up.slice(up_at, size_t(2) * H * C), m, C, 2 * H,
+                    expert_site(layer, e, false));
   }
 }
 
@@ -230,7 +318,7 @@ double MoeLayer::forward(int slot, int layer, Tensor out, Tensor x, int n, const
     s.xchg = plan_exchange(all, route.offsets, s.offsets);
     to_experts(s.ex, s.x_perm, s.xchg);
   }
-  run_experts(s, p);
+  run_experts(layer, s, p);
   from_experts(s.y, s.ey, s.xchg);
   ops_.moe_combine(out, s.y, s.topk_weight, s.slot_of, n, C, k);
   return aux;
@@ -287,7 +375,7 @@ void MoeLayer::backward(int slot, int layer, Tensor dx, Tensor dout, Tensor x, i
   // and the input gradients back, as the rows did in forward.
   const Tensor edy = ep_ ? edy_ : dy_, edx = ep_ ? edx_ : dx_perm_;
   to_experts(edy, dy_, s.xchg);
-  experts_backward(s, edy, edx, p, g);
+  experts_backward(layer, s, edy, edx, p, g);
   from_experts(dx_perm_, edx, s.xchg);
   ops_.moe_permute_backward(dx, dx_perm_, s.slot_of, n, C, k);
   ops_.moe_router_backward(dlogits_, s.probs, s.topk_expert, s.topk_weight, dweight_, s.dprobs_all, n, E, k);

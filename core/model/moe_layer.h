@@ -37,14 +37,30 @@
 // and summed over tp here (like a norm weight's); without it every tp rank holds every row and
 // computes the same gradients. Recompute: what backward needs is always kept (per micro-batch
 // slot), whatever recompute.mode says; it is rows x top_k x (2 C + 3 expert_hidden) values.
+//
+// FP8 (enable_fp8; precision.fp8_layers names experts): each expert's up and down products run
+// through an Fp8Linear, under delayed scaling only. An expert's rows are a different set of
+// tokens under each layout (sequence and context parallel split a micro-batch's rows over ranks,
+// expert parallel joins several ranks' micro-batches in one product), so a scale taken from the
+// rows at hand would make every layout quantise differently; delayed scaling's history is the
+// largest over every rank and micro-batch of the step (merged over tp and dp x cp, which holds
+// the ep group), the same under every layout. Until a history exists (the first step) the
+// products run in the compute dtype and only record their operands' amaxes. An expert records its
+// weights' amaxes every forward, chosen or not; one that received no row in the whole history
+// scales its input and output gradient as an all-zero tensor does (scale 1; satfinite) until it
+// has. The GPU's FP8 weight-gradient product takes a multiple of 16 rows (its inner dimension):
+// where an expert's row count is not one, its rows are copied into buffers padded with zero rows
+// for that product (zeros add nothing; on both backends, so they compute alike).
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "core/dist/comm.h"
 #include "core/model/architecture.h"
 #include "core/ops/ops.h"
+#include "core/parallel/fp8_linear.h"
 
 namespace pt {
 
@@ -96,6 +112,16 @@ class MoeLayer {
   // dx [n, C] += the gradient of x; the parameters' gradients g accumulate (+=).
   void backward(int slot, int layer, Tensor dx, Tensor dout, Tensor x, int n, const MoeParams& p, const MoeParams& g);
 
+  // The experts' products in FP8 under delayed scaling (see above): `state` (not owned) keeps
+  // their amaxes at the sites `sites` numbers (sparse block `layer`, expert e, up or down). The
+  // padded rows' buffers come from `alloc`; the FP8 scratch is Fp8Linear's (fp8_scratch_bytes
+  // counts both). Before the first forward.
+  void enable_fp8(Fp8Delayed* state, const Fp8Sites& sites, Fp8Format grad_format, const Alloc& alloc);
+  // Bytes enable_fp8 adds, for experts of hidden width H, top_k k, d_model C, `rows` rows: the
+  // padded rows (through alloc) and the FP8 products' scratch (fp8_products_bytes, outside it).
+  static size_t fp8_scratch_bytes(int k, int H, int C, int rows, DType act, int ep = 1);
+  size_t fp8_products_bytes() const;
+
   MoeStats take_stats();
   // Keep every training forward's choices in the stats (off: a training step's choices would be
   // rows x top_k x sparse layers of host memory for no one).
@@ -140,8 +166,17 @@ class MoeLayer {
   // token groups; writes its gradient to s.dprobs_all and, when training, adds to the stats.
   double balancing_loss(Kept& s, const MoeRouting& route, int n, float aux_weight, bool training);
   // This rank's experts on their rows, and their backward (dx_rows overwritten, grads +=).
-  void run_experts(const Kept& s, const MoeParams& p);
-  void experts_backward(const Kept& s, Tensor dy_rows, Tensor dx_rows, const MoeParams& p, const MoeParams& g);
+  void run_experts(int layer, const Kept& s, const MoeParams& p);
+  void experts_backward(int layer, const Kept& s, Tensor dy_rows, Tensor dx_rows, const MoeParams& p,
+                        const MoeParams& g);
+  // One expert product x [m, IC] @ w [OC, IC]^T into out, and its backward (dinp overwritten, dw
+  // +=): in FP8 once the delayed history exists, else in the compute dtype (recording the
+  // operands' amaxes when FP8 is on).
+  void expert_forward(Tensor out, Tensor x, Tensor w, int m, int IC, int OC, Fp8Site site);
+  void expert_backward(Tensor dinp, Tensor dw, Tensor dout, Tensor x, Tensor w, int m, int IC, int OC, Fp8Site site);
+  // `src` [m, cols] in `pad`'s first m rows, zero rows after it to m16.
+  Tensor padded(Tensor pad, Tensor src, int m, int m16, int cols);
+  Fp8Site expert_site(int layer, int local_expert, bool down) const;
 
   Ops& ops_;
   int E_, k_, H_, C_, rows_;
@@ -158,6 +193,13 @@ class MoeLayer {
   Tensor send_, recv_, counts_, all_counts_, edy_, edx_;
   MoeStats stats_;
   bool record_routing_ = false;
+  // FP8 (enable_fp8): the products, over a group of one (the experts are whole on a rank), the
+  // delayed state and its sites, and the padded rows of a weight-gradient product's operands.
+  std::unique_ptr<Comm> fp8_group_;
+  std::unique_ptr<Fp8Linear> fp8_;
+  Fp8Delayed* fp8_state_ = nullptr;
+  Fp8Sites fp8_sites_;
+  Tensor pad_x_, pad_dout_;
 };
 
 }  // namespace pt

@@ -5,7 +5,7 @@
 namespace pt {
 
 const std::vector<std::string>& fp8_layer_names() {
-  static const std::vector<std::string> names = {"qkv", "attn_out", "mlp_up", "mlp_down", "lm_head"};
+  static const std::vector<std::string> names = {"qkv", "attn_out", "mlp_up", "mlp_down", "lm_head", "experts"};
   return names;
 }
 
@@ -25,7 +25,7 @@ Fp8Recipe parse_fp8_layers(const std::string& layers) {
       for (size_t i = 0; i < kFp8BlockLayers; i++) set(i, name);
     } else if (it == names.end()) {
       throw ConfigError("\"" + name + "\" is not a layer: must be a comma-separated list of all (a block's linear "
-                        "layers), qkv, attn_out, mlp_up, mlp_down, lm_head");
+                        "layers), qkv, attn_out, mlp_up, mlp_down, lm_head, experts");
     } else {
       set(static_cast<size_t>(it - names.begin()), name);
     }
@@ -51,10 +51,6 @@ Fp8Recipe fp8_recipe(const PrecisionSection& p) {
   return fp8_recipe(p.fp8, p.fp8_layers, p.fp8_grad_format, p.fp8_amax_history);
 }
 
-int fp8_site_count(const Fp8Recipe& r, int blocks, bool head) {
-  return blocks * kFp8BlockLayers + (head && r.on(Fp8Layer::lm_head) ? 1 : 0);
-}
-
 std::string fp8_layer_list(const Fp8Recipe& r, const std::string& separator) {
   std::string list;
   for (size_t i = 0; i < fp8_layer_names().size(); i++)
@@ -69,6 +65,21 @@ DType fp8_dtype(Fp8Format f) { return f == Fp8Format::e4m3 ? DType::f8e4m3 : DTy
 // amaxes after them (and every slot's scale_inv, a cuBLASLt scale pointer) stay as aligned as
 // the allocation, then a tp x cp grid of amax blocks.
 size_t meta_floats(size_t len, int tp, int cp) { return (len + 3) / 4 * 4 + size_t(tp) * cp * len; }
+
+// The largest of each operand over `shapes` (rows: N where a shape sets none), in elements, and
+// the widest input, output and rows.
+struct Largest {
+  size_t x = 0, w = 0, dout = 0, in = 0, out = 0, rows = 0;
+};
+Largest largest(size_t N, const std::vector<Fp8Linear::Shape>& shapes) {
+  Largest l;
+  for (const Fp8Linear::Shape& s : shapes) {
+    const size_t n = s.rows > 0 ? s.rows : N;
+    l.x = std::max(l.x, n * s.in), l.w = std::max(l.w, s.out * s.in), l.dout = std::max(l.dout, n * s.out);
+    l.in = std::max(l.in, s.in), l.out = std::max(l.out, s.out), l.rows = std::max(l.rows, n);
+  }
+  return l;
+}
 }  // namespace
 
 Fp8Linear::Fp8Linear(Ops& ops, Comm& tp, Comm* cp, Fp8Format grad_format, bool rowwise)
@@ -89,18 +100,32 @@ Fp8Linear::~Fp8Linear() {
 
 size_t Fp8Linear::scratch_bytes(size_t N, const std::vector<Shape>& shapes, int tp, int cp, bool rowwise) {
   if (shapes.empty()) return 0;
-  size_t x = 0, w = 0, dout = 0, in = 0, out = 0, rows = 0;
-  for (const Shape& s : shapes) {
-    const size_t n = s.rows > 0 ? s.rows : N;
-    x = std::max(x, n * s.in), w = std::max(w, s.out * s.in), dout = std::max(dout, n * s.out);
-    in = std::max(in, s.in), out = std::max(out, s.out), rows = std::max(rows, n);
-  }
+  const auto [x, w, dout, in, out, rows] = largest(N, shapes);
   // Codes: kX and kXT, kW and kWT, kDout and kDoutT. Scales per slot: one, or (rowwise) one per
   // row of its operand: kX and kDout per token, kW and kDoutT per output feature, kXT and kWT
   // per input feature.
   const auto floats = [&](size_t len) { return meta_floats(rowwise ? len : 1, tp, cp); };
   const size_t scale_floats = 2 * floats(rows) + 2 * floats(out) + 2 * floats(in);
   return 2 * (x + w + dout) + sizeof(float) * scale_floats;
+}
+
+void Fp8Linear::reserve(size_t N, const std::vector<Shape>& shapes) {
+  const auto [x, w, dout, in, out, rows] = largest(N, shapes);
+  const DType e4m3 = fp8_dtype(Fp8Format::e4m3), grad = fp8_dtype(grad_);
+  const struct {
+    Slot slot;
+    size_t codes, scales;
+    DType dtype;
+  } slots[] = {{kX, x, rows, e4m3},     {kXT, x, in, e4m3},       {kW, w, out, e4m3},
+               {kWT, w, in, e4m3},      {kDout, dout, rows, grad}, {kDoutT, dout, out, grad}};
+  for (const auto& s : slots) {
+    Tensor& codes = codes_[s.slot];
+    if (codes.numel < s.codes || codes.dtype != s.dtype) {
+      if (codes) ops_.release(codes);
+      codes = ops_.alloc(s.codes, s.dtype);
+    }
+    meta(s.slot, rowwise_ ? static_cast<int>(s.scales) : 1);
+  }
 }
 
 void Fp8Linear::check_gpu_shapes(size_t N, const std::vector<Shape>& shapes) {
@@ -131,6 +156,13 @@ Tensor Fp8Linear::meta(Slot slot, int len) {
 void Fp8Linear::set_delayed(Fp8Delayed* state) {
   check(!(state && rowwise_), "Fp8Linear: delayed scaling is tensorwise (one scale per tensor), not rowwise");
   delayed_ = state;
+}
+
+void Fp8Linear::record_only(Tensor t, int rows, int cols, Fp8Site site, Fp8Delayed::Operand o) {
+  check(delayed_ != nullptr, "Fp8Linear::record_only without delayed scaling");
+  const Slot slot = o == Fp8Delayed::kDout ? kDout : o == Fp8Delayed::kW ? kW : kX;
+  const Fp8Format f = o == Fp8Delayed::kDout ? grad_ : Fp8Format::e4m3;
+  quantize(slot, t, rows, cols, false, f, gather_amax(slot, t, rows, cols, false, {}), record(site, o));
 }
 
 Fp8Linear::Amaxes Fp8Linear::scale_amaxes(Slot slot, Fp8Site site, Fp8Delayed::Operand o, Tensor t, int rows,

@@ -49,18 +49,18 @@
 namespace pt {
 
 // The layers precision.fp8_layers can put in FP8, in fp8_layer_names() order: a block's four
-// linear layers, then the LM head (the model's one). A pipeline chunk numbers its FP8 sites
-// block by block (a block's site is its layer index within the chunk times kFp8BlockLayers plus
-// its layer's position here), the LM head's after the last block's (fp8_site_count).
-enum class Fp8Layer { qkv, attn_out, mlp_up, mlp_down, lm_head };
+// linear layers, the LM head (the model's one), and the routed experts of sparse blocks (their
+// up and down projections; delayed scaling only, core/model/moe_layer.h says why).
+enum class Fp8Layer { qkv, attn_out, mlp_up, mlp_down, lm_head, experts };
 constexpr int kFp8BlockLayers = 4;
-constexpr int kFp8Layers = 5;
+constexpr int kFp8Layers = 6;
 
 // Which layers run in FP8, and the gradients' format.
 struct Fp8Recipe {
   // By Fp8Layer: qkv (attention's input projection), attn_out (its output projection), mlp_up
   // (the dense MLP's up and gate projection, or the shared experts'), mlp_down (its down
-  // projection), lm_head (the LM head, with its chunked cross-entropy).
+  // projection), lm_head (the LM head, with its chunked cross-entropy), experts (each routed
+  // expert's up and down projections).
   std::array<bool, kFp8Layers> layers{};
   Fp8Format grad = Fp8Format::e5m2;
   bool rowwise = false;  // the "rowwise" recipe
@@ -72,8 +72,28 @@ struct Fp8Recipe {
     const auto end = layers.begin() + kFp8BlockLayers;
     return std::find(layers.begin(), end, true) != end;
   }
-  bool any() const { return blocks() || on(Fp8Layer::lm_head); }
+  bool any() const { return std::find(layers.begin(), layers.end(), true) != layers.end(); }
 };
+
+// A pipeline chunk's FP8 sites (the layers delayed scaling keeps amaxes for), numbered in this
+// order: each block's four layers (kFp8BlockLayers a block, in Fp8Layer order, whether in FP8 or
+// not), the LM head's when the chunk has it in FP8, then each sparse block's routed experts, two
+// sites an expert (up, down), for every expert of the model (a rank under expert parallel runs
+// some of them, but every rank of the stage merges the same sites).
+struct Fp8Sites {
+  int blocks = 0;      // the chunk's blocks
+  bool head = false;   // the LM head has a site
+  int sparse = 0;      // the chunk's sparse blocks whose experts have sites
+  int experts = 0;     // routed experts a sparse block has
+  int count() const { return lm_head() + (head ? 1 : 0) + sparse * experts * 2; }
+  int block(int b, Fp8Layer layer) const { return b * kFp8BlockLayers + static_cast<int>(layer); }
+  int lm_head() const { return blocks * kFp8BlockLayers; }
+  // Sparse block s (of the chunk's, in order), expert e, its up or down projection.
+  int expert(int s, int e, bool down) const {
+    return lm_head() + (head ? 1 : 0) + (s * experts + e) * 2 + (down ? 1 : 0);
+  }
+};
+
 
 // Which FP8 layer a product is, if any: `index` numbers a pipeline chunk's FP8 layers (delayed
 // scaling keeps each one's amaxes, Fp8Delayed's sites); -1: the product runs in the compute dtype.
@@ -85,7 +105,8 @@ struct Fp8Site {
 // The layer names precision.fp8_layers takes, in Fp8Layer order.
 const std::vector<std::string>& fp8_layer_names();
 // precision.fp8_layers: a comma-separated list of those names and "all" (a block's four linear
-// layers), each layer at most once: "all" is the default, "all,lm_head" adds the LM head.
+// layers), each layer at most once: "all" is the default, "all,lm_head,experts" adds the LM head
+// and the routed experts.
 // Throws ConfigError naming what is wrong. The recipe's layers set; grad left at its default.
 Fp8Recipe parse_fp8_layers(const std::string& layers);
 // The recipe of precision.fp8 ("off", "tensorwise", "rowwise", "delayed") / fp8_layers /
@@ -93,8 +114,6 @@ Fp8Recipe parse_fp8_layers(const std::string& layers);
 Fp8Recipe fp8_recipe(const std::string& fp8, const std::string& layers, const std::string& grad_format,
                      int amax_history = 16);
 Fp8Recipe fp8_recipe(const PrecisionSection& precision);
-// The FP8 sites of a pipeline chunk of `blocks` blocks, with the LM head or not.
-int fp8_site_count(const Fp8Recipe& r, int blocks, bool head);
 // The names of the layers `r` puts in FP8, in fp8_layer_names() order, joined by `separator`.
 std::string fp8_layer_list(const Fp8Recipe& r, const std::string& separator);
 
@@ -117,6 +136,9 @@ class Fp8Linear {
   // gathered amaxes, at the largest layer's size (they grow on first use). The memory plan
   // counts them.
   static size_t scratch_bytes(size_t N, const std::vector<Shape>& shapes, int tp, int cp, bool rowwise);
+  // Allocates the scratch scratch_bytes(N, shapes, ...) counts now instead of on first use (for a
+  // layer whose products' sizes vary from call to call, so that what it holds is its plan).
+  void reserve(size_t N, const std::vector<Shape>& shapes);
   // The GPU's FP8 products (cuBLASLt) take dimensions that are multiples of 16: every layer's
   // in and out widths and the N tokens of a micro-batch on this rank (the weight gradient's
   // inner dimension). Throws ConfigError naming the one that is not, and the setting behind it.
@@ -125,6 +147,10 @@ class Fp8Linear {
   // Delayed scaling: the products' scales come from `state` (not owned; tensorwise only), a
   // product's site from the call. nullptr: dynamic scaling again.
   void set_delayed(Fp8Delayed* state);
+  // Delayed scaling without a product: records t [rows, cols]'s amax as the site's operand `o`
+  // (a cast into the scratch, whose codes are dropped): for a layer that runs in the compute
+  // dtype until its history exists (the routed experts, core/model/moe_layer.h).
+  void record_only(Tensor t, int rows, int cols, Fp8Site site, Fp8Delayed::Operand o);
 
   // out [N, OC] = x [N, IC] @ w [OC, IC]^T + bias [OC] (may be null). x_split: x's columns are
   // this tp rank's share of the features (a row-parallel layer's input). site: the layer's

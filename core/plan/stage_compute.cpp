@@ -55,7 +55,8 @@ Cost fp8_casts(const KernelTable& k, double n, double ic, double oc, double s, b
 }
 
 // A linear layer x [n, ic] -> [n, oc], in FP8 when `in_fp8` (its casts added to `casts`): its
-// weight is cast `weight_casts` times a pass (once per chunk of the LM head's rows).
+// weight is cast `weight_casts` times a pass (once per chunk of the LM head's rows; one weight per
+// routed expert).
 Cost linear(const KernelTable& k, const Fp8Plan& fp8, bool in_fp8, double n, double ic, double oc, double s,
             Cost& casts, double weight_casts = 1) {
   if (!in_fp8) return matmul(k, n, ic, oc);
@@ -93,21 +94,22 @@ BlockCost block_cost(const KernelTable& k, const Architecture& a, const RunConfi
   out.attention_forward = k.attention_s(b.micro_batch_size, heads, b.seq_len, a.head_dim, false) / par.cp;
   x += {out.attention_forward, k.attention_s(b.micro_batch_size, heads, b.seq_len, a.head_dim, true) / par.cp};
   x += block_linear(Fp8Layer::attn_out, n, a.q_width() / tp, c);
-  // The MLP: dense (or a sparse block's shared experts; FP8 as the recipe says), then the routed
-  // experts (bf16).
-  auto mlp = [&](double rows, double hidden, bool in_fp8) {
+  // The MLP: dense (or a sparse block's shared experts), then the routed experts, each in FP8
+  // as the recipe says (the experts as one product over all their rows, casting each of the
+  // rank's experts' weights).
+  auto mlp = [&](double rows, double hidden, bool up_fp8, bool down_fp8, double weights = 1) {
     if (hidden <= 0) return;
-    x += linear(k, fp8, in_fp8 && fp8.recipe.on(Fp8Layer::mlp_up), rows, c, a.up_width(static_cast<int>(hidden)) / tp, s,
-                out.fp8_casts);
+    x += linear(k, fp8, up_fp8, rows, c, a.up_width(static_cast<int>(hidden)) / tp, s, out.fp8_casts, weights);
     const double h = rows * hidden / tp;
     if (a.mlp == MlpKind::swiglu) x += {k.memory_s("swiglu_forward", 3 * h * s), k.memory_s("swiglu_backward", 5 * h * s)};
     else x += {k.memory_s("gelu_forward", 2 * h * s), k.memory_s("gelu_backward", 3 * h * s)};
-    x += linear(k, fp8, in_fp8 && fp8.recipe.on(Fp8Layer::mlp_down), rows, hidden / tp, c, s, out.fp8_casts);
+    x += linear(k, fp8, down_fp8, rows, hidden / tp, c, s, out.fp8_casts, weights);
   };
-  mlp(n, a.mlp_hidden(layer), true);
+  mlp(n, a.mlp_hidden(layer), fp8.recipe.on(Fp8Layer::mlp_up), fp8.recipe.on(Fp8Layer::mlp_down));
   if (a.sparse_block(layer)) {
     x += matmul(k, n, c, a.n_experts);
-    mlp(n * a.top_k, a.expert_hidden, false);
+    const bool experts = fp8.recipe.on(Fp8Layer::experts);
+    mlp(n * a.top_k, a.expert_hidden, experts, experts, double(a.n_experts) / par.ep);
   }
   return out;
 }

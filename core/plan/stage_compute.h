@@ -16,13 +16,14 @@
 // residual gradient); the last the final norm, the LM head (C -> padded vocab/tp) and the
 // vocab-parallel cross-entropy.
 // FP8 (precision.fp8, core/parallel/fp8_linear.h): each FP8 layer's product (qkv, attn_out, the
-// dense MLP's or shared experts' up and down, and the LM head, as fp8_layers says) takes the kernel table's
+// dense MLP's or shared experts' up and down, the LM head and the routed experts, as fp8_layers
+// says) takes the kernel table's
 // measured FP8 time where it has the shape, else the same shape's bf16 time / fp8_speedup (the
 // GPU's FP8 peak over its bf16 peak): no FP8 kernels are measured yet, so this is the documented
 // fallback. Its casts add memory traffic at the table's memory-bound rate: forward, x and w each
 // read twice (amax, then the cast) in the compute dtype and written as 1-byte codes; backward the
 // same for dout, w^T, dout^T and x^T (the LM head casts its weight once per chunk of rows). The
-// tiny amax all-gathers are not counted. Attention, the router and the routed experts stay bf16. Per step, outside the micro-batches: the optimizer's gradient
+// tiny amax all-gathers are not counted. Attention and the router stay bf16. Per step, outside the micro-batches: the optimizer's gradient
 // norm, AdamW update and gradient zeroing over the rank's ZeRO shard of fp32 state.
 #pragma once
 #include <vector>

@@ -7,18 +7,32 @@ std::string Fp8HistoryState::name(int layer, Fp8Layer kind) {
   return "fp8_amax_history/layers." + std::to_string(layer) + "." + fp8_layer_names()[static_cast<size_t>(kind)];
 }
 
+std::string Fp8HistoryState::expert_name(int layer, int expert, bool down) {
+  return "fp8_amax_history/layers." + std::to_string(layer) + ".experts." + std::to_string(expert) +
+         (down ? ".down" : ".up");
+}
+
 Fp8HistoryState::Fp8HistoryState(std::vector<DecoderStage*> chunks, const Fp8Recipe& recipe) {
   for (DecoderStage* chunk : chunks) {
     Fp8Delayed* state = chunk->fp8_delayed();
     if (!state) continue;
     const StageLayers& layers = chunk->layers();
-    for (int l = layers.first_layer; l < layers.end_layer; l++)
-      for (int k = 0; k < kFp8BlockLayers; k++)
-        if (recipe.on(Fp8Layer(k)))
-          sites_.push_back({state, (l - layers.first_layer) * kFp8BlockLayers + k, name(l, Fp8Layer(k))});
-    // The LM head's site follows the chunk's blocks' (DecoderStage::fp8_site).
-    if (layers.head && recipe.on(Fp8Layer::lm_head))
-      sites_.push_back({state, layers.layers() * kFp8BlockLayers, name(-1, Fp8Layer::lm_head)});
+    const Fp8Sites& at = chunk->fp8_sites();
+    const Architecture& arch = chunk->dims().arch;
+    int sparse = 0;  // the chunk's sparse blocks so far
+    for (int l = layers.first_layer; l < layers.end_layer; l++) {
+      for (int k = 0; k < kFp8BlockLayers; k++) {
+        const bool mlp = Fp8Layer(k) == Fp8Layer::mlp_up || Fp8Layer(k) == Fp8Layer::mlp_down;
+        // A sparse block may have no dense MLP.
+        if (!recipe.on(Fp8Layer(k)) || (mlp && arch.mlp_hidden(l) == 0)) continue;
+        sites_.push_back({state, at.block(l - layers.first_layer, Fp8Layer(k)), name(l, Fp8Layer(k))});
+      }
+      if (at.sparse == 0 || !arch.sparse_block(l)) continue;
+      for (int e = 0; e < at.experts; e++)
+        for (bool down : {false, true}) sites_.push_back({state, at.expert(sparse, e, down), expert_name(l, e, down)});
+      sparse++;
+    }
+    if (at.head) sites_.push_back({state, at.lm_head(), name(-1, Fp8Layer::lm_head)});
   }
 }
 

@@ -1,6 +1,7 @@
 // Delayed FP8 scaling's amax histories (core/parallel/fp8_delayed.h) as checkpoint state: one
 // tensor per FP8 layer of the model, "fp8_amax_history/layers.<layer>.<qkv|attn_out|mlp_up|
-// mlp_down>" and "fp8_amax_history/lm_head", [steps, 3] floats (the x, w and dout amaxes of each
+// mlp_down>", "fp8_amax_history/layers.<layer>.experts.<e>.<up|down>" (a sparse block's routed
+// expert e) and "fp8_amax_history/lm_head", [steps, 3] floats (the x, w and dout amaxes of each
 // step, the oldest first), named by the block's global index so a checkpoint resumes under any
 // pipeline split. Every rank of a
 // pipeline stage holds the same histories (they are merged over tp and dp x cp every step): one
@@ -28,6 +29,8 @@ class Fp8HistoryState : public ckpt::ExtraState {
 
   // The checkpoint name of block `layer`'s FP8 layer `kind`, or of the LM head's (layer unused).
   static std::string name(int layer, Fp8Layer kind);
+  // The checkpoint name of block `layer`'s routed expert `expert`, its up or down projection.
+  static std::string expert_name(int layer, int expert, bool down);
 
  private:
   // Every (chunk, site) whose layer is in FP8, in names() order.

@@ -109,6 +109,17 @@ std::string MemoryPlan::describe() const {
   return s;
 }
 
+Fp8Sites fp8_sites(const Fp8Recipe& fp8, const StageLayers& layers, const Architecture& arch) {
+  Fp8Sites s;
+  s.head = layers.head && fp8.on(Fp8Layer::lm_head);
+  if (fp8.on(Fp8Layer::experts))
+    for (int l = layers.first_layer; l < layers.end_layer; l++) s.sparse += arch.sparse_block(l) ? 1 : 0;
+  s.experts = s.sparse > 0 ? arch.n_experts : 0;
+  s.blocks = layers.layers();
+  if (!fp8.blocks() && !s.head && s.sparse == 0) return {};  // nothing of this chunk in FP8
+  return s;
+}
+
 std::vector<Fp8Linear::Shape> fp8_layer_shapes(const StageDims& d, const StageLayers& layers, const Fp8Recipe& fp8,
                                                DType compute) {
   std::vector<Fp8Linear::Shape> shapes;
@@ -130,7 +141,7 @@ std::vector<Fp8Linear::Shape> fp8_layer_shapes(const StageDims& d, const StageLa
 }
 
 size_t fp8_scratch_bytes(const StageDims& d, const StageLayers& layers, const Fp8Recipe& fp8, DType compute) {
-  const int sites = fp8_site_count(fp8, layers.layers(), layers.head);
+  const int sites = fp8_sites(fp8, layers, d.arch).count();
   const size_t delayed = fp8.delayed && sites > 0 ? Fp8Delayed::bytes(sites, fp8.amax_history, d.tp, d.dp_cp) : 0;
   return Fp8Linear::scratch_bytes(static_cast<size_t>(d.N), fp8_layer_shapes(d, layers, fp8, compute), d.tp, d.cp,
                                   fp8.rowwise) +
@@ -191,6 +202,8 @@ size_t decoder_activation_bytes(const StageDims& d, CpImpl cp_impl, DType comput
     moe_bytes = S * sparse * MoeLayer::kept_bytes(a.n_experts, a.top_k, a.expert_hidden, d.C, R, compute, d.ep) +
                 MoeLayer::scratch_bytes(a.n_experts, a.top_k, a.expert_hidden, d.C, R, compute, d.sp, d.ep) +
                 dtype_size(compute) * RC;
+    if (fp8_sites(fp8, layers, a).sparse > 0)
+      moe_bytes += MoeLayer::fp8_scratch_bytes(a.top_k, a.expert_hidden, d.C, R, compute, d.ep);
   }
   return moe_bytes + dtype_size(compute) * (S * per_set_act + IO * per_io_act + shared_act) +
          sizeof(float) * (S * per_set_f32 + shared_f32) + dtype_size(DType::i32) * (S * per_set_i32 + shared_i32) +

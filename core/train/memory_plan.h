@@ -71,6 +71,9 @@ size_t decoder_activation_bytes(const StageDims& dims, CpImpl cp_impl, DType com
 // puts in FP8, and delayed scaling's state (fp8_delayed.h, merged over dims.dp_cp ranks): 0 when
 // it puts none.
 size_t fp8_scratch_bytes(const StageDims& dims, const StageLayers& layers, const Fp8Recipe& fp8, DType compute_dtype);
+// The FP8 sites of a pipeline chunk running `layers` of `arch` under `fp8` (Fp8Sites' numbering;
+// none when `fp8` puts no layer of the chunk in FP8).
+Fp8Sites fp8_sites(const Fp8Recipe& fp8, const StageLayers& layers, const Architecture& arch);
 // The shapes of the layers `fp8` puts in FP8, as this rank's products see them (per tp rank; the
 // LM head's with the rows of one chunk of its logits in `compute_dtype`).
 std::vector<Fp8Linear::Shape> fp8_layer_shapes(const StageDims& dims, const StageLayers& layers, const Fp8Recipe& fp8,
