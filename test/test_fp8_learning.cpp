@@ -1,7 +1,8 @@
 // FP8 products still learn (#35, "does it still learn"): a tiny GPT-2 and a tiny Llama train
 // for 150 steps on real text with every block layer in FP8 (the CPU backend's exact emulation;
-// tensorwise, rowwise and delayed scales; and tensorwise with the LM head in FP8 too), and their
-// validation loss ends within 1% of the same run in fp32.
+// tensorwise, rowwise and delayed scales; and tensorwise with the LM head in FP8 too), and a tiny
+// mixture of experts (the Llama with 4 routed experts, top 2) with delayed scaling, without and
+// with its routed experts in FP8; each validation loss ends within 1% of the same run in fp32.
 //
 // The text: $PICOTRAIN_FP8_CORPUS (a text file) when set, else the offline corpus's brown.txt
 // (scripts/get_data.sh) when it is there, else GPT-2's BPE merge list (data/gpt2/vocab.bpe, which
@@ -79,7 +80,8 @@ Run train(const std::string& arch, const std::string& recipe, const fs::path& di
                 {"val_tokens", 16 * kB * kT}}},
       {"checkpoint", {{"dir", (dir / "unused").string()}}},
   };
-  if (arch == "llama") j["model"].update({{"arch", "llama"}, {"n_kv_heads", 2}, {"ffn_hidden", 192}});
+  if (arch != "gpt2") j["model"].update({{"arch", "llama"}, {"n_kv_heads", 2}, {"ffn_hidden", 192}});
+  if (arch == "moe") j["moe"] = {{"n_experts", 4}, {"top_k", 2}, {"expert_hidden", 96}, {"aux_loss_coef", 0.01}};
   j["precision"] = {{"fp8", recipe}, {"fp8_layers", layers}};
   CpuOps ops;
   Trainer t(config_from_json(j, {}, 1), World{}, ops);
@@ -95,14 +97,17 @@ Run train(const std::string& arch, const std::string& recipe, const fs::path& di
 
 }  // namespace
 
-TEST_CASE("FP8 learns like fp32: tiny GPT-2 and Llama, 150 steps, validation loss within 1%", "[fp8][train]") {
+TEST_CASE("FP8 learns like fp32: tiny GPT-2, Llama and MoE, 150 steps, validation loss within 1%", "[fp8][train]") {
   const fs::path dir = fs::temp_directory_path() / ("picotrain_fp8_learning_" + std::to_string(::getpid()));
   const fs::path corpus = write_byte_shards(dir);
-  for (const char* arch : {"gpt2", "llama"}) {
+  using Variant = std::pair<const char*, const char*>;  // precision.fp8, precision.fp8_layers
+  const std::vector<Variant> dense = {{"tensorwise", "all"}, {"rowwise", "all"}, {"delayed", "all"},
+                                      {"tensorwise", "all,lm_head"}};
+  const std::vector<Variant> moe = {{"delayed", "all"}, {"delayed", "all,experts"}};
+  for (const char* arch : {"gpt2", "llama", "moe"}) {
     const Run full = train(arch, "off", dir);
     CHECK(full.val_loss < 0.7 * std::log(256.0));  // it learned: far below the uniform guess (ln 256 = 5.55)
-    for (const auto& [recipe, layers] : {std::pair{"tensorwise", "all"}, {"rowwise", "all"}, {"delayed", "all"},
-                                         {"tensorwise", "all,lm_head"}}) {
+    for (const auto& [recipe, layers] : std::string(arch) == "moe" ? moe : dense) {
       INFO(arch << ", FP8 " << recipe << " on " << layers << ", " << corpus);
       const Run low = train(arch, recipe, dir, layers);
       const double gap = (low.val_loss - full.val_loss) / full.val_loss;
