@@ -65,21 +65,6 @@ DType fp8_dtype(Fp8Format f) { return f == Fp8Format::e4m3 ? DType::f8e4m3 : DTy
 // amaxes after them (and every slot's scale_inv, a cuBLASLt scale pointer) stay as aligned as
 // the allocation, then a tp x cp grid of amax blocks.
 size_t meta_floats(size_t len, int tp, int cp) { return (len + 3) / 4 * 4 + size_t(tp) * cp * len; }
-
-// The largest of each operand over `shapes` (rows: N where a shape sets none), in elements, and
-// the widest input, output and rows.
-struct Largest {
-  size_t x = 0, w = 0, dout = 0, in = 0, out = 0, rows = 0;
-};
-Largest largest(size_t N, const std::vector<Fp8Linear::Shape>& shapes) {
-  Largest l;
-  for (const Fp8Linear::Shape& s : shapes) {
-    const size_t n = s.rows > 0 ? s.rows : N;
-    l.x = std::max(l.x, n * s.in), l.w = std::max(l.w, s.out * s.in), l.dout = std::max(l.dout, n * s.out);
-    l.in = std::max(l.in, s.in), l.out = std::max(l.out, s.out), l.rows = std::max(l.rows, n);
-  }
-  return l;
-}
 }  // namespace
 
 Fp8Linear::Fp8Linear(Ops& ops, Comm& tp, Comm* cp, Fp8Format grad_format, bool rowwise)
@@ -98,33 +83,39 @@ Fp8Linear::~Fp8Linear() {
     if (t) ops_.release(t);
 }
 
+std::array<Fp8Linear::SlotSize, Fp8Linear::kSlots> Fp8Linear::slot_sizes(size_t N, const std::vector<Shape>& shapes) {
+  size_t x = 0, w = 0, dout = 0, in = 0, out = 0, rows = 0;
+  for (const Shape& s : shapes) {
+    const size_t n = s.rows > 0 ? s.rows : N;
+    x = std::max(x, n * s.in), w = std::max(w, s.out * s.in), dout = std::max(dout, n * s.out);
+    in = std::max(in, s.in), out = std::max(out, s.out), rows = std::max(rows, n);
+  }
+  std::array<SlotSize, kSlots> sizes;
+  sizes[kX] = {x, rows, false}, sizes[kXT] = {x, in, false};
+  sizes[kW] = {w, out, false}, sizes[kWT] = {w, in, false};
+  sizes[kDout] = {dout, rows, true}, sizes[kDoutT] = {dout, out, true};
+  return sizes;
+}
+
 size_t Fp8Linear::scratch_bytes(size_t N, const std::vector<Shape>& shapes, int tp, int cp, bool rowwise) {
   if (shapes.empty()) return 0;
-  const auto [x, w, dout, in, out, rows] = largest(N, shapes);
-  // Codes: kX and kXT, kW and kWT, kDout and kDoutT. Scales per slot: one, or (rowwise) one per
-  // row of its operand: kX and kDout per token, kW and kDoutT per output feature, kXT and kWT
-  // per input feature.
-  const auto floats = [&](size_t len) { return meta_floats(rowwise ? len : 1, tp, cp); };
-  const size_t scale_floats = 2 * floats(rows) + 2 * floats(out) + 2 * floats(in);
-  return 2 * (x + w + dout) + sizeof(float) * scale_floats;
+  size_t bytes = 0;
+  for (const SlotSize& s : slot_sizes(N, shapes))
+    bytes += s.codes + sizeof(float) * meta_floats(rowwise ? s.scales : 1, tp, cp);
+  return bytes;
 }
 
 void Fp8Linear::reserve(size_t N, const std::vector<Shape>& shapes) {
-  const auto [x, w, dout, in, out, rows] = largest(N, shapes);
-  const DType e4m3 = fp8_dtype(Fp8Format::e4m3), grad = fp8_dtype(grad_);
-  const struct {
-    Slot slot;
-    size_t codes, scales;
-    DType dtype;
-  } slots[] = {{kX, x, rows, e4m3},     {kXT, x, in, e4m3},       {kW, w, out, e4m3},
-               {kWT, w, in, e4m3},      {kDout, dout, rows, grad}, {kDoutT, dout, out, grad}};
-  for (const auto& s : slots) {
-    Tensor& codes = codes_[s.slot];
-    if (codes.numel < s.codes || codes.dtype != s.dtype) {
+  const std::array<SlotSize, kSlots> sizes = slot_sizes(N, shapes);
+  for (int slot = 0; slot < kSlots; slot++) {
+    const SlotSize& s = sizes[size_t(slot)];
+    const DType dtype = fp8_dtype(s.grad ? grad_ : Fp8Format::e4m3);
+    Tensor& codes = codes_[slot];
+    if (codes.numel < s.codes || codes.dtype != dtype) {
       if (codes) ops_.release(codes);
-      codes = ops_.alloc(s.codes, s.dtype);
+      codes = ops_.alloc(s.codes, dtype);
     }
-    meta(s.slot, rowwise_ ? static_cast<int>(s.scales) : 1);
+    meta(Slot(slot), rowwise_ ? static_cast<int>(s.scales) : 1);
   }
 }
 

@@ -191,6 +191,15 @@ class Fp8Linear {
   // `amax` (scale_inv: the slot's first floats), its amax maxed into `record` (may be null).
   Quantized quantize(Slot slot, Tensor t, int rows, int cols, bool transpose, Fp8Format f, const Amaxes& amax,
                      Tensor record);
+  // What each slot holds at the largest of `shapes` (rows N where a shape sets none): its codes
+  // (one byte each; the gradient format for kDout and kDoutT, e4m3 otherwise) and the length of
+  // its rowwise scales (one per row of its operand: kX and kDout per token, kW and kDoutT per
+  // output feature, kXT and kWT per input feature). scratch_bytes counts them, reserve allocates.
+  struct SlotSize {
+    size_t codes = 0, scales = 0;
+    bool grad = false;
+  };
+  static std::array<SlotSize, kSlots> slot_sizes(size_t N, const std::vector<Shape>& shapes);
   // `slot`'s floats, grown to hold scales and gathered amaxes of `len` each: [scale_inv, padded
   // to 16 bytes][amaxes: cp x tp blocks of len].
   Tensor meta(Slot slot, int len);
