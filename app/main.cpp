@@ -273,8 +273,10 @@ struct PlanArgs {
   std::vector<std::string> overrides;
   int gpus = 0;
   std::string kernels;  // --kernels: kernel_bench --json of the user's GPU
+  std::string attention;  // --attention: bench/attention_sdpa.py's JSON
   std::string gpu = "h100-sxm";
   pt::PlanSearch search;
+  std::string overlap = "picotrain";  // --overlap (pt::parse_overlap)
   bool json = false;     // --json
   pt::Hardware hw;       // the flags as given; run_plan lays the set ones over --gpu's profile
   CLI::App* cmd = nullptr;
@@ -331,11 +333,18 @@ void add_plan_command(CLI::App& app, PlanArgs& a) {
                   "on it. Default: our H100's (bench/runs/2026-11-26-h100-bench.md, compiled in), scaled by --peak-tflops "
                   "and --hbm-gbps; shapes it lacks follow the fallback curve of docs/parallel.md")
       ->check(CLI::ExistingFile);
+  cmd->add_option("--attention", a.attention,
+                  "Plan another library's attention kernels: the JSON bench/attention_sdpa.py writes (PyTorch SDPA, "
+                  "the faster of its flash and cuDNN back ends at each shape), in place of the kernel table's; rates "
+                  "scaled from the measuring GPU's peak to --peak-tflops. For systems built on FlashAttention or "
+                  "cuDNN, e.g. bench/runs/2026-11-27b-h200-attention_sdpa.json")
+      ->check(CLI::ExistingFile);
   cmd->add_option("--mfu", a.hw.mfu,
                   "Instead of the measured kernel speeds, time all compute as FLOPs at this flat share of the peak, "
                   "in (0, 1] (the planner's old model; default: the measured kernels)")
       ->check(pt::cli::above_up_to(0.0, 1.0))
-      ->excludes("--kernels");
+      ->excludes("--kernels")
+      ->excludes("--attention");
   cmd->add_flag("--search-micro-batch", a.search.micro_batches,
                 "For each layout also try batch.micro_batch_size halved down to 1 (more micro-batches: a smaller "
                 "pipeline bubble and less activation memory, smaller kernels) and keep the fastest that fits; the "
@@ -344,6 +353,16 @@ void add_plan_command(CLI::App& app, PlanArgs& a) {
                 "For each layout with pp > 1 also try the interleaved schedule with 2 to 8 virtual stages (blocks "
                 "split as evenly as they go, the first and last stages lighter) and, for an interleaved config, "
                 "1F1B, and keep the fastest that fits; the sched column says which");
+  cmd->add_option("--layout", a.search.layout,
+                  "Plan only this layout, written as the table writes it, e.g. \"dp128 tp8 pp16 cp1\" (its breakdown, "
+                  "or why it is not valid); default: every dp*tp*pp*cp = N");
+  cmd->add_option("--overlap", a.overlap,
+                  "What communication runs beside compute in the system planned for, a comma-separated list of dp "
+                  "(gradient buckets during the backward), zero (ZeRO parameter gathers prefetched), tp, cp and pp "
+                  "(asynchronous sends), or none. Default picotrain: what picotrain's trainer overlaps (dp). "
+                  "Another system's list plans its published runs (e.g. Megatron-LM's --overlap-grad-reduce, "
+                  "--overlap-param-gather and tp comm overlap: dp,zero,tp,pp)")
+      ->capture_default_str();
   cmd->add_flag("--json", a.json,
                 "Print the plan as JSON for scripts: each layout's schedule, memory (GiB), step breakdown (ms: compute, "
                 "recompute, exposed communication per axis, bubble, optimizer), MFU, binding constraint, and the "
@@ -392,7 +411,11 @@ int run_plan(const PlanArgs& a) {
                              {"--peak-tflops", &pt::Hardware::peak_tflops}, {"--hbm-gbps", &pt::Hardware::hbm_gbps}})
     if (a.cmd->count(flag) > 0) hw.*field = a.hw.*field;
   hw.mfu = a.hw.mfu;
+  hw.overlap = pt::parse_overlap(a.overlap);
   if (!a.kernels.empty()) hw.kernels = std::make_shared<pt::KernelTable>(pt::KernelTable::from_file(a.kernels));
+  if (!a.attention.empty())
+    hw.kernels = std::make_shared<pt::KernelTable>(
+        pt::planning_kernels(hw)->with_attention_of(a.attention, hw.peak_tflops));
   const pt::Plan plan = pt::make_plan(a.config, a.overrides, a.gpus, hw, a.search);
   pt::print_line(pt::Stream::out, a.json ? pt::format_plan_json(plan, hw, a.config) : pt::format_plan(plan, hw, a.config));
   return 0;

@@ -2,6 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
+#include <utility>
+#include <vector>
+
+#include "core/common/error.h"
 
 namespace pt {
 
@@ -25,9 +30,35 @@ double collective_s(Collective kind, double bytes, int n, const Link& link) {
   return 0;
 }
 
+Overlap parse_overlap(const std::string& list) {
+  if (list == "picotrain") return Overlap{};
+  Overlap o;
+  o.dp_grads = false;
+  if (list == "none") return o;
+  const std::pair<const char*, bool Overlap::*> names[] = {
+      {"dp", &Overlap::dp_grads}, {"zero", &Overlap::zero}, {"tp", &Overlap::tp}, {"cp", &Overlap::cp},
+      {"pp", &Overlap::pp}};
+  std::vector<std::string> seen;
+  size_t start = 0;
+  while (start <= list.size()) {
+    const size_t comma = std::min(list.find(',', start), list.size());
+    const std::string name = list.substr(start, comma - start);
+    const auto* hit = std::find_if(std::begin(names), std::end(names), [&](const auto& n) { return name == n.first; });
+    if (hit == std::end(names))
+      throw ConfigError("plan --overlap '" + list + "': '" + name +
+                        "' is not one of dp, zero, tp, cp, pp (or the whole list: none, picotrain)");
+    if (std::find(seen.begin(), seen.end(), name) != seen.end())
+      throw ConfigError("plan --overlap '" + list + "' names " + name + " twice");
+    seen.push_back(name);
+    o.*(hit->second) = true;
+    start = comma + 1;
+  }
+  return o;
+}
+
 std::string describe(const Overlap& o) {
   std::string on, off;
-  for (const auto& [name, overlapped] : {std::pair{"dp grads", o.dp_grads}, {"zero gathers", o.zero_gathers},
+  for (const auto& [name, overlapped] : {std::pair{"dp grads", o.dp_grads}, {"zero", o.zero},
                                          {"tp", o.tp}, {"cp", o.cp}, {"pp", o.pp}, {"ep", false}}) {
     std::string& list = overlapped ? on : off;
     list += (list.empty() ? "" : ", ") + std::string(name);

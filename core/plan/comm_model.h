@@ -20,9 +20,13 @@
 //             cannot cover, and at least the last bucket (one layer's share);
 //   zero      ZeRO-1/2 all-gather of the updated parameters, ZeRO-2/3's per-layer reduce-scatter
 //             and ZeRO-3's gathers complete in order: exposed (ZeRO-3 prefetch is not built yet);
+//             overlapped (FSDP, Megatron-LM's distributed optimizer), the gathers hide behind the
+//             step's compute and each micro-batch's reduce-scatter behind its backward (at least
+//             the last layer's share after it);
 //   tp        the Megatron all-reduces sit between the matmuls that need them: exposed;
 //   cp        the ring's send/recv is blocking: exposed (not yet overlapped with attention);
-//   pp        blocking sends between stages: exposed;
+//   pp        blocking sends between stages: exposed, and the pipeline simulator's ranks wait
+//             for them; overlapped, the sends are asynchronous (the simulator's PipeComm::async);
 //   ep        the all-to-alls sit between router and experts: exposed.
 // A published system that overlaps more (Megatron-LM's --overlap-grad-reduce, --overlap-param-
 // gather, tp comm overlap) is planned with those set in Overlap; an overlapped collective costs
@@ -46,13 +50,18 @@ double collective_s(Collective kind, double bytes, int n, const Link& link);
 // What the trainer runs beside compute (see above); the planner's default is the trainer's.
 struct Overlap {
   bool dp_grads = true;     // ZeRO 0-1 gradient buckets during the last backward
-  bool zero_gathers = false;  // ZeRO-3 gathers prefetched, ZeRO-1/2 parameter gathers hidden
+  bool zero = false;  // ZeRO's parameter gathers and ZeRO-2/3's per-micro-batch reduce-scatters hidden
   bool tp = false;
   bool cp = false;
   bool pp = false;
 };
 
-// "overlapped: dp grads; exposed: zero gathers, tp, cp, pp, ep" for the plan's header.
+// `plan --overlap`: a comma-separated list of dp (gradient buckets), zero (parameter gathers),
+// tp, cp and pp; "none"; or "picotrain", the trainer's own (dp). Throws ConfigError naming the
+// flag for an unknown or repeated name.
+Overlap parse_overlap(const std::string& list);
+
+// "overlapped with compute: dp grads; exposed: zero, tp, cp, pp, ep" for the plan's header.
 std::string describe(const Overlap& overlap);
 
 // The part of `comm_s` that `window_s` of compute cannot hide, never less than `tail_s` (what

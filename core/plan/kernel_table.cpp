@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/common/error.h"
+#include "core/metrics/flops.h"
 
 namespace pt {
 
@@ -54,6 +55,14 @@ double attention_flops(double batch, double heads, double seq, double head_dim, 
   return (backward ? 2.5 : 1.0) * 4 * batch * heads * seq * seq * head_dim / 2;
 }
 
+std::string read_text(const std::string& path, const char* flag) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError(std::string("plan ") + flag + " " + path + ": cannot read it: " + std::strerror(errno));
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
 }  // namespace
 
 KernelTable KernelTable::from_json(const std::string& text, const std::string& source) {
@@ -92,12 +101,47 @@ KernelTable KernelTable::from_json(const std::string& text, const std::string& s
   return t;
 }
 
-KernelTable KernelTable::from_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw ConfigError("plan --kernels " + path + ": cannot read it: " + std::strerror(errno));
-  std::stringstream text;
-  text << in.rdbuf();
-  return from_json(text.str(), path);
+KernelTable KernelTable::from_file(const std::string& path) { return from_json(read_text(path, "--kernels"), path); }
+
+KernelTable KernelTable::with_attention_of(const std::string& path, double peak_tflops) const {
+  const nlohmann::json j = nlohmann::json::parse(read_text(path, "--attention"), nullptr, /*allow_exceptions=*/false);
+  const std::string what = "plan --attention " + path;
+  if (!j.is_object() || !j.contains("rows") || !j["rows"].is_array() || !j.contains("device") || !j["device"].is_string())
+    throw ConfigError(what + ": not bench/attention_sdpa.py's JSON (an object with \"device\" and \"rows\")");
+  const std::string device = j["device"].get<std::string>();
+  const double measured_peak = gpu_peak_tflops(device);
+  if (!(measured_peak > 0)) throw ConfigError(what + ": no dense bf16 peak is known for its device \"" + device + "\"");
+  // The faster back end at each shape (B, NH, NKV, T, hd), by its forward + backward time.
+  std::map<std::vector<double>, nlohmann::json> best;
+  for (const nlohmann::json& r : j["rows"]) {
+    if (!r.is_object() || r.value("status", "") != "ok") continue;
+    for (const char* key : {"B", "NH", "NKV", "T", "hd", "fwd_tflops", "bwd_tflops", "fwd_bwd_tflops", "fwd_ms", "bwd_ms"})
+      if (!r.contains(key) || !r[key].is_number())
+        throw ConfigError(what + ": a row without the number \"" + std::string(key) + "\": " + r.dump());
+    const std::vector<double> shape = {r["B"], r["NH"], r["NKV"], r["T"], r["hd"]};
+    auto it = best.find(shape);
+    if (it == best.end() || r["fwd_bwd_tflops"].get<double>() > it->second["fwd_bwd_tflops"].get<double>())
+      best[shape] = r;
+  }
+  if (best.empty()) throw ConfigError(what + ": no row with status \"ok\"");
+  KernelTable out = *this;
+  std::erase_if(out.rows, [](const KernelRow& r) { return starts_with(r.op, "attention_"); });
+  const double scale = peak_tflops / measured_peak;
+  for (const auto& [shape, r] : best)
+    for (const bool backward : {false, true}) {
+      KernelRow row;
+      row.section = "attention";
+      row.op = backward ? "attention_backward" : "attention_forward";
+      row.shape = "B=" + std::to_string(int(shape[0])) + " NH=" + std::to_string(int(shape[1])) +
+                  " T=" + std::to_string(int(shape[3])) + " hd=" + std::to_string(int(shape[4]));
+      row.flops = true;
+      row.rate = r[backward ? "bwd_tflops" : "fwd_tflops"].get<double>() * scale;
+      row.median_ms = r[backward ? "bwd_ms" : "fwd_ms"].get<double>() / scale;
+      row.dims = parse_dims(row.shape);
+      out.rows.push_back(std::move(row));
+    }
+  out.source += "; attention: " + path + " (" + device + ", PyTorch SDPA, the faster back end per shape)";
+  return out;
 }
 
 const KernelTable& KernelTable::h100() {

@@ -17,6 +17,7 @@
 //               the exact shape when measured; else the rate of the rows with the nearest head
 //               size, interpolated linearly in log T between the measured sequence lengths
 //               (held constant beyond the ends), the rows at one T averaged.
+//               `plan --attention FILE` plans another library's attention (with_attention_of).
 //   fp8 matmul  the table's fp8_matmul rows at the shape (kernel_bench_fp8.cpp) when it has them;
 //               else none (the compiled-in table predates FP8): stage_compute.h's fallback.
 //   memory-bound the rows whose op name starts with the name asked for (layernorm_backward,
@@ -50,6 +51,13 @@ class KernelTable {
   // The same table for a GPU of another speed: every FLOP rate times flop_scale, every bandwidth
   // times bandwidth_scale (used for a --gpu profile without a table measured on it).
   KernelTable scaled(double flop_scale, double bandwidth_scale, const std::string& what) const;
+
+  // This table with its attention rows replaced by another library's, measured on some GPU: the
+  // file of bench/attention_sdpa.py's JSON (PyTorch's scaled_dot_product_attention, one row per back end
+  // and shape), the faster back end's forward and backward at each shape, their rates times
+  // peak_tflops over the measuring GPU's dense bf16 peak (attention is bound by the tensor
+  // cores). Throws ConfigError naming the file for one that cannot be read or is not such JSON.
+  KernelTable with_attention_of(const std::string& path, double peak_tflops) const;
 
   // Seconds of one call (see the header comment for measured shapes and the fallback).
   double matmul_s(double n, double ic, double oc, bool backward) const;

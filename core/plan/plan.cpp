@@ -229,7 +229,16 @@ Plan make_plan(const std::string& config_path, const std::vector<std::string>& o
   if (hw.mfu == 0) hw.kernels = planning_kernels(hw);  // once, not per layout
   Plan plan;
   plan.gpus = gpus;
-  for (LayoutCandidate& c : enumerate_layouts(config_path, overrides, gpus)) {
+  std::vector<LayoutCandidate> candidates = enumerate_layouts(config_path, overrides, gpus);
+  if (!search.layout.empty()) {
+    const auto named = [&](const LayoutCandidate& c) { return c.name() == search.layout; };
+    if (std::none_of(candidates.begin(), candidates.end(), named))
+      throw ConfigError("plan --layout '" + search.layout + "' is not a layout of " + std::to_string(gpus) +
+                        " GPUs: write it as dpA tpB ppC cpD with A*B*C*D = " + std::to_string(gpus) + ", e.g. '" +
+                        candidates.front().name() + "'");
+    std::erase_if(candidates, [&](const LayoutCandidate& c) { return !named(c); });
+  }
+  for (LayoutCandidate& c : candidates) {
     if (!c.valid()) {
       plan.invalid.push_back(std::move(c));
       continue;

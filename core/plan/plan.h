@@ -39,6 +39,8 @@ struct PlanSearch {
   // (each of at least one block; an uneven split from even_pp_layers when v*pp does not divide
   // n_layers) and, for an interleaved config, 1F1B; keep the fastest that fits.
   bool pipeline_schedules = false;
+  // Plan only this layout ("dp128 tp8 pp16 cp1", LayoutCandidate::name); "": every layout.
+  std::string layout;
 };
 
 // Beyond 8 chunks per rank each chunk's sends and kernels are too small to pay (Megatron-LM's

@@ -31,7 +31,7 @@ std::vector<StageMemory> plan_stage_memory(const RunConfig& cfg, const ParamTabl
     const std::vector<StageLayers> chunks = pipeline_chunks(m, par, r);
     const ParamTable stage = tensor_parallel_table(stage_param_table(model, chunks, m.n_layers), par.tp, 0);
     const std::vector<StageSlots> slots =
-        pipeline_slots(pipeline_schedule(kind, par.pp, par.pp_virtual_stages, b.grad_accum_steps, r),
+        pipeline_slots(shared_pipeline_schedule(kind, par.pp, par.pp_virtual_stages, b.grad_accum_steps)[size_t(r)],
                        par.pp_virtual_stages);
     StageMemory s;
     s.pp_rank = r;

@@ -126,13 +126,16 @@ StepTime estimate_step_time(const RunConfig& cfg, const ParamTable& model, const
   // Per micro-batch on a stage's critical path.
   const double rank_tokens = static_cast<double>(b.micro_batch_size) * b.seq_len / par.cp;
   const double residual = rank_tokens * m.d_model * c;  // one residual-stream tensor
-  const double attn = residual / par.tp;                // attention channels on one tp rank
+  const double attn = residual / par.tp;                // query (and output) channels on one tp rank
+  const double kv = attn * m.kv_heads() / m.n_heads;     // one of K and V there (grouped-query: fewer heads)
   double tp_mb = 0, cp_mb = 0, pp_mb = 0;
   if (par.tp > 1) tp_mb = stage_layers * 4 * collective_s(Collective::all_reduce, residual, par.tp, tp_link);
   if (par.cp > 1) {
     if (parse_cp_impl(par.cp_impl) == CpImpl::ulysses)
-      cp_mb = stage_layers * 8 * collective_s(Collective::all_to_all, attn, par.cp, cp_link);
-    else cp_mb = stage_layers * 3.0 * (par.cp - 1) * collective_s(Collective::send, 2 * attn, 2, cp_link);
+      cp_mb = stage_layers * 2 *
+              (collective_s(Collective::all_to_all, attn + 2 * kv, par.cp, cp_link) +
+               collective_s(Collective::all_to_all, attn, par.cp, cp_link));
+    else cp_mb = stage_layers * 3.0 * (par.cp - 1) * collective_s(Collective::send, 2 * kv, 2, cp_link);
   }
   if (par.pp > 1) pp_mb = 2.0 * par.pp_virtual_stages * collective_s(Collective::send, residual, 2, pp_link);
   double ep_mb = 0;
@@ -155,7 +158,9 @@ StepTime estimate_step_time(const RunConfig& cfg, const ParamTable& model, const
   const int shards = par.dp / par.dp_replicate * par.cp, replicas = par.dp_replicate;
   const double grads = 4 * psi, params = gathered_bytes;
   const double last_bucket = 1.0 / std::max(1, stage_layers);
-  double grad_comm = 0, gather_comm = 0, after_comm = 0;
+  // grad_comm: once, beside the last micro-batch's backward; scatter_mb: ZeRO-2/3's, one per
+  // micro-batch, beside its backward; gather_comm: parameter gathers, beside the step's compute.
+  double grad_comm = 0, scatter_mb = 0, gather_comm = 0, after_comm = 0;
   if (par.zero_stage == 0) {
     const Link dp_link = link("dp", par.dp * par.cp, [&](int r) { return grid.dp_cp_group(r); });
     grad_comm = collective_s(Collective::all_reduce, grads, par.dp * par.cp, dp_link);
@@ -163,17 +168,18 @@ StepTime estimate_step_time(const RunConfig& cfg, const ParamTable& model, const
     const Link dp_link = link("dp", shards, [&](int r) { return grid.dp_shard_group(r); });
     const double scatter = collective_s(Collective::reduce_scatter, grads, shards, dp_link);
     const double gather = collective_s(Collective::all_gather, params, shards, dp_link);
-    if (par.zero_stage == 1) grad_comm = scatter;
-    else after_comm = micro * scatter;  // per layer, completed in order
+    (par.zero_stage == 1 ? grad_comm : scatter_mb) = scatter;
     gather_comm = (par.zero_stage == 3 ? 2.0 * micro : 1) * gather;
     const Link rep_link = link("dp replicas", replicas, [&](int r) { return grid.dp_replicate_group(r); });
     if (replicas > 1) after_comm += collective_s(Collective::all_reduce, grads / shards, replicas, rep_link);
   }
   const double grad_exposed =
       hw.overlap.dp_grads ? exposed_s(grad_comm, mb_backward, grad_comm * last_bucket) : grad_comm;
-  const double gather_exposed = hw.overlap.zero_gathers ? exposed_s(gather_comm, t.compute_s) : gather_comm;
-  t.dp_s = grad_exposed + gather_exposed + after_comm;
-  t.hidden_s += grad_comm + gather_comm - grad_exposed - gather_exposed;
+  const double scatter_exposed =
+      micro * (hw.overlap.zero ? exposed_s(scatter_mb, mb_backward, scatter_mb * last_bucket) : scatter_mb);
+  const double gather_exposed = hw.overlap.zero ? exposed_s(gather_comm, t.compute_s) : gather_comm;
+  t.dp_s = grad_exposed + scatter_exposed + gather_exposed + after_comm;
+  t.hidden_s += grad_comm + micro * scatter_mb + gather_comm - grad_exposed - scatter_exposed - gather_exposed;
 
   // The optimizer updates the rank's ZeRO shard of fp32 state (all of it under ZeRO-0).
   if (kernels) t.optimizer_s = optimizer_step_s(*kernels, par.zero_stage == 0 ? psi : psi / shards);
@@ -183,19 +189,17 @@ StepTime estimate_step_time(const RunConfig& cfg, const ParamTable& model, const
   t.bubble_s = busy * pipeline_bubble_ratio(kind, par.pp, par.pp_virtual_stages, micro);
   if (par.pp > 1 && !stages.empty()) {
     // The schedule as the trainer runs it, every rank's action list through the pipeline
-    // simulator (blocking sends, as the executor's): each chunk's forward and backward (with its
+    // simulator (blocking sends, as the executor's, unless Overlap::pp): each chunk's forward and backward (with its
     // recompute and half the micro-batch's exposed communication each), ranks scaled by their
     // own stage's compute, so uneven stages (pp_layers, the embeddings, the head) show.
     const double v = par.pp_virtual_stages, comm_mb = (t.tp_s + t.cp_s + t.pp_s + t.ep_s) / micro;
     PipeCosts costs;
     costs.forward = (slowest.forward_s + comm_mb / 2) / v;
     costs.backward = (slowest.backward_s + slowest.recompute_s + comm_mb / 2) / v;
-    std::vector<std::vector<PipeAction>> lists;
-    for (int r = 0; r < par.pp; r++) {
-      lists.push_back(pipeline_schedule(kind, par.pp, par.pp_virtual_stages, micro, r));
-      costs.rank_scale.push_back(stages[size_t(r)].total_s() / slowest.total_s());
-    }
-    const PipeSimReport sim = simulate_pipeline(lists, par.pp_virtual_stages, micro, costs, PipeComm::blocking);
+    const std::vector<std::vector<PipeAction>>& lists = shared_pipeline_schedule(kind, par.pp, par.pp_virtual_stages, micro);
+    for (int r = 0; r < par.pp; r++) costs.rank_scale.push_back(stages[size_t(r)].total_s() / slowest.total_s());
+    const PipeSimReport sim = simulate_pipeline(lists, par.pp_virtual_stages, micro, costs,
+                                                hw.overlap.pp ? PipeComm::async : PipeComm::blocking);
     if (sim.ok()) t.bubble_s = std::max(0.0, sim.makespan - busy);
   }
   t.step_s = busy + t.bubble_s + t.dp_s + t.optimizer_s;

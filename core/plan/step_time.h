@@ -24,8 +24,11 @@
 //               scatter + all-gather pairs move the same bytes) of one residual-stream tensor
 //               (B x T/cp x d_model in the compute dtype);
 //     cp        ring attention: K and V go round the ring forward (cp-1 hops), and again with
-//               their gradients backward: 3(cp-1) hops of 2·B·(T/cp)·(d/tp) values per block;
-//               Ulysses: 8 all-to-alls of B·(T/cp)·(d/tp) values per block (q, k, v, out, both ways);
+//               their gradients backward: 3(cp-1) hops of 2·B·(T/cp)·(kv/tp) values per block,
+//               kv = n_kv_heads x head_dim (d_model without grouped-query attention);
+//               Ulysses: 4 all-to-alls per block (core/parallel/ulysses.h), q, k and v together
+//               and out forward, their gradients backward: 2 of B·(T/cp)·(d + 2kv)/tp values
+//               and 2 of B·(T/cp)·(d/tp);
 //     pp        one activation forward and one gradient backward per chunk (v per rank);
 //     ep        mixture of experts under expert parallel: 4 all-to-alls per sparse block (the
 //               routed rows to their experts' ranks and back, forward and backward) of
@@ -39,7 +42,8 @@
 //     ZeRO-3    m reduce-scatters of 4Ψ and 2m all-gathers of cΨ (forward and backward);
 //     HSDP      + an all-reduce of the 4Ψ/S shard over R.
 //   bubble      measured kernels: the schedule's action lists through the pipeline simulator
-//               (core/train/pp_simulator.h, blocking sends), each rank at its own stage's cost,
+//               (core/train/pp_simulator.h, blocking sends; asynchronous with pp overlapped),
+//               each rank at its own stage's cost,
 //               less the slowest stage's busy time; flat model: pipeline_bubble_ratio
 //               (core/train/pp_bubble.h) x the busy time.
 //   overlap     each axis's time above is what compute does not hide (Hardware::overlap,

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <sstream>
 #include <tuple>
 
@@ -227,6 +229,16 @@ std::vector<std::vector<PipeAction>> pipeline_schedule_all_ranks(PipeSchedule ki
   std::vector<std::vector<PipeAction>> out;
   for (int r = 0; r < pp; r++) out.push_back(with_communication(sh, r, orders[r], t));
   return out;
+}
+
+const std::vector<std::vector<PipeAction>>& shared_pipeline_schedule(PipeSchedule kind, int pp, int v, int m) {
+  static std::mutex mutex;
+  static std::map<std::tuple<PipeSchedule, int, int, int>, std::vector<std::vector<PipeAction>>> built;
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto key = std::make_tuple(kind, pp, v, m);
+  auto it = built.find(key);
+  if (it == built.end()) it = built.emplace(key, pipeline_schedule_all_ranks(kind, pp, v, m)).first;
+  return it->second;  // a std::map never moves its elements
 }
 
 std::vector<PipeAction> pipeline_schedule(PipeSchedule kind, int pp, int v, int m, int rank) {

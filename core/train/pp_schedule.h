@@ -118,4 +118,10 @@ std::vector<PipeAction> pipeline_schedule(PipeSchedule kind, int pp, int virtual
 std::vector<std::vector<PipeAction>> pipeline_schedule_all_ranks(PipeSchedule kind, int pp, int virtual_stages,
                                                                  int micro_batches);
 
+// pipeline_schedule_all_ranks built once per (kind, pp, virtual_stages, micro_batches) and kept
+// for the life of the process (thread-safe): the planner asks for the same few schedules for
+// many layouts, and building one is its costliest part.
+const std::vector<std::vector<PipeAction>>& shared_pipeline_schedule(PipeSchedule kind, int pp, int virtual_stages,
+                                                                     int micro_batches);
+
 }  // namespace pt
