@@ -277,6 +277,7 @@ struct PlanArgs {
   std::string gpu = "h100-sxm";
   pt::PlanSearch search;
   std::string overlap = "picotrain";  // --overlap (pt::parse_overlap)
+  bool search_all = false;            // --search-all: every PlanSearch dimension
   bool json = false;     // --json
   pt::Hardware hw;       // the flags as given; run_plan lays the set ones over --gpu's profile
   CLI::App* cmd = nullptr;
@@ -353,6 +354,18 @@ void add_plan_command(CLI::App& app, PlanArgs& a) {
                 "For each layout with pp > 1 also try the interleaved schedule with 2 to 8 virtual stages (blocks "
                 "split as evenly as they go, the first and last stages lighter) and, for an interleaved config, "
                 "1F1B, and keep the fastest that fits; the sched column says which");
+  cmd->add_flag("--search-zero", a.search.zero_stages,
+                "For each layout also try every parallel.zero_stage (0-3) and keep the fastest that fits; the zero "
+                "column says which");
+  cmd->add_flag("--search-recompute", a.search.recompute,
+                "For each layout also try every recompute.mode (none, selective, full) and keep the fastest that fits; "
+                "the rcmp column says which");
+  cmd->add_flag("--search-ep", a.search.expert_parallel,
+                "For a mixture of experts, for each layout also try every parallel.ep that divides both dp and "
+                "moe.n_experts and keep the fastest that fits; the ep column says which");
+  cmd->add_flag("--search-all", a.search_all,
+                "All of --search-micro-batch, --search-pipeline, --search-zero, --search-recompute and --search-ep "
+                "(their variants multiply: slower on large GPU counts)");
   cmd->add_option("--layout", a.search.layout,
                   "Plan only this layout, written as the table writes it, e.g. \"dp128 tp8 pp16 cp1\" (its breakdown, "
                   "or why it is not valid); default: every dp*tp*pp*cp = N");
@@ -416,7 +429,11 @@ int run_plan(const PlanArgs& a) {
   if (!a.attention.empty())
     hw.kernels = std::make_shared<pt::KernelTable>(
         pt::planning_kernels(hw)->with_attention_of(a.attention, hw.peak_tflops));
-  const pt::Plan plan = pt::make_plan(a.config, a.overrides, a.gpus, hw, a.search);
+  pt::PlanSearch search = a.search;
+  if (a.search_all)
+    search.micro_batches = search.pipeline_schedules = search.zero_stages = search.recompute =
+        search.expert_parallel = true;
+  const pt::Plan plan = pt::make_plan(a.config, a.overrides, a.gpus, hw, search);
   pt::print_line(pt::Stream::out, a.json ? pt::format_plan_json(plan, hw, a.config) : pt::format_plan(plan, hw, a.config));
   return 0;
 }

@@ -109,25 +109,67 @@ std::vector<std::vector<std::string>> schedule_variants(const LayoutCandidate& c
   return out;
 }
 
-// The best of a layout's variants: each pipeline schedule of schedule_variants, each with its
-// micro-batch size and (PlanSearch::micro_batches) that size halved down to 1.
+// One pipeline schedule of a layout, with its micro-batch size and (PlanSearch::micro_batches)
+// that size halved down to 1: each planned, the best so far kept in `best`.
+void plan_schedule_variant(const std::string& config_path, const LayoutCandidate& c,
+                           const std::vector<std::string>& schedule, int gpus, const Hardware& hw,
+                           const PlanSearch& search, std::optional<LayoutPlan>& best) {
+  const LayoutCandidate base = schedule.empty() ? c : resolve_with(config_path, c, gpus, schedule);
+  if (!base.valid()) return;  // e.g. interleaved with a micro-batch count not a multiple of pp
+  const int own = base.cfg.batch.micro_batch_size;
+  for (int mbs = own; mbs >= 1; mbs = search.micro_batches ? mbs / 2 : 0) {
+    LayoutCandidate variant =
+        mbs == own ? base : resolve_with(config_path, base, gpus, {"batch.micro_batch_size=" + std::to_string(mbs)});
+    if (!variant.valid()) continue;
+    LayoutPlan lp = plan_layout(std::move(variant), hw);
+    if (!best || better(lp, *best)) best = std::move(lp);
+  }
+}
+
+// The ZeRO stage, recompute mode and expert-parallel size a layout may run with, as overrides
+// of its config: first its own (no override), then every combination PlanSearch adds.
+std::vector<std::vector<std::string>> memory_variants(const LayoutCandidate& c, const PlanSearch& search) {
+  std::vector<std::vector<std::string>> out = {{}};
+  // Each dimension: the config's own value (no override) or one of `values`.
+  auto vary = [&](const std::string& key, const std::vector<std::string>& values, const std::string& own) {
+    std::vector<std::vector<std::string>> next;
+    for (const std::vector<std::string>& sets : out) {
+      next.push_back(sets);
+      for (const std::string& v : values) {
+        if (v == own) continue;
+        next.push_back(sets);
+        next.back().push_back(key + "=" + v);
+      }
+    }
+    out = std::move(next);
+  };
+  const RunConfig& cfg = c.cfg;
+  if (search.zero_stages) vary("parallel.zero_stage", {"0", "1", "2", "3"}, std::to_string(cfg.parallel.zero_stage));
+  if (search.recompute) vary("recompute.mode", {"none", "selective", "full"}, cfg.recompute.mode);
+  if (search.expert_parallel && cfg.model.moe.enabled()) {
+    std::vector<std::string> eps;
+    for (int ep = 1; ep <= cfg.parallel.dp; ep++)
+      if (cfg.parallel.dp % ep == 0 && cfg.model.moe.n_experts % ep == 0) eps.push_back(std::to_string(ep));
+    vary("parallel.ep", eps, std::to_string(cfg.parallel.ep));
+  }
+  return out;
+}
+
+// The best of a layout's variants: each of memory_variants, each pipeline schedule of
+// schedule_variants, each with its micro-batch size and (PlanSearch::micro_batches) that size
+// halved down to 1.
 LayoutPlan best_variant(const std::string& config_path, const LayoutCandidate& c, int gpus, const Hardware& hw,
                         const PlanSearch& search) {
   std::optional<LayoutPlan> best;
-  for (const std::vector<std::string>& schedule : schedule_variants(c, search)) {
-    const LayoutCandidate base = schedule.empty() ? c : resolve_with(config_path, c, gpus, schedule);
-    if (!base.valid()) continue;  // e.g. interleaved with a micro-batch count not a multiple of pp
-    const int own = base.cfg.batch.micro_batch_size;
-    for (int mbs = own; mbs >= 1; mbs = search.micro_batches ? mbs / 2 : 0) {
-      LayoutCandidate variant =
-          mbs == own ? base : resolve_with(config_path, base, gpus, {"batch.micro_batch_size=" + std::to_string(mbs)});
-      if (!variant.valid()) continue;
-      LayoutPlan lp = plan_layout(std::move(variant), hw);
-      if (!best || better(lp, *best)) best = std::move(lp);
-    }
+  for (const std::vector<std::string>& memory : memory_variants(c, search)) {
+    const LayoutCandidate own = memory.empty() ? c : resolve_with(config_path, c, gpus, memory);
+    if (!own.valid()) continue;  // e.g. ZeRO-3 with FP8 rowwise, a rule the config keeps
+    for (const std::vector<std::string>& schedule : schedule_variants(own, search))
+      plan_schedule_variant(config_path, own, schedule, gpus, hw, search, best);
   }
   return std::move(*best);  // the first variant is c itself, valid
 }
+
 
 // The sched column: "-" without a pipeline, else the schedule ("intl4": interleaved, v = 4).
 std::string schedule_label(const ParallelSection& par) {
@@ -135,6 +177,9 @@ std::string schedule_label(const ParallelSection& par) {
   if (par.pp_schedule == "interleaved") return "intl" + std::to_string(par.pp_virtual_stages);
   return par.pp_schedule;
 }
+
+// The rcmp column: none, sel(ective) or full.
+std::string recompute_label(const std::string& mode) { return mode == "selective" ? "sel" : mode; }
 
 // A step's parts as the table shows them (communication: what is exposed, per axis); they sum
 // to StepTime::step_s.
@@ -193,6 +238,7 @@ std::string format_plan_json(const Plan& plan, const Hardware& hw, const std::st
         {"dp", par.dp}, {"tp", par.tp}, {"pp", par.pp}, {"cp", par.cp},
         {"pp_schedule", par.pp_schedule}, {"pp_virtual_stages", par.pp_virtual_stages}, {"pp_layers", par.pp_layers},
         {"micro_batch_size", l.layout.cfg.batch.micro_batch_size},
+        {"zero_stage", par.zero_stage}, {"recompute", l.layout.cfg.recompute.mode}, {"ep", par.ep},
         {"grad_accum_steps", l.layout.cfg.batch.grad_accum_steps},
         {"memory_gib", {{"params", (p.params + p.params_working) / kGiB}, {"grads", (p.grads + p.grads_working) / kGiB},
                         {"optimizer", (p.master + p.optimizer) / kGiB}, {"activations", p.activations / kGiB},
@@ -300,18 +346,22 @@ std::string format_plan(const Plan& plan, const Hardware& hw, const std::string&
                                                        [](const LayoutPlan& l) { return l.fits; }));
     out += format("%zu valid layouts of %zu (dp*tp*pp*cp = %d), %d fit; best first. Memory per GPU in GiB on the largest "
                "stage (opt: master weights + Adam moments; acts: activations); predicted milliseconds per step; sched: the "
-               "pipeline schedule (intlN: interleaved over N virtual stages):\n",
+               "pipeline schedule (intlN: interleaved over N virtual stages); zero, rcmp, ep: the ZeRO stage, recompute mode and "
+               "expert-parallel size:\n",
                plan.layouts.size(), combos, plan.gpus, fitting);
-    out += format("%3s  %-16s %6s %5s %5s | %6s %6s %6s %6s %6s | %8s %6s %6s %6s %6s %8s | %9s %6s | %s\n", "#", "layout",
-                  "sched", "micro", "accum", "params", "grads", "opt", "acts", "total", "compute", "recomp", "comm", "bubble", "optim", "step",
-                  "tokens/s", "MFU", "fits; links");
+    out += format("%3s  %-16s %6s %5s %5s %4s %4s %3s | %6s %6s %6s %6s %6s | %8s %6s %6s %6s %6s %8s | %9s %6s | %s\n", "#",
+                  "layout", "sched", "micro", "accum", "zero", "rcmp", "ep", "params", "grads", "opt", "acts", "total",
+                  "compute", "recomp", "comm", "bubble", "optim", "step", "tokens/s", "MFU", "fits; links");
     int n = 0;
     for (const LayoutPlan& l : plan.layouts) {
       const MemoryPlan& p = l.peak();
       const StepTime& t = l.time;
-      out += format("%3d  %-16s %6s %5d %5d | %6.2f %6.2f %6.2f %6.2f %6.2f | %8.1f %6.1f %6.1f %6.1f %6.1f %8.1f | %9.0f %5.1f%% | "
-                    "%s%s%s\n",
-                    ++n, l.layout.name().c_str(), schedule_label(l.layout.cfg.parallel).c_str(), l.layout.cfg.batch.micro_batch_size, l.layout.cfg.batch.grad_accum_steps,
+      const RunConfig& cfg = l.layout.cfg;
+      out += format("%3d  %-16s %6s %5d %5d %4d %4s %3d | %6.2f %6.2f %6.2f %6.2f %6.2f | %8.1f %6.1f %6.1f %6.1f %6.1f %8.1f | "
+                    "%9.0f %5.1f%% | %s%s%s\n",
+                    ++n, l.layout.name().c_str(), schedule_label(cfg.parallel).c_str(), cfg.batch.micro_batch_size,
+                    cfg.batch.grad_accum_steps, cfg.parallel.zero_stage, recompute_label(cfg.recompute.mode).c_str(),
+                    cfg.parallel.ep,
                     (p.params + p.params_working) / kGiB, (p.grads + p.grads_working) / kGiB,
                     (p.master + p.optimizer) / kGiB, p.activations / kGiB, p.total() / kGiB, t.compute_s * 1e3,
                     t.recompute_s * 1e3, t.comm_s() * 1e3, t.bubble_s * 1e3, t.optimizer_s * 1e3, t.step_s * 1e3,

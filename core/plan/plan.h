@@ -39,6 +39,12 @@ struct PlanSearch {
   // (each of at least one block; an uneven split from even_pp_layers when v*pp does not divide
   // n_layers) and, for an interleaved config, 1F1B; keep the fastest that fits.
   bool pipeline_schedules = false;
+  // Also try every parallel.zero_stage (0-3), every recompute.mode (none, selective, full) and,
+  // for a mixture of experts, every parallel.ep dividing both dp and moe.n_experts; keep the
+  // fastest variant that fits. Each multiplies the variants a layout is planned in.
+  bool zero_stages = false;
+  bool recompute = false;
+  bool expert_parallel = false;
   // Plan only this layout ("dp128 tp8 pp16 cp1", LayoutCandidate::name); "": every layout.
   std::string layout;
 };
