@@ -552,6 +552,37 @@ TEST_CASE("precision.fp8: routed experts in FP8 (delayed) at the FP8 rate, each 
   CHECK(casts < bytes / (0.3 * 3.35e12));
 }
 
+TEST_CASE("routed experts are whole on every tp rank: all the rows without sequence parallel, n/tp with it",
+          "[plan][moe]") {
+  // tiny-moe on tp2 (4 blocks, 8 experts of hidden 192, top 2; dense blocks' MLP 384 wide). With
+  // moe.every=2 two of the four blocks are dense; the difference to every=1 is two sparse blocks
+  // less two dense ones, whose norms, attention and dense MLP cost the same with or without
+  // sequence parallel. What is left is the router and the experts: without sequence parallel
+  // they see every row of the micro-batch, with it the rank's half.
+  const std::string cfg = std::string(PICOTRAIN_SOURCE_DIR) + "/configs/tiny-moe.json";
+  const auto stage_s = [&](bool sp, int every) {
+    const Plan p = make_plan(cfg, {"parallel.sequence_parallel=" + std::string(sp ? "true" : "false"),
+                                   "moe.every=" + std::to_string(every)},
+                             2, Hardware{}, PlanSearch{.layout = "dp1 tp2 pp1 cp1"});
+    return stage_compute(p.layouts.at(0).layout.cfg, KernelTable::h100()).at(0).total_s();
+  };
+  const KernelTable& k = KernelTable::h100();
+  const double n = 8 * 64, c = 128, h = 192, e = 8, top = 2, s = 2;  // one micro-batch's rows; bf16
+  const auto both = [&](double rows, double ic, double oc) {
+    return k.matmul_s(rows, ic, oc, false) + k.matmul_s(rows, ic, oc, true);
+  };
+  // One sparse block's router [rows, c] x [c, e], experts' up [rows*top, c] x [c, 2h], SwiGLU,
+  // and down [rows*top, h] x [h, c].
+  const auto sparse = [&](double rows) {
+    const double hidden = rows * top * h;
+    return both(rows, c, e) + both(rows * top, c, 2 * h) + both(rows * top, h, c) +
+           k.memory_s("swiglu_forward", 3 * hidden * s) + k.memory_s("swiglu_backward", 5 * hidden * s);
+  };
+  const double without = stage_s(false, 1) - stage_s(false, 2), with_sp = stage_s(true, 1) - stage_s(true, 2);
+  CHECK(without - with_sp == Approx(2 * (sparse(n) - sparse(n / 2))).epsilon(1e-9));
+  CHECK(without > with_sp);
+}
+
 TEST_CASE("precision.fp8 under ZeRO-3: the planner counts the FP8 weights' gathers at one byte", "[plan][fp8][zero]") {
   // GPT-2 1.5B over 8 GPUs of a node, ZeRO-3: every layer gathered in forward and backward.
   const auto dp_seconds = [](bool fp8_gather) {

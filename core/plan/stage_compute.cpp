@@ -94,22 +94,23 @@ BlockCost block_cost(const KernelTable& k, const Architecture& a, const RunConfi
   out.attention_forward = k.attention_s(b.micro_batch_size, heads, b.seq_len, a.head_dim, false) / par.cp;
   x += {out.attention_forward, k.attention_s(b.micro_batch_size, heads, b.seq_len, a.head_dim, true) / par.cp};
   x += block_linear(Fp8Layer::attn_out, n, a.q_width() / tp, c);
-  // The MLP: dense (or a sparse block's shared experts), then the routed experts, each in FP8
-  // as the recipe says (the experts as one product over all their rows, casting each of the
-  // rank's experts' weights).
-  auto mlp = [&](double rows, double hidden, bool up_fp8, bool down_fp8, double weights = 1) {
+  // The MLP: dense (or a sparse block's shared experts), its hidden width split over tp; then
+  // the routed experts, whole on every tp rank (core/model/moe_layer.h), which routes the rows
+  // it holds: n/tp under sequence parallel, all n without. Each in FP8 as the recipe says (the
+  // experts as one product over all their rows, casting each of the rank's experts' weights).
+  auto mlp = [&](double rows, double hidden, double split, bool up_fp8, bool down_fp8, double weights = 1) {
     if (hidden <= 0) return;
-    x += linear(k, fp8, up_fp8, rows, c, a.up_width(static_cast<int>(hidden)) / tp, s, out.fp8_casts, weights);
-    const double h = rows * hidden / tp;
+    x += linear(k, fp8, up_fp8, rows, c, a.up_width(static_cast<int>(hidden)) / split, s, out.fp8_casts, weights);
+    const double h = rows * hidden / split;
     if (a.mlp == MlpKind::swiglu) x += {k.memory_s("swiglu_forward", 3 * h * s), k.memory_s("swiglu_backward", 5 * h * s)};
     else x += {k.memory_s("gelu_forward", 2 * h * s), k.memory_s("gelu_backward", 3 * h * s)};
-    x += linear(k, fp8, down_fp8, rows, hidden / tp, c, s, out.fp8_casts, weights);
+    x += linear(k, fp8, down_fp8, rows, hidden / split, c, s, out.fp8_casts, weights);
   };
-  mlp(n, a.mlp_hidden(layer), fp8.recipe.on(Fp8Layer::mlp_up), fp8.recipe.on(Fp8Layer::mlp_down));
+  mlp(n, a.mlp_hidden(layer), tp, fp8.recipe.on(Fp8Layer::mlp_up), fp8.recipe.on(Fp8Layer::mlp_down));
   if (a.sparse_block(layer)) {
-    x += matmul(k, n, c, a.n_experts);
+    x += matmul(k, norm_rows, c, a.n_experts);  // the router, over the rows the rank routes
     const bool experts = fp8.recipe.on(Fp8Layer::experts);
-    mlp(n * a.top_k, a.expert_hidden, experts, experts, double(a.n_experts) / par.ep);
+    mlp(norm_rows * a.top_k, a.expert_hidden, 1, experts, experts, double(a.n_experts) / par.ep);
   }
   return out;
 }

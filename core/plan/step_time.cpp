@@ -189,14 +189,16 @@ StepTime estimate_step_time(const RunConfig& cfg, const ParamTable& model, const
   t.bubble_s = busy * pipeline_bubble_ratio(kind, par.pp, par.pp_virtual_stages, micro);
   if (par.pp > 1 && !stages.empty()) {
     // The schedule as the trainer runs it, every rank's action list through the pipeline
-    // simulator (blocking sends, as the executor's, unless Overlap::pp): each chunk's forward and backward (with its
-    // recompute and half the micro-batch's exposed communication each), ranks scaled by their
-    // own stage's compute, so uneven stages (pp_layers, the embeddings, the head) show.
+    // simulator (blocking sends, as the executor's, unless Overlap::pp): each chunk's forward
+    // and backward (with its recompute and half the micro-batch's exposed communication each),
+    // ranks scaled by their own stage's compute, so uneven stages (pp_layers, the embeddings,
+    // the head) show.
     const double v = par.pp_virtual_stages, comm_mb = (t.tp_s + t.cp_s + t.pp_s + t.ep_s) / micro;
     PipeCosts costs;
     costs.forward = (slowest.forward_s + comm_mb / 2) / v;
     costs.backward = (slowest.backward_s + slowest.recompute_s + comm_mb / 2) / v;
-    const std::vector<std::vector<PipeAction>>& lists = shared_pipeline_schedule(kind, par.pp, par.pp_virtual_stages, micro);
+    const std::vector<std::vector<PipeAction>>& lists =
+        shared_pipeline_schedule(kind, par.pp, par.pp_virtual_stages, micro);
     for (int r = 0; r < par.pp; r++) costs.rank_scale.push_back(stages[size_t(r)].total_s() / slowest.total_s());
     const PipeSimReport sim = simulate_pipeline(lists, par.pp_virtual_stages, micro, costs,
                                                 hw.overlap.pp ? PipeComm::async : PipeComm::blocking);
