@@ -124,7 +124,9 @@ finish() {
 # ---- the machine ---------------------------------------------------------------------------------
 {
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown) $(git status --porcelain 2>/dev/null | wc -l) changed files"
+  # The sources' fingerprint, not the copy's .git (a device copy's may be stale): the prebuilt
+  # binaries' BUILD_INFO (the build row) records the same fingerprint and their commit.
+  echo "sources: $(bash scripts/source_hash.sh)"
   nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap,clocks.max.sm,clocks.max.mem,power.limit \
     --format=csv,noheader 2>&1 | sed 's/^/gpu: /'
   echo "nvcc: $(nvcc --version 2>&1 | tail -1)"

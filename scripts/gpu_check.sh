@@ -49,7 +49,8 @@ elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.0f", b - a }'; }
 # ---- the machine ----------------------------------------------------------------------------------
 {
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown) $(git status --porcelain 2>/dev/null | wc -l) changed files"
+  # The sources' fingerprint (scripts/source_hash.sh), not the copy's .git, which may be stale.
+  echo "sources: $(bash scripts/source_hash.sh)"
   nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv,noheader 2>&1 | sed 's/^/gpu: /'
   echo "nvcc: $(nvcc --version 2>&1 | tail -1)"
   echo "cmake: $(cmake --version 2>&1 | head -1)"

@@ -39,6 +39,7 @@ strip "$PACK"/* 2>/dev/null || true
 ldd "$PACK/picotrain" | awk '/libpcre2-8|libz\.so|libgomp/ { print $3 }' | xargs -r -I{} cp -L {} "$PACK/lib/"
 {
   echo "commit: $(git rev-parse --short HEAD) $(git status --porcelain | wc -l) changed files"
+  echo "sources: $(scripts/source_hash.sh)"
   echo "archs: $ARCHS"
   echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) with $(nvcc --version | tail -1)"
 } >"$PACK/BUILD_INFO"
