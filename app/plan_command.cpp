@@ -1,13 +1,39 @@
 #include "app/plan_command.h"
 
 #include <memory>
-#include <utility>
 
 #include "app/number_flags.h"
 #include "core/common/console.h"
 #include "core/plan/hardware_profiles.h"
 
 namespace pt::app {
+
+namespace {
+
+// The numbers of --gpu's profile a flag may override: add_plan_command adds them, run_plan lays
+// the ones given over the profile.
+struct HardwareFlag {
+  const char* flag;
+  double pt::Hardware::*field;
+  const char* help;
+};
+const HardwareFlag kHardwareFlags[] = {
+    {"--gpu-memory-gib", &pt::Hardware::gpu_memory_gib,
+     "Memory of one GPU in GiB; a layout whose largest stage needs more does not fit (default: --gpu's; h100-sxm: "
+     "80)"},
+    {"--nvlink-gbps", &pt::Hardware::nvlink_gbps,
+     "Bandwidth inside a node, GB/s (gigabytes) per GPU, one way (default: --gpu's; h100-sxm, NVLink 4: 450)"},
+    {"--network-gbps", &pt::Hardware::network_gbps,
+     "Bandwidth between nodes, GB/s per GPU, one way (default: --gpu's; h100-sxm, one 400 Gb/s InfiniBand NIC per "
+     "GPU: 50)"},
+    {"--peak-tflops", &pt::Hardware::peak_tflops,
+     "Dense bf16 peak of one GPU in TFLOP/s, what MFU is measured against (default: --gpu's; h100-sxm: 989.4)"},
+    {"--hbm-gbps", &pt::Hardware::hbm_gbps,
+     "Memory bandwidth of one GPU, GB/s: scales the memory-bound kernels of the H100 table (default: --gpu's; "
+     "h100-sxm: 3350)"},
+};
+
+}  // namespace
 
 void add_plan_command(CLI::App& app, PlanArgs& a) {
   CLI::App* cmd = app.add_subcommand(
@@ -31,30 +57,8 @@ void add_plan_command(CLI::App& app, PlanArgs& a) {
                   "placed on the grid by parallel.order); layouts with tp inside a node are listed first")
       ->check(pt::cli::whole_at_least(1))
       ->capture_default_str();
-  cmd->add_option("--gpu-memory-gib", a.hw.gpu_memory_gib,
-                  "Memory of one GPU in GiB; a layout whose largest stage needs more does not fit (default: --gpu's; "
-                  "h100-sxm: 80)")
-      ->check(pt::cli::above(0))
-      ->capture_default_str();
-  cmd->add_option("--nvlink-gbps", a.hw.nvlink_gbps,
-                  "Bandwidth inside a node, GB/s (gigabytes) per GPU, one way (default: --gpu's; h100-sxm, NVLink 4: 450)")
-      ->check(pt::cli::above(0))
-      ->capture_default_str();
-  cmd->add_option("--network-gbps", a.hw.network_gbps,
-                  "Bandwidth between nodes, GB/s per GPU, one way (default: --gpu's; h100-sxm, one 400 Gb/s InfiniBand NIC "
-                  "per GPU: 50)")
-      ->check(pt::cli::above(0))
-      ->capture_default_str();
-  cmd->add_option("--peak-tflops", a.hw.peak_tflops,
-                  "Dense bf16 peak of one GPU in TFLOP/s, what MFU is measured against (default: --gpu's; h100-sxm: "
-                  "989.4)")
-      ->check(pt::cli::above(0))
-      ->capture_default_str();
-  cmd->add_option("--hbm-gbps", a.hw.hbm_gbps,
-                  "Memory bandwidth of one GPU, GB/s: scales the memory-bound kernels of the H100 table (default: "
-                  "--gpu's; h100-sxm: 3350)")
-      ->check(pt::cli::above(0))
-      ->capture_default_str();
+  for (const HardwareFlag& f : kHardwareFlags)
+    cmd->add_option(f.flag, a.hw.*f.field, f.help)->check(pt::cli::above(0))->capture_default_str();
   cmd->add_option("--kernels", a.kernels,
                   "Measured kernel speeds of the GPU to plan for: the JSON that bench/kernel_bench --json writes "
                   "on it. Default: our H100's (bench/runs/2026-11-26-h100-bench.md, compiled in), scaled by --peak-tflops "
@@ -112,10 +116,8 @@ void add_plan_command(CLI::App& app, PlanArgs& a) {
 int run_plan(const PlanArgs& a) {
   pt::Hardware hw = pt::hardware_of(pt::gpu_profile(a.gpu), a.hw.gpus_per_node);
   // A flag given on the command line overrides the profile's number.
-  for (auto [flag, field] : {std::pair{"--gpu-memory-gib", &pt::Hardware::gpu_memory_gib},
-                             {"--nvlink-gbps", &pt::Hardware::nvlink_gbps}, {"--network-gbps", &pt::Hardware::network_gbps},
-                             {"--peak-tflops", &pt::Hardware::peak_tflops}, {"--hbm-gbps", &pt::Hardware::hbm_gbps}})
-    if (a.cmd->count(flag) > 0) hw.*field = a.hw.*field;
+  for (const HardwareFlag& f : kHardwareFlags)
+    if (a.cmd->count(f.flag) > 0) hw.*f.field = a.hw.*f.field;
   hw.mfu = a.hw.mfu;
   hw.overlap = pt::parse_overlap(a.overlap);
   if (!a.kernels.empty()) hw.kernels = std::make_shared<pt::KernelTable>(pt::KernelTable::from_file(a.kernels));

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "core/common/split_list.h"
+
 namespace pt {
 
 const std::vector<std::string>& fp8_layer_names() {
@@ -16,10 +18,7 @@ Fp8Recipe parse_fp8_layers(const std::string& layers) {
     if (r.layers[i]) throw ConfigError("names " + names[i] + " twice (in \"" + named_by + "\")");
     r.layers[i] = true;
   };
-  size_t start = 0;
-  while (true) {
-    const size_t comma = layers.find(',', start);
-    const std::string name = layers.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+  for (const std::string& name : split_list(layers)) {
     const auto it = std::find(names.begin(), names.end(), name);
     if (name == "all") {
       for (size_t i = 0; i < kFp8BlockLayers; i++) set(i, name);
@@ -29,9 +28,8 @@ Fp8Recipe parse_fp8_layers(const std::string& layers) {
     } else {
       set(static_cast<size_t>(it - names.begin()), name);
     }
-    if (comma == std::string::npos) return r;
-    start = comma + 1;
   }
+  return r;
 }
 
 Fp8Recipe fp8_recipe(const std::string& fp8, const std::string& layers, const std::string& grad_format,

@@ -3,10 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <iterator>
+#include <string>
 #include <utility>
-#include <vector>
 
 #include "core/common/error.h"
+#include "core/common/split_list.h"
 
 namespace pt {
 
@@ -38,20 +39,13 @@ Overlap parse_overlap(const std::string& list) {
   const std::pair<const char*, bool Overlap::*> names[] = {
       {"dp", &Overlap::dp_grads}, {"zero", &Overlap::zero}, {"tp", &Overlap::tp}, {"cp", &Overlap::cp},
       {"pp", &Overlap::pp}};
-  std::vector<std::string> seen;
-  size_t start = 0;
-  while (start <= list.size()) {
-    const size_t comma = std::min(list.find(',', start), list.size());
-    const std::string name = list.substr(start, comma - start);
+  for (const std::string& name : split_list(list)) {
     const auto* hit = std::find_if(std::begin(names), std::end(names), [&](const auto& n) { return name == n.first; });
     if (hit == std::end(names))
       throw ConfigError("plan --overlap '" + list + "': '" + name +
                         "' is not one of dp, zero, tp, cp, pp (or the whole list: none, picotrain)");
-    if (std::find(seen.begin(), seen.end(), name) != seen.end())
-      throw ConfigError("plan --overlap '" + list + "' names " + name + " twice");
-    seen.push_back(name);
+    if (o.*(hit->second)) throw ConfigError("plan --overlap '" + list + "' names " + name + " twice");
     o.*(hit->second) = true;
-    start = comma + 1;
   }
   return o;
 }

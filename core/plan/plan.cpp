@@ -170,7 +170,6 @@ LayoutPlan best_variant(const std::string& config_path, const LayoutCandidate& c
   return std::move(*best);  // the first variant is c itself, valid
 }
 
-
 // The sched column: "-" without a pipeline, else the schedule ("intl4": interleaved, v = 4).
 std::string schedule_label(const ParallelSection& par) {
   if (par.pp == 1) return "-";
