@@ -75,13 +75,15 @@ void bench_fp8(Bench& b, Ops& ops, const ModelShape& m) {
     Tensor inp = buf.rand(NI, bf, 1), w = buf.rand(W, bf, 0.02f), bias = buf.rand(OC, bf, 0.02f);
     Tensor dout = buf.rand(NO, bf, 1e-3f), out = buf.zeros(NO, bf), dinp = buf.zeros(NI, bf), dw = buf.zeros(W, f32);
     // The operands as fp8_linear quantises them: [rows, K] with K the contraction.
-    Tensor scales = buf.zeros(12, f32);  // amax, scale_inv per operand
+    // amax and scale_inv per operand, each in its own 16 bytes: cuBLASLt refuses a scale pointer
+    // that is not 16-byte aligned (CUBLAS_STATUS_NOT_SUPPORTED), as fp8_linear's slots know.
+    Tensor scales = buf.zeros(6 * 8, f32);
     struct Fp8 {
       Tensor q, sinv;
     };
     auto quantised = [&](Tensor x, int rows, int cols, bool transpose, DType fmt, int slot) {
-      Fp8 r{buf.zeros(size_t(rows) * cols, fmt), scales.slice(2 * slot + 1, 1)};
-      Tensor amax = scales.slice(2 * slot, 1);
+      Fp8 r{buf.zeros(size_t(rows) * cols, fmt), scales.slice(8 * slot + 4, 1)};
+      Tensor amax = scales.slice(8 * slot, 1);
       ops.fp8_amax(amax, x, rows, cols, Fp8Amax::tensor);
       ops.fp8_quantize(r.q, r.sinv, x, amax, 1, rows, cols, transpose, false, Tensor{});
       return r;

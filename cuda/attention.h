@@ -6,6 +6,7 @@
 //  - attention_*_tiled (attention_tiled.cu): CUDA-core tiled kernels for f32 or bf16 and any
 //    head size, fp32 math throughout: the fp32 backend's kernel (it matches CpuOps to ~1e-6)
 //    and the bf16 fallback for other head sizes.
+// (FP8 attention, at the end: its casts and its own forward kernel; its backward is the above's.)
 // Both read qkv [B, T, (NH + 2 NKV) HS] (q: NH heads | k: NKV heads | v: NKV heads, head h at
 // channels [h*HS, (h+1)*HS) of each part; grouped-query attention: query head h reads key/value
 // head h / (NH / NKV), NKV == NH is multi-head), write out [B, T, NH*HS] and lse [B, NH, T]
@@ -15,6 +16,9 @@
 // first (attention_row_dot, into fp32 scratch of B*NH*T floats). Same stream conventions as
 // the other launchers.
 #pragma once
+#include <cstddef>
+#include <cstdint>
+
 #include "core/tensor/tensor.h"
 
 namespace pt::gpu {
@@ -34,8 +38,8 @@ void flash_attention_forward_sm90_bf16(void* out, float* lse, const void* qkv, i
                                        void* stream = nullptr);
 // Which forward kernel flash_attention_forward_bf16 runs: mma (the sm_80 kernel everywhere),
 // wgmma (the Hopper kernel; an error where it is not available) or automatic (the Hopper kernel
-// where available). From PICOTRAIN_FLASH_FORWARD=mma|wgmma|auto, read once; mma when unset, until
-// the Hopper kernel has passed gpu_attention on a GPU. Tests and benchmarks set it.
+// where available). From PICOTRAIN_FLASH_FORWARD=mma|wgmma|auto, read once; auto when unset (the
+// Hopper kernel passed gpu_attention on an H200, 2026-11-28). Tests and benchmarks set it.
 enum class FlashForwardPath { mma, wgmma, automatic };
 FlashForwardPath flash_forward_path();
 void set_flash_forward_path(FlashForwardPath path);
@@ -70,5 +74,39 @@ void merge_attention_partials_gpu(DType dtype, void* out_acc, float* lse_acc, co
 // D[b, h, t] = sum_c dout[b, t, h*HS + c] * out[b, t, h*HS + c]  (fp32), any dtype/head size.
 void attention_row_dot(DType dtype, float* D, const void* dout, const void* out, int B, int T, int NH, int HS,
                        void* stream = nullptr);
+
+// ---- FP8 attention (core/common/fp8_attention.h: the algorithm, its constants and V's layout) ----
+// bf16 qkv only; head size 64 or 128; 16-byte aligned pointers (the callers check).
+//
+// qkv in e4m3 (attention_fp8_cast.cu fills it, flash_attention_fp8.cu reads it), with
+// H = NH + 2 NKV heads per sequence numbered as in a qkv row (q heads, k heads, v heads):
+struct Fp8AttentionCodes {
+  float* amax = nullptr;       // [B, H]: each (sequence, head)'s largest magnitude
+  float* scale_inv = nullptr;  // [B, H]: 1 / s, s = 2^fp8_scale_exponent(amax, e4m3)
+  uint8_t* q = nullptr;        // [B, NH, T, HS]
+  uint8_t* k = nullptr;        // [B, NKV, T, HS]
+  uint8_t* vt = nullptr;       // [B, NKV, HS, Tpad]: transposed, keys permuted (fp8_attn_v_position)
+};
+// The bytes of those five arrays, each 256-byte aligned, and their places in `space` (as many
+// bytes, 256-byte aligned).
+size_t attention_fp8_codes_bytes(int B, int T, int NH, int NKV, int HS);
+Fp8AttentionCodes attention_fp8_codes_at(void* space, int B, int T, int NH, int NKV, int HS);
+
+// codes <- qkv: amax (a memset, then integer atomicMax), scale_inv and the codes, on the stream.
+void attention_fp8_quantize(const Fp8AttentionCodes& codes, const void* qkv, int B, int T, int NH, int NKV, int HS,
+                            void* stream = nullptr);
+// qkv_dq (qkv's layout, bf16) = every value of qkv as the forward multiplies it: fp8_decode(code)
+// * scale_inv, exact. amax: B * (NH + 2 NKV) floats of workspace. qkv_dq must not overlap qkv.
+void attention_fp8_dequantize(void* qkv_dq, float* amax, const void* qkv, int B, int T, int NH, int NKV, int HS,
+                              void* stream = nullptr);
+
+// The FP8 flash forward (flash_attention_fp8.cu: mma.sync e4m3, sm_89+) on codes made by
+// attention_fp8_quantize: out [B, T, NH HS] (bf16) and lse [B, NH, T] (f32, natural log).
+// Needs flash_attention_fp8_available().
+void flash_attention_fp8_forward(void* out, float* lse, const Fp8AttentionCodes& codes, int B, int T, int NH, int NKV,
+                                 int HS, void* stream = nullptr);
+// Whether the loaded module holds the FP8 forward's real code: a GPU of compute capability 8.9+
+// and a build with code for it (sm_89, sm_90a, ...; an sm_80 build's kernel is a trap).
+bool flash_attention_fp8_available();
 
 }  // namespace pt::gpu

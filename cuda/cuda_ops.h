@@ -85,6 +85,15 @@ class CudaOps final : public Ops {
   void attention_forward(Tensor out, Tensor lse, Tensor qkv, int B, int T, int C, int NH, int NKV) override;
   void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B, int T, int C, int NH,
                           int NKV) override;
+  // FP8 attention (cuda_ops_attention.cpp; core/common/fp8_attention.h): the forward casts qkv
+  // into scratch (attention_fp8_cast.cu) and runs the FP8 flash kernel (flash_attention_fp8.cu);
+  // the backward runs attention_backward's kernels on qkv dequantised into scratch. Both need
+  // supports_fp8_attention(HS): compute capability 8.9+ with a build that has code for it, bf16,
+  // head size 64 or 128.
+  void attention_fp8_forward(Tensor out, Tensor lse, Tensor qkv, int B, int T, int C, int NH, int NKV) override;
+  void attention_fp8_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B, int T, int C,
+                              int NH, int NKV) override;
+  bool supports_fp8_attention(int head_size) const override;
   void attention_block_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, int B, int Tq, int Tk, int C,
                                int NH, int NKV, int q_pos0, int k_pos0, bool causal) override;
   void attention_block_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out,
@@ -139,6 +148,12 @@ class CudaOps final : public Ops {
  private:
   // At least `bytes` of device memory for the current op's temporaries (valid until the next call).
   void* scratch(size_t bytes);
+  // attention_backward's work, and attention_fp8_backward's on qkv dequantised (`fp8`) into the
+  // same scratch request as the backward's own temporaries (a second request could move them).
+  void attention_backward_impl(const char* op, Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B,
+                               int T, int C, int NH, int NKV, bool fp8);
+  // Throws, naming `op` and what is missing, unless FP8 attention runs here at head size HS.
+  void require_fp8_attention(const char* op, int HS) const;
   double reduce(Tensor x, size_t n, bool square, const char* op);
 
   DType compute_;

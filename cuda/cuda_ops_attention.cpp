@@ -1,5 +1,6 @@
 // CudaOps's attention and mixture-of-experts ops (see cuda_ops.h): causal attention (the flash
-// kernels in bf16, the tiled ones otherwise), its blocks for context parallelism, and the
+// kernels in bf16, the tiled ones otherwise; in FP8, the casts and the FP8 flash forward, and the
+// backward on the dequantised inputs), its blocks for context parallelism, and the
 // experts' routing, permutation and combination. Each checks its arguments (cuda_ops_args.h),
 // then calls its kernels' launcher. Host code only, compiled by g++ against the CUDA runtime headers.
 #include <string>
@@ -48,28 +49,88 @@ void CudaOps::attention_forward(Tensor out, Tensor lse, Tensor qkv, int B, int T
 
 void CudaOps::attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B, int T, int C,
                                  int NH, int NKV) {
-  check_dims("attention_backward", {B, T, C});
-  const int HS = gqa_head_size("attention_backward", C, NH, NKV);
+  attention_backward_impl("attention_backward", dqkv, dout, qkv, out, lse, B, T, C, NH, NKV, false);
+}
+
+void CudaOps::attention_backward_impl(const char* op, Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse,
+                                      int B, int T, int C, int NH, int NKV, bool fp8) {
+  check_dims(op, {B, T, C});
+  const int HS = gqa_head_size(op, C, NH, NKV);
+  if (fp8) require_fp8_attention(op, HS);
   if (!dqkv) return;
   const size_t BT = size_t(B) * T, W = size_t(NH + 2 * NKV) * HS;
-  const DType dt = need_act(qkv, BT * W, "attention_backward", "qkv");
-  need(dqkv, BT * W, dt, "attention_backward", "dqkv");
-  need(dout, BT * C, dt, "attention_backward", "dout");
-  need(out, BT * C, dt, "attention_backward", "out");
-  need(lse, size_t(B) * NH * T, DType::f32, "attention_backward", "lse");
+  const DType dt = need_act(qkv, BT * W, op, "qkv");
+  if (fp8) {
+    need(qkv, BT * W, DType::bf16, op, "qkv");
+    check(is_aligned(qkv.data, 16), where(op) + ": qkv must be 16-byte aligned (the FP8 casts move 16-byte chunks)");
+  }
+  need(dqkv, BT * W, dt, op, "dqkv");
+  need(dout, BT * C, dt, op, "dout");
+  need(out, BT * C, dt, op, "out");
+  need(lse, size_t(B) * NH * T, DType::f32, op, "lse");
+  // (FP8: the dequantised copy in scratch is aligned, and qkv is, so qkv answers for it here.)
   const bool flash = gpu::flash_attention_supported(dt, HS, qkv.data, dout.data, dqkv.data);
-  // One scratch request for D and the flash kernel's workspace (a second request could move the first).
-  const size_t d_bytes = (size_t(B) * NH * T * sizeof(float) + 255) / 256 * 256;
-  const size_t ws_bytes = flash ? gpu::flash_attention_backward_workspace_bytes(B, T, NH, NKV, HS) : 0;
-  char* space = static_cast<char*>(scratch(d_bytes + ws_bytes));
+  // One scratch request for D, the flash kernel's workspace and, for FP8, the dequantised qkv and
+  // the amaxes of its cast (a second request could move the first).
+  const auto round256 = [](size_t bytes) { return (bytes + 255) / 256 * 256; };
+  const size_t d_bytes = round256(size_t(B) * NH * T * sizeof(float));
+  const size_t ws_bytes = flash ? round256(gpu::flash_attention_backward_workspace_bytes(B, T, NH, NKV, HS)) : 0;
+  const size_t dq_bytes = fp8 ? round256(BT * W * dtype_size(dt)) : 0;
+  const size_t amax_bytes = fp8 ? round256(size_t(B) * (NH + 2 * NKV) * sizeof(float)) : 0;
+  char* space = static_cast<char*>(scratch(d_bytes + ws_bytes + dq_bytes + amax_bytes));
   float* D = reinterpret_cast<float*>(space);
+  const void* x = qkv.data;  // the q, k, v the gradient is taken at
+  if (fp8 && BT > 0) {
+    char* dq = space + d_bytes + ws_bytes;
+    gpu::attention_fp8_dequantize(dq, reinterpret_cast<float*>(dq + dq_bytes), qkv.data, B, T, NH, NKV, HS, stream_);
+    x = dq;
+  }
   gpu::attention_row_dot(dt, D, dout.data, out.data, B, T, NH, HS, stream_);
   const float* L = static_cast<const float*>(lse.data);
   if (flash)
-    gpu::flash_attention_backward_bf16(dqkv.data, dout.data, qkv.data, L, D, B, T, NH, NKV, HS, space + d_bytes,
-                                       stream_);
+    gpu::flash_attention_backward_bf16(dqkv.data, dout.data, x, L, D, B, T, NH, NKV, HS, space + d_bytes, stream_);
   else
-    gpu::attention_backward_tiled(dt, dqkv.data, dout.data, qkv.data, L, D, B, T, NH, NKV, HS, stream_);
+    gpu::attention_backward_tiled(dt, dqkv.data, dout.data, x, L, D, B, T, NH, NKV, HS, stream_);
+}
+
+// ---- FP8 attention ---------------------------------------------------------------------------------
+
+bool CudaOps::supports_fp8_attention(int head_size) const {
+  return fp8_ && compute_ == DType::bf16 && (head_size == 64 || head_size == 128) &&
+         gpu::flash_attention_fp8_available();
+}
+
+void CudaOps::require_fp8_attention(const char* op, int HS) const {
+  check(fp8_, where(op) + ": FP8 attention needs compute capability 8.9+ (Ada, Hopper or newer); this GPU is " +
+                  description_ + " (Ops::supports_fp8_attention says so before a run starts)");
+  check(gpu::flash_attention_fp8_available(),
+        where(op) + ": this build has no code of the FP8 attention kernel for " + description_ +
+            " (sm_80 code runs there; add its architecture, e.g. 89 or 90a, to PICOTRAIN_CUDA_ARCHS)");
+  check(HS == 64 || HS == 128,
+        where(op) + ": head size " + std::to_string(HS) + " has no FP8 attention kernel (64 or 128)");
+}
+
+void CudaOps::attention_fp8_forward(Tensor out, Tensor lse, Tensor qkv, int B, int T, int C, int NH, int NKV) {
+  const char* op = "attention_fp8_forward";
+  check_dims(op, {B, T, C});
+  const int HS = gqa_head_size(op, C, NH, NKV);
+  require_fp8_attention(op, HS);
+  const size_t BT = size_t(B) * T, W = size_t(NH + 2 * NKV) * HS;
+  need(qkv, BT * W, DType::bf16, op, "qkv");
+  need(out, BT * C, DType::bf16, op, "out");
+  need(lse, size_t(B) * NH * T, DType::f32, op, "lse");
+  check(is_aligned(qkv.data, 16) && is_aligned(out.data, 16),
+        where(op) + ": qkv and out must be 16-byte aligned (the FP8 kernels move 16-byte chunks)");
+  if (BT == 0) return;
+  void* space = scratch(gpu::attention_fp8_codes_bytes(B, T, NH, NKV, HS));
+  const gpu::Fp8AttentionCodes codes = gpu::attention_fp8_codes_at(space, B, T, NH, NKV, HS);
+  gpu::attention_fp8_quantize(codes, qkv.data, B, T, NH, NKV, HS, stream_);
+  gpu::flash_attention_fp8_forward(out.data, static_cast<float*>(lse.data), codes, B, T, NH, NKV, HS, stream_);
+}
+
+void CudaOps::attention_fp8_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B, int T,
+                                     int C, int NH, int NKV) {
+  attention_backward_impl("attention_fp8_backward", dqkv, dout, qkv, out, lse, B, T, C, NH, NKV, true);
 }
 
 void CudaOps::attention_block_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, int B, int Tq, int Tk,

@@ -28,9 +28,10 @@
 // Cost: as the sm_80 kernel, 4 * B*NH * (T^2/2) * HS FLOPs; the target (issue #30) is
 // FlashAttention-3's forward, 420-600 TFLOP/s on an H100 at T 4k-16k (the sm_80 kernel: 220-326).
 //
-// Status: written and checked offline (PTX, ptxas) on 2026-11-27 without a GPU; the forward path
-// stays the sm_80 kernel unless PICOTRAIN_FLASH_FORWARD=wgmma (or auto) until gpu_attention has
-// passed it on a Hopper GPU (flash_forward_path in attention.h).
+// Status: written and checked offline (PTX, ptxas) on 2026-11-27; passed gpu_attention (every
+// shape, bitwise repeats) on an H200 on 2026-11-28, where it ran 244-616 TFLOP/s against the sm_80
+// kernel's 201-326 (bench/RESULTS.md), so it is the default forward wherever it is available
+// (PICOTRAIN_FLASH_FORWARD=auto; flash_forward_path in attention.h).
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
@@ -307,9 +308,9 @@ namespace {
 
 FlashForwardPath path_from_environment() {
   const char* v = std::getenv("PICOTRAIN_FLASH_FORWARD");
-  if (v == nullptr || *v == '\0' || std::strcmp(v, "mma") == 0) return FlashForwardPath::mma;
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0) return FlashForwardPath::automatic;
+  if (std::strcmp(v, "mma") == 0) return FlashForwardPath::mma;
   if (std::strcmp(v, "wgmma") == 0) return FlashForwardPath::wgmma;
-  if (std::strcmp(v, "auto") == 0) return FlashForwardPath::automatic;
   throw ConfigError(std::string("PICOTRAIN_FLASH_FORWARD is '") + v + "'; it takes mma, wgmma or auto");
 }
 

@@ -83,6 +83,7 @@
 #include "core/common/fp8.h"
 #include "cuda/cuda_common.h"
 #include "cuda/fp8_cast.h"
+#include "cuda/fp8_exact.cuh"
 #include "cuda/packed_visit.cuh"
 
 namespace pt::gpu {
@@ -96,31 +97,7 @@ constexpr int kTile = 64;           // transposed quantize: a tile is kTile x kT
 constexpr int kTileStride = kTile + 4;  // bytes per tile row: 4-byte aligned, at most 2-way conflicts
 constexpr int kOutChunk = 16;       // codes per 16-byte store of the transposed output
 
-// |x| as the bits of a non-negative float: integer order is value order (NaNs above infinity).
-__device__ __forceinline__ uint32_t magnitude_bits(float x) { return fp8_magnitude_bits(x); }
-__device__ __forceinline__ uint32_t magnitude_bits(__nv_bfloat16 x) {
-  return (static_cast<uint32_t>(__bfloat16_as_ushort(x)) & 0x7fffu) << 16;
-}
-
-// The element as a float, exact for subnormals whatever -ftz says (bf16 -> f32 is a shift).
-__device__ __forceinline__ float exact_float(float x) { return x; }
-__device__ __forceinline__ float exact_float(__nv_bfloat16 x) {
-  return __uint_as_float(static_cast<uint32_t>(__bfloat16_as_ushort(x)) << 16);
-}
-
-// x * s rounded to nearest, subnormals kept (an explicit non-.ftz multiply: --use_fast_math would
-// otherwise flush a subnormal x to 0 before scaling it up). With s a power of two it is exact
-// unless it overflows (fp8_encode saturates) or underflows (far below FP8's smallest subnormal).
-__device__ __forceinline__ float mul_keep_subnormals(float x, float s) {
-  float r;
-  asm("mul.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(x), "f"(s));
-  return r;
-}
-
-template <Fp8Format F, typename T>
-__device__ __forceinline__ uint32_t encode(T x, float s) {
-  return fp8_encode(mul_keep_subnormals(exact_float(x), s), F);
-}
+using namespace fp8x;  // exact_float, magnitude_bits, mul_keep_subnormals, encode<F>
 
 // The scale exponent of scale i: the largest of the ranks' amaxes amaxes[k * stride + i], k <
 // n_amax (the whole tensor's: stride 1, i 0; q's row i with per-row scales: stride R), compared

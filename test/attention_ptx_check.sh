@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# ctest attention_ptx: proof, without a GPU, that the flash-attention kernels (and the FP8 cast
-# kernels) compile to the instructions they are written for and that no kernel spills. For each (file, arch) row of CHECKS
+# ctest attention_ptx: proof, without a GPU, that the flash-attention kernels (bf16 and FP8, and
+# the FP8 cast kernels) compile to the instructions they are written for and that no kernel spills. For each (file, arch) row of CHECKS
 # below, nvcc compiles the file for that arch alone (device code only, as a cubin, with --keep so
 # the PTX stays) and -Xptxas -v reports each function's resources. Then:
 #   1. the PTX (comments removed) must match every pattern the row names (see PTX below);
@@ -50,6 +50,13 @@ declare -A PTX=(
   [mul.rn.noftz]='mul\.rn\.f32[[:space:]]'
   [ld.v4]='ld\.global(\.nc)?\.v4\.'
   [st.v4]='st\.global\.v4\.'
+  # FP8 attention (cuda/flash_attention_fp8.cu): P's cast to e4m3 codes (two per instruction) ...
+  [cvt.e4m3x2]='cvt\.rn\.satfinite\.e4m3x2\.f32'
+  # ... the e4m3 tensor-core product where it is native (sm_89, sm_120) ...
+  [mma.e4m3]='mma\.sync\.aligned\.m16n8k32\.row\.col\.f32\.e4m3\.e4m3\.f32'
+  # ... and where it is not (Hopper): the codes widened to f16 once per fragment, f16 products.
+  [cvt.f16x2.e4m3x2]='cvt\.rn\.f16x2\.e4m3x2'
+  [mma.f16]='mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.f16\.f16\.f32'
 )
 
 # What is checked: one row per (file, arch), with the PTX names it must contain. A file built for
@@ -65,6 +72,13 @@ CHECKS=(
   "cuda/flash_attention_forward_sm90.cu sm_80 trap"
   "cuda/fp8_cast.cu                 sm_80    mul.rn.noftz ld.v4 st.v4"
   "cuda/fp8_cast.cu                 sm_90a   mul.rn.noftz ld.v4 st.v4"
+  "cuda/attention_fp8_cast.cu       sm_80    mul.rn.noftz ld.v4 st.v4"
+  "cuda/attention_fp8_cast.cu       sm_90a   mul.rn.noftz ld.v4 st.v4"
+  "cuda/flash_attention_fp8.cu      sm_90a   ldmatrix cp.async cp.async.wait cvt.e4m3x2 cvt.f16x2.e4m3x2 mma.f16"
+  "cuda/flash_attention_fp8.cu      sm_80    trap"
+  # Not a build target by default (80;90a), but the arch of the kernel's native e4m3 path (a build
+  # for Ada adds 89): it must compile there, without spills, to the e4m3 product.
+  "cuda/flash_attention_fp8.cu      sm_89    ldmatrix cp.async cp.async.wait cvt.e4m3x2 mma.e4m3"
 )
 
 # Spill bytes (stores and loads, each) a file's kernels may have; everything else must spill

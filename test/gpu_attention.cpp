@@ -16,8 +16,9 @@
 //    are in flight at once: the backward's dQ is summed across key blocks through fp32 scratch in
 //    an order fixed by per-tile turn counters, and a fault in that order shows only when blocks
 //    race;
-//  - the same cases again with the Hopper forward (flash_attention_forward_sm90.cu) forced on, where
-//    the GPU and the build have it.
+//  - the cases above with the sm_80 forward forced (the default, auto, takes the Hopper kernel
+//    where there is one), then again with the Hopper forward (flash_attention_forward_sm90.cu)
+//    forced on, where the GPU and the build have it.
 // Every output is poisoned first, dqkv too (the backward overwrites it, so an element it leaves
 // unwritten or adds to fails); the backward runs from the reference's out and lse so that only the
 // backward is measured. Determinism: each case runs the forward and the backward `runs` times
@@ -177,16 +178,33 @@ void check_case(const Case& k) {
 
 }  // namespace
 
+// The forward kernel a scope runs (the default, auto, is the Hopper kernel where there is one):
+// these cases force the sm_80 kernel, the Hopper cases below the Hopper kernel, so both are
+// checked on a Hopper GPU.
+class ForwardPath {
+ public:
+  explicit ForwardPath(gpu::FlashForwardPath path) : saved_(gpu::flash_forward_path()) {
+    gpu::set_flash_forward_path(path);
+  }
+  ~ForwardPath() { gpu::set_flash_forward_path(saved_); }
+
+ private:
+  gpu::FlashForwardPath saved_;
+};
+
 TEST_CASE("attention_forward and attention_backward match CpuOps", "[gpu][attention]") {
+  const ForwardPath sm80(gpu::FlashForwardPath::mma);
   for (const Case& k : kCases) check_case(k);
 }
 
 TEST_CASE("flash attention matches CpuOps: T up to 4096, HS 64 and 128, groups 1:1, 4:1, 8:1",
           "[gpu][attention][flash]") {
+  const ForwardPath sm80(gpu::FlashForwardPath::mma);
   for (const Case& k : flash_sweep()) check_case(k);
 }
 
 TEST_CASE("flash attention is bitwise deterministic with many blocks in flight", "[gpu][attention][flash]") {
+  const ForwardPath sm80(gpu::FlashForwardPath::mma);
   for (const Case& k : kConcurrent) check_case(k);
 }
 
@@ -238,10 +256,8 @@ TEST_CASE("attention on a misaligned qkv slice falls back to the CUDA-core kerne
 // whatever runs after it in this process.
 class HopperForward {
  public:
-  HopperForward() : saved_(gpu::flash_forward_path()) {
-    if (gpu::flash_forward_sm90_available()) gpu::set_flash_forward_path(gpu::FlashForwardPath::wgmma);
-  }
-  ~HopperForward() { gpu::set_flash_forward_path(saved_); }
+  HopperForward()
+      : path_(gpu::flash_forward_sm90_available() ? gpu::FlashForwardPath::wgmma : gpu::FlashForwardPath::mma) {}
   // False (after a warning or a failure) where the kernel is not available.
   bool on() const {
     if (gpu::flash_forward_sm90_available()) return true;
@@ -252,7 +268,7 @@ class HopperForward {
   }
 
  private:
-  gpu::FlashForwardPath saved_;
+  ForwardPath path_;
 };
 
 TEST_CASE("the Hopper flash forward matches CpuOps on awkward sizes", "[gpu][attention][sm90]") {

@@ -9,7 +9,7 @@
 //    stays) and below (it rises), ragged, 16-byte and misaligned shapes, the codes and scale_inv
 //    those of the call without it; the record accumulating across calls; the refusals;
 //  - fp8_matmul: the same codes through both backends, relative L2 error within 1e-2 (bf16 out)
-//    and 1e-4 (f32 out: kTolF32Out says why not 1e-5), with a bias, accumulating into f32 and
+//    and 3e-4 (f32 out: kTolF32Out says why not 1e-5), with a bias, accumulating into f32 and
 //    bf16, e4m3 x e4m3 and e5m2 (a gradient as a) x e4m3, bitwise equal across two runs;
 //    tensorwise and rowwise (per-row scale vectors; compute capability 9.0+, else the refusal);
 //    shapes cuBLASLt's FP8 rules refuse throw naming the shape.
@@ -262,11 +262,11 @@ TEST_CASE("fp8_amax over rows and over columns matches CpuOps bit for bit", "[gp
         INFO(sh.rows << " x " << sh.cols << " offset " << sh.offset << ", " << dtype_name(dt) << ", over "
                      << (rows ? "rows" : "cols"));
         const size_t n = size_t(sh.rows) * sh.cols, count = rows ? size_t(sh.rows) : size_t(sh.cols);
-        std::vector<float> x = test_values(n, 1.5f, seed++, /*nonfinite=*/n >= 16);
-        std::vector<float> ref(count, -1.0f);
-        cpu().fp8_amax(host(ref, DType::f32), host(x, DType::f32), sh.rows, sh.cols, over);
+        std::vector<float> x0 = test_values(n, 1.5f, seed++, /*nonfinite=*/n >= 16);
         Tensors t(ops);
-        Tensor gx = t.make_at(x, dt, sh.offset);
+        Tensor gx = t.make_at(x0, dt, sh.offset);
+        std::vector<float> x = t.read(gx), ref(count, -1.0f);  // what the GPU holds (a bf16 NaN's bits)
+        cpu().fp8_amax(host(ref, DType::f32), host(x, DType::f32), sh.rows, sh.cols, over);
         Tensor amax = t.zeros(count + 1, DType::f32).slice(0, count);
         if (count) t.poison(amax);
         ops.fp8_amax(amax, gx, sh.rows, sh.cols, over);
@@ -301,6 +301,11 @@ TEST_CASE("fp8_quantize with per-row scales matches CpuOps bit for bit, plain an
               for (int c = 0; c < sh.cols; c++) x[size_t(r) * sh.cols + c] *= std::ldexp(1.0f, (r % 9) - 4);
             // Each q row's own amax (a NaN or infinity where x has one), then three "ranks'"
             // amaxes per row, laid out [3, R]: own among smaller ones, all smaller, one larger.
+            // The reference quantises what the GPU holds: scaled subnormals are not all bf16's,
+            // and a NaN's bits are the upload's.
+            Tensors t(ops);
+            Tensor gx = t.make_at(x, dt, sh.offset);
+            x = t.read(gx);
             std::vector<float> own(R), xin = x;
             if (R) cpu().fp8_amax(host(own, DType::f32), host(xin, DType::f32), sh.rows, sh.cols,
                                   transpose ? Fp8Amax::cols : Fp8Amax::rows);
@@ -320,8 +325,6 @@ TEST_CASE("fp8_quantize with per-row scales matches CpuOps bit for bit, plain an
             cpu().fp8_quantize(host(ref, fmt), host(ref_sinv, DType::f32), host(xin, DType::f32), host(am, DType::f32),
                                3, sh.rows, sh.cols, transpose, true, Tensor{});
 
-            Tensors t(ops);
-            Tensor gx = t.make_at(x, dt, sh.offset);
             Tensor gam = R ? t.make(amaxes, DType::f32) : Tensor{};
             Tensor q = t.zeros(n + 1, fmt).slice(0, n);
             Tensor sinv = t.zeros(size_t(R) + 1, DType::f32).slice(0, R);
@@ -359,7 +362,9 @@ TEST_CASE("fp8_quantize with record_amax records x's amax as CpuOps does, codes 
         for (bool transpose : {false, true})
           for (bool nonfinite : {false, true}) {
             const size_t n = size_t(sh.rows) * sh.cols;
-            const std::vector<float> x = test_values(n, 2.0f, seed++, /*nonfinite=*/nonfinite && n >= 16);
+            Tensors t(ops);
+            Tensor gx = t.make_at(test_values(n, 2.0f, seed++, /*nonfinite=*/nonfinite && n >= 16), dt, sh.offset);
+            const std::vector<float> x = t.read(gx);  // what the GPU holds (a bf16 NaN's bits: the upload's)
             // x's amax as fp8_amax gives it (a NaN when x has one), and the finite one for the scale.
             std::vector<float> xin = x, own(1, 0.0f);
             cpu().fp8_amax(host(own, DType::f32), host(xin, DType::f32), 1, static_cast<int>(n), Fp8Amax::tensor);
@@ -367,8 +372,6 @@ TEST_CASE("fp8_quantize with record_amax records x's amax as CpuOps does, codes 
             const std::vector<float> amaxes = {finite};
 
             // The codes and scale_inv without a record, on the GPU: the recording call must match them.
-            Tensors t(ops);
-            Tensor gx = t.make_at(x, dt, sh.offset);
             Tensor gam = t.make(amaxes, DType::f32);
             Tensor q0 = t.zeros(n + 1, fmt).slice(0, n), s0 = t.zeros(1, DType::f32);
             t.poison(q0);
@@ -504,10 +507,11 @@ namespace {
 // 1e-2 as for every bf16 output (gpu_test_support.h). f32 out: beyond the order of the fp32 sum
 // (~1e-6), Hopper's FP8 tensor cores keep only ~14 bits while they add the products of one MMA
 // sequence, between cuBLASLt's promotions to fp32 (DeepSeek-V3 report, 3.3.2; fast accumulation
-// is off), so ~2^-14 relative per partial: 1e-4, still far below what a wrong layout, scale or
-// bias gives (O(1)). The test prints each case's error so the bound can be tightened on data.
+// is off), so ~2^-14 relative per partial: measured on an H200 (2026-11-28) 5.6e-5 to 1.25e-4
+// over these shapes (the largest at K = 2304, e4m3 x e4m3), so 3e-4, still far below what a
+// wrong layout, scale or bias gives (O(1)). The test prints each case's error.
 constexpr double kTolBf16Out = 1e-2;
-constexpr double kTolF32Out = 1e-4;
+constexpr double kTolF32Out = 3e-4;
 
 }  // namespace
 

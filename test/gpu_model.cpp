@@ -9,7 +9,8 @@
 //    bf16 a token whose second and third expert are within bf16's rounding of each other routes
 //    differently on the two backends, a discrete change no tolerance describes;
 //  - one training step with FP8 products (precision.fp8 = "tensorwise", every block layer, and in
-//    bf16 also with the LM head; e5m2 gradients) on both backends, GPT-2 and Llama, GPU fp32 and
+//    bf16 also with the LM head, and with attention; e5m2 gradients) on both backends, GPT-2 and
+//    Llama, GPU fp32 and
 //    bf16 against the CPU's exact FP8
 //    emulation, B x T = 2 x 48 (the GPU's FP8 products take multiples of 16): loss, logits and
 //    every gradient within FP8's own quantisation noise (a tiny difference flips a few FP8 codes
@@ -18,7 +19,8 @@
 //    differ from the CPU's without FP8 (FP8 really ran);
 //  - 50 AdamW steps in bf16 following the CPU's fp32 loss curve, for GPT-2, for the Mixtral
 //    (where a few tokens routing differently moves the loss far less than the bound), and for
-//    GPT-2 with FP8 on both backends (tensorwise, delayed, delayed with the LM head in FP8; the
+//    GPT-2 with FP8 on both backends (tensorwise, delayed, delayed with the LM head in FP8,
+//    tensorwise with attention in FP8; the
 //    Mixtral with its routed experts in FP8, delayed, their rows padded to 16 on both backends;
 //    bf16 + FP8 against the CPU's fp32 + FP8 emulation; on the
 //    CPU FP8 runs from perturbed weights stay within 0.1 of the bound of each other, FP8 vs no
@@ -213,13 +215,15 @@ TEST_CASE("one training step on the GPU matches the CPU backend", "[gpu][model]"
 TEST_CASE("one FP8 training step on the GPU matches the CPU's FP8 emulation", "[gpu][model][fp8]") {
   const int B = 2, T = 48, N = B * T;  // N = 96: a multiple of 16 (see all_fp8)
   for (const std::string arch : {"gpt2", "llama"}) {
-    for (auto [mode, layers] : {std::pair{DType::f32, "all"}, {DType::bf16, "all"}, {DType::bf16, "all,lm_head"}}) {
+    for (auto [mode, layers] : {std::pair{DType::f32, "all"}, {DType::bf16, "all"}, {DType::bf16, "all,lm_head"},
+                                {DType::bf16, "all,attention"}}) {
       const Fp8Recipe fp8 = fp8_recipe("tensorwise", layers, "e5m2");
       const ModelSection m = tiny_model(128, 2, arch);
       INFO(arch << ", mode " << mode_name(mode) << " + FP8 (" << layers << ", e5m2 gradients)");
       CpuOps& cops = cpu();
       Ops& gops = gpu(mode);
       if (!fp8_runs_on(gops)) return;
+      if (fp8.on(Fp8Layer::attention) && !gops.supports_fp8_attention(m.d_model / m.n_heads)) continue;
       const std::vector<float> w = initial_weights(m, 5, mode);
       const Batch batch = random_batch(N, m.vocab_size, 6);
       Model cm(m, cops, w, B, T, fp8), gm(m, gops, w, B, T, fp8);
@@ -256,23 +260,28 @@ TEST_CASE("GPU training follows the CPU loss curve", "[gpu][model][train]") {
     bool delayed = false;  // with delayed scaling (an amax history of 16 steps)
     bool head = false;     // the LM head in FP8 too
     bool experts = false;  // the routed experts in FP8 too (delayed scaling)
+    bool attention = false;  // attention in FP8 too (head size 64: the GPU kernel's)
   };
   for (const Run& run : {Run{"gpt2", DType::bf16, 50}, Run{"gpt2", DType::f32, 20}, Run{"mixtral", DType::bf16, 50},
                          Run{"gpt2", DType::bf16, 50, true}, Run{"gpt2", DType::bf16, 50, true, true},
                          Run{"gpt2", DType::bf16, 50, true, true, true},
-                         Run{"mixtral", DType::bf16, 50, true, true, false, true}}) {
+                         Run{"mixtral", DType::bf16, 50, true, true, false, true},
+                         Run{"gpt2", DType::bf16, 50, true, false, false, false, true}}) {
     INFO(run.arch << ", mode " << mode_name(run.mode) << (run.fp8 ? " + FP8" : "") << (run.delayed ? " delayed" : "")
-                  << (run.head ? " with the LM head" : "") << (run.experts ? " with the routed experts" : ""));
+                  << (run.head ? " with the LM head" : "") << (run.experts ? " with the routed experts" : "")
+                  << (run.attention ? " with attention" : ""));
     const ModelSection m = tiny_model(128, 2, run.arch);
     const Batch batch = periodic_batch(N, m.vocab_size, 8);
     const std::vector<float> w = initial_weights(m, 9, run.mode);
     CpuOps& cops = cpu();
     Ops& gops = gpu(run.mode);
     if (run.fp8 && !fp8_runs_on(gops)) continue;
+    if (run.attention && !gops.supports_fp8_attention(m.d_model / m.n_heads)) continue;
     Fp8Recipe fp8 = run.fp8 ? all_fp8() : Fp8Recipe{};
     fp8.delayed = run.delayed;
     fp8.layers[static_cast<size_t>(Fp8Layer::lm_head)] = run.head;
     fp8.layers[static_cast<size_t>(Fp8Layer::experts)] = run.experts;
+    fp8.layers[static_cast<size_t>(Fp8Layer::attention)] = run.attention;
     Model cm(m, cops, w, B, T, fp8), gm(m, gops, w, B, T, fp8);
     std::vector<double> cpu_loss, gpu_loss;
     for (int step = 1; step <= run.steps; ++step) {

@@ -19,6 +19,9 @@
 // train like one rank; a resumed run (a 3-step history, so it has wrapped) restores the history
 // bit for bit and continues as the straight run did, also when the checkpoint was written under
 // pp2 and read without; the memory plan counts its buffers; recompute changes no bit.
+// Attention in FP8 (all,attention): it changes the one-rank run; dp2, tp2 + SP, cp2 Ulysses, pp2,
+// delayed dp2, the Llama under tp2 + SP and cp2 Ulysses (2 ranks), tp2 x cp2 Ulysses + SP, dp2 x
+// pp2, the Llama under dp2 x tp2 + SP (4) train like one rank; recompute changes no bit.
 // The LM head in FP8 (precision.fp8_layers = all,lm_head): it changes the one-rank run (its
 // products really are FP8's), and tp2 + SP, cp2, pp2, dp2 delayed, the Llama's untied head under
 // tp2 + SP, rowwise under tp2 (2 ranks), tp2 x cp2 + SP, tp2 x pp2 delayed and the Llama under
@@ -70,6 +73,9 @@ Layout llama_fp8(int dp, int tp, int cp) {
 Layout delayed(int dp, int tp, int cp, int pp = 1) { return fp8(dp, tp, cp, pp).with_fp8("delayed"); }
 
 Layout with_head(const Layout& l) { return l.with([](Layout& x) { x.fp8_layers = "all,lm_head"; }); }
+
+// Attention in FP8 too (core/common/fp8_attention.h).
+Layout with_attention(const Layout& l) { return l.with([](Layout& x) { x.fp8_layers = "all,attention"; }); }
 
 // mpi_moe.cpp's model (the Llama with 4 routed experts, top 2, in every block) under delayed
 // scaling with its routed experts in FP8 too.
@@ -207,6 +213,28 @@ TEST_CASE("FP8 changes the one-rank run by the formats' rounding, and it still t
   const double head_gap = std::fabs(head.steps.back().loss - with_fp8.steps.back().loss) / with_fp8.steps.back().loss;
   CHECK(head_gap > 1e-6);
   CHECK(head_gap < 5e-2);
+  // So does attention in FP8 (precision.fp8_layers = all,attention).
+  const RunResult& attention = reference(with_attention(fp8(1, 1, 1)));
+  const double attention_gap =
+      std::fabs(attention.steps.back().loss - with_fp8.steps.back().loss) / with_fp8.steps.back().loss;
+  CHECK(attention_gap > 1e-6);
+  CHECK(attention_gap < 5e-2);
+}
+
+// Attention in FP8 scales each sequence's heads on their own, and every layout but ring attention
+// holds a sequence's heads whole, so each quantises as one rank does (ring is a ConfigError).
+TEST_CASE("attention in FP8 trains like one rank: dp, tp + SP, Ulysses, pp, GQA; recompute changes no bit",
+          "[mpi][fp8][attention]") {
+  const World world = whole_world();
+  if (world.size == 2)
+    for (const Layout& l : {fp8(2, 1, 1), fp8(1, 2, 1).with_sp(), fp8(1, 1, 2).with_ulysses(), fp8(1, 1, 1, 2),
+                            delayed(2, 1, 1), llama_fp8(1, 2, 1).with_sp(), llama_fp8(1, 1, 2).with_ulysses()})
+      check(with_attention(l), world);
+  if (world.size == 4) {
+    for (const Layout& l : {fp8(1, 2, 2).with_sp().with_ulysses(), fp8(2, 1, 1, 2), llama_fp8(2, 2, 1).with_sp()})
+      check(with_attention(l), world);
+    check_recompute_is_bitwise(with_attention(fp8(1, 2, 2).with_sp().with_ulysses()), world, data().dir, 3);
+  }
 }
 
 TEST_CASE("the LM head in FP8 trains like one rank: tp (vocabulary rows), cp, pp, dp, ZeRO-3", "[mpi][fp8][head]") {

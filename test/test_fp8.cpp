@@ -444,8 +444,24 @@ TEST_CASE("precision.fp8 keys: recipes, layers and formats, with errors that nam
   CHECK_THROWS_WITH(with({{"fp8", "delayed"}, {"fp8_amax_history", 1025}}), Catch::Contains("precision.fp8_amax_history"));
   CHECK_THROWS_WITH(with({{"fp8", "yes"}}), Catch::Contains("precision.fp8"));
   CHECK(with({{"fp8", "tensorwise"}, {"fp8_layers", "qkv,lm_head"}}).precision.fp8_layers == "qkv,lm_head");
-  CHECK_THROWS_WITH(with({{"fp8_layers", "qkv,attention"}}),
-                    Catch::Contains("precision.fp8_layers") && Catch::Contains("attention"));
+  CHECK_THROWS_WITH(with({{"fp8_layers", "qkv,attn"}}), Catch::Contains("precision.fp8_layers") && Catch::Contains("attn"));
+  // Attention only when asked ("all" is the linear layers), under any recipe; under context
+  // parallelism only as Ulysses (ring attention's partial softmaxes would quantise P unlike one rank).
+  CHECK_FALSE(all.on(L::attention));
+  const Fp8Recipe attention = fp8_recipe("delayed", "all,attention", "e5m2");
+  CHECK((attention.on(L::attention) && attention.blocks() && !attention.on(L::lm_head)));
+  CHECK(fp8_layer_list(attention, ",") == "qkv,attn_out,mlp_up,mlp_down,attention");
+  CHECK(Fp8Sites{}.count() == 0);
+  const auto cp2 = [&](const char* impl, const char* layers) {
+    nlohmann::json j = base;
+    j["parallel"] = {{"cp", 2}, {"cp_impl", impl}};
+    j["precision"] = {{"fp8", "tensorwise"}, {"fp8_layers", layers}};
+    return config_from_json(j, {}, 2);
+  };
+  CHECK(cp2("ulysses", "all,attention").parallel.cp_impl == "ulysses");
+  CHECK(cp2("ring", "all").parallel.cp_impl == "ring");
+  CHECK_THROWS_WITH(cp2("ring", "attention"), Catch::Contains("precision.fp8_layers=attention") &&
+                                                  Catch::Contains("parallel.cp_impl") && Catch::Contains("ulysses"));
   // The routed experts: delayed scaling only, and a model with experts.
   const auto moe = [&](const nlohmann::json& precision) {
     nlohmann::json j = base;

@@ -1,6 +1,7 @@
 // FP8 products still learn (#35, "does it still learn"): a tiny GPT-2 and a tiny Llama train
 // for 150 steps on real text with every block layer in FP8 (the CPU backend's exact emulation;
-// tensorwise, rowwise and delayed scales; and tensorwise with the LM head in FP8 too), and a tiny
+// tensorwise, rowwise and delayed scales; tensorwise with the LM head in FP8 too, and with
+// attention in FP8 too: core/common/fp8_attention.h), and a tiny
 // mixture of experts (the Llama with 4 routed experts, top 2) with delayed scaling, without and
 // with its routed experts in FP8; each validation loss ends within 1% of the same run in fp32.
 //
@@ -102,7 +103,7 @@ TEST_CASE("FP8 learns like fp32: tiny GPT-2, Llama and MoE, 150 steps, validatio
   const fs::path corpus = write_byte_shards(dir);
   using Variant = std::pair<const char*, const char*>;  // precision.fp8, precision.fp8_layers
   const std::vector<Variant> dense = {{"tensorwise", "all"}, {"rowwise", "all"}, {"delayed", "all"},
-                                      {"tensorwise", "all,lm_head"}};
+                                      {"tensorwise", "all,lm_head"}, {"tensorwise", "all,attention"}};
   const std::vector<Variant> moe = {{"delayed", "all"}, {"delayed", "all,experts"}};
   for (const char* arch : {"gpt2", "llama", "moe"}) {
     const Run full = train(arch, "off", dir);

@@ -245,9 +245,13 @@ const std::vector<KeyMeaning>& key_meanings() {
       {"precision.fp8_layers",
        "With `precision.fp8`: which layers multiply in FP8, a comma-separated list of `all` (a block's four linear "
        "layers, the default), `qkv`, `attn_out`, `mlp_up`, `mlp_down`, `lm_head` (the LM head, whose dynamic "
-       "scales then cover one chunk of its rows at a time; `all,lm_head` adds it to the blocks') and `experts` (the "
+       "scales then cover one chunk of its rows at a time; `all,lm_head` adds it to the blocks'), `experts` (the "
        "routed experts of sparse blocks; needs `precision.fp8=delayed`, and they run in the compute dtype until the "
-       "first step has recorded their amaxes). Attention stays in the compute dtype."},
+       "first step has recorded their amaxes) and `attention` (the blocks' attention forward: q, k, v and the "
+       "probabilities in e4m3, each sequence's head scaled by its own largest value at the time under every recipe; "
+       "the backward runs in the compute dtype on the quantised q, k, v; not with `parallel.cp_impl=ring` under "
+       "context parallelism; on a GPU, head size 64 or 128 and bf16). Without `attention`, attention runs in the "
+       "compute dtype."},
       {"precision.fp8_grad_format",
        "With `precision.fp8`: the output gradients' format in backward, `e5m2` (wider range) or `e4m3`."},
       {"precision.fp8_amax_history",

@@ -247,10 +247,18 @@ void check_schedule(const RunConfig& c) {
 }
 
 // The routed experts in FP8 scale from delayed scaling's history only (core/model/moe_layer.h says
-// why), and only a model with experts has them.
+// why), and only a model with experts has them. Attention in FP8 quantises P under the running
+// max of a sequence's keys in order, which ring attention's partial softmaxes cannot reproduce
+// (core/common/fp8_attention.h).
 void check_fp8(const RunConfig& c) {
   const auto& p = c.precision;
-  if (p.fp8 == "off" || !parse_fp8_layers(p.fp8_layers).on(Fp8Layer::experts)) return;
+  if (p.fp8 == "off") return;
+  const Fp8Recipe r = parse_fp8_layers(p.fp8_layers);
+  if (r.on(Fp8Layer::attention) && c.parallel.cp > 1 && c.parallel.cp_impl == "ring")
+    fail(cat("precision.fp8_layers=", p.fp8_layers, " names attention, which context parallelism runs only as "
+             "parallel.cp_impl=\"ulysses\" (ring attention merges partial softmaxes, whose probabilities FP8 would "
+             "quantise unlike one rank's): set cp_impl to ulysses, or leave attention out of fp8_layers"));
+  if (!r.on(Fp8Layer::experts)) return;
   if (p.fp8 != "delayed")
     fail(cat("precision.fp8_layers=", p.fp8_layers, " names experts, which need precision.fp8=\"delayed\" (not \"",
              p.fp8, "\"): an expert's rows are other tokens under each layout, so only scales from the amax history "

@@ -60,6 +60,12 @@ int attention_head_size(const char* op, int C, int NH, int NKV) {
   return C / NH;
 }
 
+PackedAttention::PackedAttention(const char* op, int B, int T, int C, int NH, int NKV) {
+  check_dims(op, {B, T, C});
+  const int HS = attention_head_size(op, C, NH, NKV);
+  p = AttentionProblem{B, T, T, NH, NKV, HS, 0, 0, true, 1.0f / std::sqrt(static_cast<float>(HS))};
+}
+
 void attention_rows_forward(const AttentionProblem& p, AttentionRows out, float* lse, AttentionRows q, AttentionRows k,
                             AttentionRows v) {
   const int B = p.B, NH = p.NH, Tq = p.Tq, HS = p.HS;
@@ -148,33 +154,9 @@ void attention_rows_backward(const AttentionProblem& p, AttentionRows dq, Attent
 
 }  // namespace cpu
 
-namespace {
-
-// The problem and operand views of the packed op: q | k | v of token (b, t) in one row of
-// width() = (NH + 2 NKV) HS.
-struct PackedAttention {
-  cpu::AttentionProblem p;
-  PackedAttention(const char* op, int B, int T, int C, int NH, int NKV) {
-    cpu::check_dims(op, {B, T, C});
-    const int HS = cpu::attention_head_size(op, C, NH, NKV);
-    p = cpu::AttentionProblem{B, T, T, NH, NKV, HS, 0, 0, true, 1.0f / std::sqrt(static_cast<float>(HS))};
-  }
-  size_t width() const { return (size_t(p.NH) + 2 * size_t(p.NKV)) * p.HS; }
-  // Part `part` (0 q, 1 k, 2 v) of a packed [B, T, width()] buffer.
-  cpu::AttentionRows part(float* x, int part) const {
-    const size_t offset[3] = {0, size_t(p.NH) * p.HS, (size_t(p.NH) + p.NKV) * p.HS};
-    return {x ? x + offset[part] : nullptr, width(), size_t(p.Tq) * width()};
-  }
-  cpu::AttentionRows plain(float* x) const {
-    const size_t C = size_t(p.NH) * p.HS;
-    return {x, C, size_t(p.Tq) * C};
-  }
-};
-
-}  // namespace
 
 void CpuOps::attention_forward(Tensor out, Tensor lse, Tensor qkv, int B, int T, int C, int NH, int NKV) {
-  PackedAttention a("attention_forward", B, T, C, NH, NKV);
+  cpu::PackedAttention a("attention_forward", B, T, C, NH, NKV);
   const size_t BT = size_t(B) * T;
   float* o = cpu::f32_arg(out, BT * C, "attention_forward", "out");
   float* l = cpu::f32_arg(lse, size_t(B) * NH * T, "attention_forward", "lse");
@@ -184,7 +166,7 @@ void CpuOps::attention_forward(Tensor out, Tensor lse, Tensor qkv, int B, int T,
 
 void CpuOps::attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B, int T, int C,
                                 int NH, int NKV) {
-  PackedAttention a("attention_backward", B, T, C, NH, NKV);
+  cpu::PackedAttention a("attention_backward", B, T, C, NH, NKV);
   const size_t BT = size_t(B) * T;
   float* dx = cpu::optional_f32_arg(dqkv, BT * a.width(), "attention_backward", "dqkv");
   if (!dx) return;

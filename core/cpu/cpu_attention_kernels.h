@@ -51,6 +51,28 @@ struct AttentionProblem {
 // Throws RuntimeError naming the op and the rule.
 int attention_head_size(const char* op, int C, int NH, int NKV);
 
+// The problem and operand views of the packed ops (attention_forward/backward and their FP8
+// twins, cpu_attention_fp8.cpp): q | k | v of token (b, t) in one row of width() = (NH + 2 NKV) HS.
+struct PackedAttention {
+  AttentionProblem p;
+  // Checks the dimensions and head counts, naming `op`.
+  PackedAttention(const char* op, int B, int T, int C, int NH, int NKV);
+  size_t width() const { return (size_t(p.NH) + 2 * size_t(p.NKV)) * p.HS; }
+  // The offset of part `part` (0 q, 1 k, 2 v) within a row.
+  size_t part_offset(int part) const {
+    const size_t offset[3] = {0, size_t(p.NH) * p.HS, (size_t(p.NH) + p.NKV) * p.HS};
+    return offset[part];
+  }
+  // Part `part` of a packed [B, T, width()] buffer.
+  AttentionRows part(float* x, int part) const {
+    return {x ? x + part_offset(part) : nullptr, width(), size_t(p.Tq) * width()};
+  }
+  AttentionRows plain(float* x) const {
+    const size_t C = size_t(p.NH) * p.HS;
+    return {x, C, size_t(p.Tq) * C};
+  }
+};
+
 // out (the attention output of each query) and lse [B, NH, Tq] are overwritten.
 void attention_rows_forward(const AttentionProblem& p, AttentionRows out, float* lse, AttentionRows q, AttentionRows k,
                             AttentionRows v);

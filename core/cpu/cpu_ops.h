@@ -47,6 +47,9 @@ class CpuOps final : public Ops {
   bool supports_fp8() const override;
   void attention_forward(Tensor out, Tensor lse, Tensor qkv, int B, int T, int C, int NH, int NKV) override;
   void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B, int T, int C, int NH, int NKV) override;
+  void attention_fp8_forward(Tensor out, Tensor lse, Tensor qkv, int B, int T, int C, int NH, int NKV) override;
+  void attention_fp8_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B, int T, int C, int NH, int NKV) override;
+  bool supports_fp8_attention(int head_size) const override;
   void attention_block_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, int B, int Tq, int Tk, int C, int NH, int NKV, int q_pos0, int k_pos0, bool causal) override;
   void attention_block_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, int B, int Tq, int Tk, int C, int NH, int NKV, int q_pos0, int k_pos0, bool causal) override;
   void merge_attention_partials(Tensor out_acc, Tensor lse_acc, Tensor out_part, Tensor lse_part, int B, int T, int C, int NH) override;

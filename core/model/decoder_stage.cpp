@@ -157,7 +157,9 @@ DecoderStage::DecoderStage(const ModelSection& model, ParamStore& store, Ops& op
     activation_bytes_ += fp8_scratch_bytes(d, layers, fp8_, act);
   }
   if (d.tp > 1 && layers.head) vocab_ce_ = std::make_unique<VocabParallelCrossEntropy>(ops, *tp_comm_);
-  attention_ = std::make_unique<CpAttention>(ops, mp.cp, mp.cp_impl, d.B, d.T, d.Cl, d.NHl, d.NKVl, act);
+  attention_ = std::make_unique<CpAttention>(
+      ops, mp.cp, mp.cp_impl, d.B, d.T, d.Cl, d.NHl, d.NKVl, act,
+      fp8_.on(Fp8Layer::attention) ? AttentionPrecision::fp8 : AttentionPrecision::compute);
   activation_bytes_ += CpAttention::scratch_bytes(mp.cp_impl, d.cp, d.B, d.T, d.Cl, d.NHl, d.NKVl, act);
   // The tensor-parallel buffers grow during the first step; counted now, at the size they reach.
   activation_bytes_ += TensorParallel::scratch_bytes(d.tp, d.sp, d.N, d.C, act);

@@ -206,6 +206,20 @@ class Ops {
   virtual void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B, int T,
                                   int C, int NH, int NKV) = 0;
 
+  // ---- FP8 attention (precision.fp8_layers names attention; core/common/fp8_attention.h) ------
+  // attention_forward's contract, computed with q, k, v and the probabilities in e4m3: each
+  // (sequence, head) of q, k and v scaled by its own power-of-two scale, P quantised per key
+  // tile under the running max; out in the compute dtype, lse the log-sum-exp of the
+  // dequantised scores. CpuOps emulates what CudaOps' kernel computes.
+  virtual void attention_fp8_forward(Tensor out, Tensor lse, Tensor qkv, int B, int T, int C, int NH, int NKV) = 0;
+  // Its backward: attention_backward on q, k, v dequantised (the values the forward multiplied)
+  // with the forward's out and lse; dqkv overwritten, as attention_backward's.
+  virtual void attention_fp8_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B, int T,
+                                      int C, int NH, int NKV) = 0;
+  // Whether this backend runs FP8 attention at this head size (CudaOps: compute capability 8.9
+  // and up, bf16, head size 64 or 128; CpuOps: always).
+  virtual bool supports_fp8_attention(int head_size) const = 0;
+
   // ---- attention of queries against keys/values held apart (KV cache, context parallel) --------
   // Tq queries against Tk keys/values in separate tensors (a KV cache, or another context-
   // parallel rank's block). q, out: [B, Tq, C]; k, v: [B, Tk, NKV * HS] (contiguous rows);

@@ -10,6 +10,7 @@
 
 #include "core/dist/comm.h"
 #include "core/ops/ops.h"
+#include "core/parallel/local_attention.h"
 #include "core/parallel/zigzag.h"
 
 namespace pt {
@@ -27,8 +28,11 @@ class CpAttention {
  public:
   // cp: the context-parallel group (nullptr or a group of one: plain attention). B, T_local, C,
   // NH and NKV are this rank's (after any tensor-parallel head split). Allocates the scratch of
-  // the chosen implementation in `dtype` (scratch_bytes()).
-  CpAttention(Ops& ops, Comm* cp, CpImpl impl, int B, int T_local, int C, int NH, int NKV, DType dtype);
+  // the chosen implementation in `dtype` (scratch_bytes()). `prec`: the attention the local heads
+  // run (local_attention.h); FP8 needs a backend that runs it at this head size and is refused
+  // under ring attention (ConfigError naming the keys; core/common/fp8_attention.h says why).
+  CpAttention(Ops& ops, Comm* cp, CpImpl impl, int B, int T_local, int C, int NH, int NKV, DType dtype,
+              AttentionPrecision prec = AttentionPrecision::compute);
   ~CpAttention();
   CpAttention(const CpAttention&) = delete;
   CpAttention& operator=(const CpAttention&) = delete;
@@ -45,6 +49,7 @@ class CpAttention {
  private:
   Ops& ops_;
   int B_, T_, C_, NH_, NKV_;
+  AttentionPrecision prec_;
   std::unique_ptr<RingAttention> ring_;
   std::unique_ptr<UlyssesAttention> ulysses_;
 };

@@ -7,7 +7,7 @@
 namespace pt {
 
 const std::vector<std::string>& fp8_layer_names() {
-  static const std::vector<std::string> names = {"qkv", "attn_out", "mlp_up", "mlp_down", "lm_head", "experts"};
+  static const std::vector<std::string> names = {"qkv", "attn_out", "mlp_up", "mlp_down", "lm_head", "experts", "attention"};
   return names;
 }
 
@@ -24,7 +24,7 @@ Fp8Recipe parse_fp8_layers(const std::string& layers) {
       for (size_t i = 0; i < kFp8BlockLayers; i++) set(i, name);
     } else if (it == names.end()) {
       throw ConfigError("\"" + name + "\" is not a layer: must be a comma-separated list of all (a block's linear "
-                        "layers), qkv, attn_out, mlp_up, mlp_down, lm_head, experts");
+                        "layers), qkv, attn_out, mlp_up, mlp_down, lm_head, experts, attention");
     } else {
       set(static_cast<size_t>(it - names.begin()), name);
     }

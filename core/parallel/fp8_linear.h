@@ -49,18 +49,20 @@
 namespace pt {
 
 // The layers precision.fp8_layers can put in FP8, in fp8_layer_names() order: a block's four
-// linear layers, the LM head (the model's one), and the routed experts of sparse blocks (their
-// up and down projections; delayed scaling only, core/model/moe_layer.h says why).
-enum class Fp8Layer { qkv, attn_out, mlp_up, mlp_down, lm_head, experts };
+// linear layers, the LM head (the model's one), the routed experts of sparse blocks (their
+// up and down projections; delayed scaling only, core/model/moe_layer.h says why), and the
+// blocks' attention itself (its forward's products; core/common/fp8_attention.h: its own
+// per-head dynamic scales under every recipe, so it has no site and no history).
+enum class Fp8Layer { qkv, attn_out, mlp_up, mlp_down, lm_head, experts, attention };
 constexpr int kFp8BlockLayers = 4;
-constexpr int kFp8Layers = 6;
+constexpr int kFp8Layers = 7;
 
 // Which layers run in FP8, and the gradients' format.
 struct Fp8Recipe {
   // By Fp8Layer: qkv (attention's input projection), attn_out (its output projection), mlp_up
   // (the dense MLP's up and gate projection, or the shared experts'), mlp_down (its down
   // projection), lm_head (the LM head, with its chunked cross-entropy), experts (each routed
-  // expert's up and down projections).
+  // expert's up and down projections), attention (the blocks' attention forward).
   std::array<bool, kFp8Layers> layers{};
   Fp8Format grad = Fp8Format::e5m2;
   bool rowwise = false;  // the "rowwise" recipe
@@ -105,8 +107,8 @@ struct Fp8Site {
 // The layer names precision.fp8_layers takes, in Fp8Layer order.
 const std::vector<std::string>& fp8_layer_names();
 // precision.fp8_layers: a comma-separated list of those names and "all" (a block's four linear
-// layers), each layer at most once: "all" is the default, "all,lm_head,experts" adds the LM head
-// and the routed experts.
+// layers), each layer at most once: "all" is the default, "all,lm_head,experts,attention" adds
+// the LM head, the routed experts and attention.
 // Throws ConfigError naming what is wrong. The recipe's layers set; grad left at its default.
 Fp8Recipe parse_fp8_layers(const std::string& layers);
 // The recipe of precision.fp8 ("off", "tensorwise", "rowwise", "delayed") / fp8_layers /

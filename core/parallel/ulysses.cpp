@@ -15,8 +15,9 @@ size_t qkv_elems(int B, int T_local, int C, int NH, int NKV) {
 
 }  // namespace
 
-UlyssesAttention::UlyssesAttention(Ops& ops, Comm& cp, int B, int T_local, int C, int NH, int NKV, DType dtype)
-    : ops_(ops), cp_(cp), B_(B), T_local_(T_local), C_(C), NH_(NH), NKV_(NKV), P_(cp.size()) {
+UlyssesAttention::UlyssesAttention(Ops& ops, Comm& cp, int B, int T_local, int C, int NH, int NKV, DType dtype,
+                                   AttentionPrecision prec)
+    : ops_(ops), cp_(cp), B_(B), T_local_(T_local), C_(C), NH_(NH), NKV_(NKV), P_(cp.size()), prec_(prec) {
   check(B > 0 && T_local > 0, "Ulysses attention: B and the local sequence length must be positive");
   check(NH > 0 && C % NH == 0,
         "Ulysses attention: n_heads=" + std::to_string(NH) + " must divide C=" + std::to_string(C));
@@ -109,7 +110,7 @@ void UlyssesAttention::heads_to_seq(Tensor seq, Tensor heads, Rows kind) {
 
 void UlyssesAttention::forward(Tensor out, Tensor lse, Tensor qkv) {
   seq_to_heads(qkv_h_, qkv, Rows::qkv);
-  ops_.attention_forward(out_h_, lse, qkv_h_, B_, T_, Cd_, NH_ / P_, NKV_ / P_);
+  local_attention_forward(ops_, prec_, out_h_, lse, qkv_h_, B_, T_, Cd_, NH_ / P_, NKV_ / P_);
   heads_to_seq(out, out_h_, Rows::channels);
 }
 
@@ -118,7 +119,7 @@ void UlyssesAttention::backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out
   seq_to_heads(qkv_h_, qkv, Rows::qkv);
   seq_to_heads(out_h_, out, Rows::channels);
   seq_to_heads(dout_h_, dout, Rows::channels);
-  ops_.attention_backward(dqkv_h_, dout_h_, qkv_h_, out_h_, lse, B_, T_, Cd_, NH_ / P_, NKV_ / P_);
+  local_attention_backward(ops_, prec_, dqkv_h_, dout_h_, qkv_h_, out_h_, lse, B_, T_, Cd_, NH_ / P_, NKV_ / P_);
   heads_to_seq(dqkv, dqkv_h_, Rows::qkv);  // writes every element: dqkv is overwritten
 }
 

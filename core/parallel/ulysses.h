@@ -19,6 +19,7 @@
 
 #include "core/dist/comm.h"
 #include "core/ops/ops.h"
+#include "core/parallel/local_attention.h"
 
 namespace pt {
 
@@ -26,8 +27,10 @@ class UlyssesAttention {
  public:
   // Local shapes: B rows of T_local tokens, C channels, NH query and NKV key/value heads (this
   // rank's, after any TP split); NH % cp.size() == 0 (else RuntimeError) and NKV % cp.size() == 0
-  // (else ConfigError naming the rule). Allocates scratch_bytes() on ops.
-  UlyssesAttention(Ops& ops, Comm& cp, int B, int T_local, int C, int NH, int NKV, DType dtype);
+  // (else ConfigError naming the rule). Allocates scratch_bytes() on ops. `prec`: the attention
+  // the heads run once gathered (local_attention.h).
+  UlyssesAttention(Ops& ops, Comm& cp, int B, int T_local, int C, int NH, int NKV, DType dtype,
+                   AttentionPrecision prec = AttentionPrecision::compute);
   ~UlyssesAttention();
   UlyssesAttention(const UlyssesAttention&) = delete;
   UlyssesAttention& operator=(const UlyssesAttention&) = delete;
@@ -57,6 +60,7 @@ class UlyssesAttention {
   Ops& ops_;
   Comm& cp_;
   int B_, T_local_, T_, C_, NH_, NKV_, P_, Cd_, Ckv_;
+  AttentionPrecision prec_;
   size_t act_;  // B * T_local * C
   Tensor send_, recv_, qkv_h_, out_h_, dout_h_, dqkv_h_;
 };

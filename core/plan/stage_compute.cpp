@@ -92,7 +92,18 @@ BlockCost block_cost(const KernelTable& k, const Architecture& a, const RunConfi
   x += block_linear(Fp8Layer::qkv, n, c, a.qkv_width() / tp);
   const double heads = a.n_heads / tp;
   out.attention_forward = k.attention_s(b.micro_batch_size, heads, b.seq_len, a.head_dim, false) / par.cp;
-  x += {out.attention_forward, k.attention_s(b.micro_batch_size, heads, b.seq_len, a.head_dim, true) / par.cp};
+  Cost attention{out.attention_forward, k.attention_s(b.micro_batch_size, heads, b.seq_len, a.head_dim, true) / par.cp};
+  if (fp8.recipe.on(Fp8Layer::attention)) {
+    // FP8 attention (core/common/fp8_attention.h): the forward's products at the FP8 rate, after a
+    // cast of q, k, v; the backward is bf16's after a dequantising pass (the cast, then the
+    // values written back in the compute dtype).
+    const double qkv = n * a.qkv_width() / tp, cast = fp8_cast_s(k, qkv, s, false);
+    const Cost casts{cast, cast + k.memory_s("fp8_dequantize", qkv * (1 + s))};
+    out.attention_forward = out.attention_forward / fp8.speedup + casts.forward;
+    attention = {out.attention_forward, attention.backward + casts.backward};
+    out.fp8_casts += casts;
+  }
+  x += attention;
   x += block_linear(Fp8Layer::attn_out, n, a.q_width() / tp, c);
   // The MLP: dense (or a sparse block's shared experts), its hidden width split over tp; then
   // the routed experts, whole on every tp rank (core/model/moe_layer.h), which routes the rows

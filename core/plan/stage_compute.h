@@ -23,7 +23,10 @@
 // fallback. Its casts add memory traffic at the table's memory-bound rate: forward, x and w each
 // read twice (amax, then the cast) in the compute dtype and written as 1-byte codes; backward the
 // same for dout, w^T, dout^T and x^T (the LM head casts its weight once per chunk of rows). The
-// tiny amax all-gathers are not counted. Attention and the router stay bf16. Per step, outside the micro-batches: the optimizer's gradient
+// tiny amax all-gathers are not counted. The router stays bf16. Attention in FP8 (fp8_layers
+// names attention; core/common/fp8_attention.h): its forward at bf16's time / fp8_speedup after
+// a cast of q, k, v (read twice, written as codes); its backward bf16's after the same cast and
+// a dequantised copy. Per step, outside the micro-batches: the optimizer's gradient
 // norm, AdamW update and gradient zeroing over the rank's ZeRO shard of fp32 state.
 #pragma once
 #include <vector>
