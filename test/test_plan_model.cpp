@@ -518,6 +518,16 @@ TEST_CASE("precision.fp8: the FP8 layers' products at the FP8 rate, plus their c
   CHECK(head.fp8_casts_s < 16 * head_bytes / (0.3 * 3.35e12));
   const StepTime all_head = with("all,lm_head");
   CHECK(all_head.compute_s == Approx(all.compute_s + head.compute_s - bf16.compute_s).epsilon(1e-9));
+  // Attention (asked for by name): its forward at the FP8 rate (25 heads of 64, causal over 1024),
+  // its backward bf16's; a cast of q, k, v forward (5 bytes a value), and backward the same cast
+  // plus the dequantised copy (1 byte read, 2 written).
+  const StepTime attention = with("attention");
+  const double attention_fwd = k.attention_s(8, 25, 1024, 64, false);
+  CHECK(bf16.compute_s - (attention.compute_s - attention.fp8_casts_s) ==
+        Approx(blocks_times_micro * attention_fwd * (1 - 1 / speedup)).epsilon(1e-6));
+  const double qkv_bytes = blocks_times_micro * n * 3 * c * (5 + 5 + 3);
+  CHECK(attention.fp8_casts_s > qkv_bytes / 3.35e12);
+  CHECK(attention.fp8_casts_s < qkv_bytes / (0.3 * 3.35e12));
   // A GPU without FP8 tensor cores: a config error naming the key and the GPU.
   std::vector<std::string> a100 = sets;
   a100.push_back("precision.fp8=tensorwise");

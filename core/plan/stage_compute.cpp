@@ -71,6 +71,7 @@ Cost linear(const KernelTable& k, const Fp8Plan& fp8, bool in_fp8, double n, dou
 struct BlockCost {
   Cost cost;
   double attention_forward = 0;  // what selective recompute redoes
+  double attention_cast = 0;     // of it: FP8 attention's cast of q, k, v
   Cost fp8_casts;                // of cost: the FP8 layers' casts
 };
 
@@ -100,6 +101,7 @@ BlockCost block_cost(const KernelTable& k, const Architecture& a, const RunConfi
     const double qkv = n * a.qkv_width() / tp, cast = fp8_cast_s(k, qkv, s, false);
     const Cost casts{cast, cast + k.memory_s("fp8_dequantize", qkv * (1 + s))};
     out.attention_forward = out.attention_forward / fp8.speedup + casts.forward;
+    out.attention_cast = casts.forward;
     attention = {out.attention_forward, attention.backward + casts.backward};
     out.fp8_casts += casts;
   }
@@ -148,7 +150,10 @@ std::vector<StageCompute> stage_compute(const RunConfig& cfg, const KernelTable&
         st.forward_s += blk.cost.forward;
         st.backward_s += blk.cost.backward;
         st.fp8_casts_s += blk.fp8_casts.forward + blk.fp8_casts.backward;
-        if (recompute == Recompute::selective) st.recompute_s += blk.attention_forward;
+        if (recompute == Recompute::selective) {
+          st.recompute_s += blk.attention_forward;
+          st.fp8_casts_s += blk.attention_cast;
+        }
         if (recompute == Recompute::full) {
           st.recompute_s += blk.cost.forward;
           st.fp8_casts_s += blk.fp8_casts.forward;
