@@ -37,6 +37,9 @@ TARGET_ATTENTION = 1.0
 TARGET_ATTENTION_LONG = 1.3
 ATTENTION_LONG_T = 4096
 TARGET_ATTENTION_FWD_TFLOPS = 500.0
+TARGET_DECODE_BANDWIDTH = 0.6  # issue #30: decoding at Tk 8k, of the measured copy bandwidth
+DECODE_TK = 8192
+TARGET_RING_BLOCK = 1.0  # issue #30: ring attention's block kernels at the flash kernels' speed (fwd+bwd TFLOP/s)
 ATTENTION_FWD_SHAPE = (128, 8192)  # (hd, T)
 SDPA_BACKENDS = ("flash", "cudnn")
 TARGET_BANDWIDTH = 0.70
@@ -123,11 +126,13 @@ def heads_label(key):
 
 
 def ours_attention(kernel_jsons):
-    """Our attention from kernel_bench's "attention" rows: {key: {"fwd", "bwd", "fwd_bwd": TFLOP/s, and
-    "fwd_sm90", "fwd_bwd_sm90" where the Hopper forward was timed beside}}, and the shapes it did not
-    time ("shape: why")."""
+    """Our attention from kernel_bench's "attention" rows: {key: {"fwd", "bwd", "fwd_bwd": TFLOP/s,
+    "fwd_sm90", "fwd_bwd_sm90" where the Hopper forward was timed beside, and "block_fwd",
+    "block_fwd_bwd": ring attention's past block at that shape}}, and the shapes it did not time
+    ("shape: why")."""
     ops = {"attention_forward": "fwd", "attention_backward": "bwd", "attention_fwd+bwd": "fwd_bwd",
-           "attention_forward_sm90": "fwd_sm90", "attention_fwd+bwd_sm90": "fwd_bwd_sm90"}
+           "attention_forward_sm90": "fwd_sm90", "attention_fwd+bwd_sm90": "fwd_bwd_sm90",
+           "attention_block_forward": "block_fwd", "attention_block_fwd+bwd": "block_fwd_bwd"}
     ours, not_timed = {}, []
     for kb in kernel_jsons:
         for r in (kb or {}).get("rows", []):
@@ -223,6 +228,24 @@ def attention_report(kernel_jsons, sdpa):
                            heads_label(s["key"]), s["key"][1], s["key"][2], s["key"][3], fmt(fwd, "%.1f"),
                            fmt(best_fwd, "%.1f"), fmt(fwd and best_fwd and fwd / best_fwd, "%.2fx"), s["min_fwd"],
                            met(fwd, s["min_fwd"])))
+    # Ring attention's blocks against our causal kernels at the same shape (both fwd+bwd TFLOP/s).
+    ring = [s for s in shapes if s["ours"].get("block_fwd_bwd") and s["ours"].get("fwd_bwd")]
+    if ring:
+        w = min(ring, key=lambda s: s["ours"]["block_fwd_bwd"] / s["ours"]["fwd_bwd"])
+        r = w["ours"]["block_fwd_bwd"] / w["ours"]["fwd_bwd"]
+        targets.append("| ring attention's blocks fwd+bwd, bf16 (%d shapes): worst ours / our causal kernels "
+                       "(%s, hd %d, T %d) | %.1f | %.1f | %.2fx | >= %.1fx | %s |" % (
+                           len(ring), heads_label(w["key"]), w["key"][1], w["key"][2], w["ours"]["block_fwd_bwd"],
+                           w["ours"]["fwd_bwd"], r, TARGET_RING_BLOCK, met(r, TARGET_RING_BLOCK)))
+    # Decoding against a KV cache: the K and V bytes at Tk 8k against the copy bandwidth.
+    decode = [r for kb in kernel_jsons for r in (kb or {}).get("rows", [])
+              if r["section"] == "attention" and r["op"] == "attention_decode" and "Tk=%d " % DECODE_TK in r["shape"]]
+    if decode:
+        w = min(decode, key=lambda r: r["fraction"])
+        targets.append("| decoding against a KV cache, Tk %d (%d shapes): worst K/V read rate (%s) | %.0f GB/s "
+                       "(%.0f%%) | | | >= %.0f%% of the copy bandwidth | %s |" % (
+                           DECODE_TK, len(decode), w["shape"], w["rate"], 100 * w["fraction"],
+                           100 * TARGET_DECODE_BANDWIDTH, met(w["fraction"], TARGET_DECODE_BANDWIDTH)))
     if not shapes:
         targets.append("| attention fwd+bwd (hd 64/128, T 1k-16k, MHA and GQA 8:1) | n/a | n/a | n/a | >= %.1fx the "
                        "faster SDPA (>= %.1fx at T >= %d) | n/a |" % (TARGET_ATTENTION, TARGET_ATTENTION_LONG,
@@ -238,11 +261,13 @@ def attention_report(kernel_jsons, sdpa):
                 "causal counted as half the T^2 pairs, backward = 2.5 x forward, whatever NKV. Ours: "
                 "bench/kernel_bench; SDPA: bench/attention_sdpa.py, one back end at a time, fwd / bwd / fwd+bwd. The "
                 "ratio is ours (the faster of the sm_80 and Hopper forwards, with the same backward) against "
-                "the faster back end at that shape, forward+backward."
+                "the faster back end at that shape, forward+backward. Ring block: ring attention's past block at that "
+                "shape (T/2 queries against the T/2 keys before them, every pair visible: 4*B*NH*(T/2)^2*hd FLOPs "
+                "forward), fwd / fwd+bwd."
                 % ("/".join(map(str, tokens)), "/".join(map(str, hidden))), "",
-                "| heads | hd | T | B | ours fwd | ours bwd | ours fwd+bwd | Hopper fwd / fwd+bwd | %s | "
-                "ours / faster SDPA | target | met? |"
-                % " | ".join("SDPA " + b for b in SDPA_BACKENDS), "|---" * (11 + len(SDPA_BACKENDS)) + "|"]
+                "| heads | hd | T | B | ours fwd | ours bwd | ours fwd+bwd | Hopper fwd / fwd+bwd | "
+                "ring block fwd / fwd+bwd | %s | ours / faster SDPA | target | met? |"
+                % " | ".join("SDPA " + b for b in SDPA_BACKENDS), "|---" * (12 + len(SDPA_BACKENDS)) + "|"]
     notes = {}  # (back end, what it said) -> the shapes it said it at
     for s in shapes:
         o, key = s["ours"], s["key"]
@@ -253,6 +278,8 @@ def attention_report(kernel_jsons, sdpa):
         cells += [fmt(o.get(m), "%.1f") for m in ("fwd", "bwd", "fwd_bwd")]
         cells += ["%s / %s" % (fmt(o.get("fwd_sm90"), "%.1f"), fmt(o.get("fwd_bwd_sm90"), "%.1f"))
                   if o.get("fwd_sm90") is not None else "not run"]
+        cells += ["%s / %s" % (fmt(o.get("block_fwd"), "%.1f"), fmt(o.get("block_fwd_bwd"), "%.1f"))
+                  if o.get("block_fwd") is not None else "not run"]
         cells += [sdpa_cell(s["backends"].get(b)) for b in SDPA_BACKENDS]
         cells += [fmt(s["ratio"], "%.2fx vs " + (s["faster"] or "")), target, verdict]
         section.append("| %s |" % " | ".join(cells))

@@ -18,6 +18,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 
 #include "core/tensor/tensor.h"
 
@@ -55,11 +56,31 @@ void attention_forward_tiled(DType dtype, void* out, float* lse, const void* qkv
 void attention_backward_tiled(DType dtype, void* dqkv, const void* dout, const void* qkv, const float* lse,
                               const float* D, int B, int T, int NH, int NKV, int HS, void* stream = nullptr);
 
-// Attention of Tq queries against Tk keys/values in separate tensors with position offsets
-// (attention_block.cu; CUDA cores, f32 or bf16, any head size): q, out [B, Tq, NH*HS], k, v
-// [B, Tk, NKV*HS]; see Ops::attention_block_forward/backward. Backward ACCUMULATES into dq, dk,
-// dv (each may be null; dk/dv sum the group's query heads) and needs D = rowsum(dout * out) of
-// the FINAL out (attention_row_dot with T = Tq).
+// Attention of Tq queries against Tk keys/values in separate tensors with position offsets:
+// q, out [B, Tq, NH*HS], k, v [B, Tk, NKV*HS]; see Ops::attention_block_forward/backward.
+// Backward ACCUMULATES into dq, dk, dv (dk/dv sum the group's query heads; each may be null: not
+// wanted) and needs D = rowsum(dout * out) of the FINAL out (attention_row_dot with T = Tq). Two
+// implementations:
+//  - the flash kernels above, on a block (flash_attention_forward.cu, flash_attention_backward.cu
+//    compute both on FlashProblem), where flash_attention_block_supported says so: bf16, head
+//    size 64 or 128, at least one key, every tensor 16-byte aligned, and for the backward every
+//    query seeing the block's first key when causal (q_pos0 >= k_pos0, as in ring attention's
+//    blocks). With few queries (a KV cache's) the forward splits the keys over blocks and merges
+//    the parts (flash-decoding): it then needs flash_attention_block_forward_workspace_bytes of
+//    256-byte aligned workspace (0 when it does not split);
+//  - attention_block.cu's CUDA-core kernels otherwise (f32 or bf16, any head size and offsets).
+bool flash_attention_block_supported(DType dtype, int HS, int Tk, int q_pos0, int k_pos0, bool causal, bool backward,
+                                     std::initializer_list<const void*> tensors);
+size_t flash_attention_block_forward_workspace_bytes(int B, int Tq, int Tk, int NH, int HS);
+void flash_attention_block_forward_bf16(void* out, float* lse, const void* q, const void* k, const void* v, int B,
+                                        int Tq, int Tk, int NH, int NKV, int HS, int q_pos0, int k_pos0, bool causal,
+                                        void* workspace, void* stream = nullptr);
+size_t flash_attention_block_backward_workspace_bytes(int B, int Tq, int Tk, int NH, int NKV, int HS);
+void flash_attention_block_backward_bf16(void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k,
+                                         const void* v, const float* lse, const float* D, int B, int Tq, int Tk,
+                                         int NH, int NKV, int HS, int q_pos0, int k_pos0, bool causal,
+                                         void* workspace, void* stream = nullptr);
+
 void attention_block_forward_tiled(DType dtype, void* out, float* lse, const void* q, const void* k, const void* v,
                                    int B, int Tq, int Tk, int NH, int NKV, int HS, int q_pos0, int k_pos0, bool causal,
                                    void* stream = nullptr);
@@ -70,6 +91,11 @@ void attention_block_backward_tiled(DType dtype, void* dq, void* dk, void* dv, c
 // out_acc, lse_acc <- the log-sum-exp weighted merge with out_part, lse_part (Ops::merge_attention_partials).
 void merge_attention_partials_gpu(DType dtype, void* out_acc, float* lse_acc, const void* out_part,
                                   const float* lse_part, int B, int T, int NH, int HS, void* stream = nullptr);
+// out [B, T, NH*HS], lse [B, NH, T] <- the merge of S partial results over disjoint key ranges,
+// parts [S][B, T, NH*HS] and lse_parts [S][B, NH, T]: lse = log sum_s exp(lse_s), out = sum_s
+// exp(lse_s - lse) out_s (a row no part saw a key in: out 0, lse -inf).
+void merge_attention_splits_gpu(DType dtype, void* out, float* lse, const void* parts, const float* lse_parts, int S,
+                                int B, int T, int NH, int HS, void* stream = nullptr);
 
 // D[b, h, t] = sum_c dout[b, t, h*HS + c] * out[b, t, h*HS + c]  (fp32), any dtype/head size.
 void attention_row_dot(DType dtype, float* D, const void* dout, const void* out, int B, int T, int NH, int HS,

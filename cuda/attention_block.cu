@@ -2,7 +2,10 @@
 // [B, Tk, NKV*HS] tensors (a KV cache, another context-parallel rank's block), on CUDA cores
 // with fp32 math for f32 or bf16 tensors and any head size, and the log-sum-exp merge of
 // partial results. The oracle is CpuOps (core/cpu/cpu_attention_block.cpp); see
-// Ops::attention_block_forward for the contract.
+// Ops::attention_block_forward for the contract. In bf16 at head sizes 64 and 128, where every
+// query sees the block's first key (ring attention's blocks, a KV cache's queries), the flash
+// kernels take these calls instead (flash_attention_block_supported); these serve the rest: f32
+// (the fp32 backend), other head sizes, and blocks some of whose queries see no key.
 //
 // Computes, per (b, h), with k, v those of key/value head h / G (grouped-query attention:
 // G = NH / NKV query heads share a key/value head, never repeated in memory), query i at
@@ -26,7 +29,8 @@
 // the group's G query heads in order, dq owning 32 queries) so every gradient element has one
 // owner: no atomics (not even across the heads of a group), bitwise deterministic run to run.
 // Shared memory as the tiled kernels: ~0.5 KB * HS forward, ~0.75 KB * HS backward.
-// The merge is one warp per (b, t, h) row: lanes over the head's channels.
+// The merges (two results, or a split's S parts: merge_attention_splits_gpu) are one warp per
+// (b, t, h) row: lanes over the head's channels.
 //
 // Cost: forward 4*HS FLOPs per visible (query, key) pair and query head, backward ~14*HS (q.k and
 // dO.v in both passes); bytes: q, out, lse once, K/V tiles once per query tile (from L2), K/V
@@ -36,6 +40,7 @@
 #include <cmath>
 
 #include "cuda/attention.h"
+#include "cuda/attention_rows.cuh"
 #include "cuda/cuda_common.h"
 
 namespace pt::gpu {
@@ -262,27 +267,44 @@ __global__ void __launch_bounds__(kTile)
 template <typename T>
 __global__ void __launch_bounds__(256)
     merge_kernel(T* out_acc, float* lse_acc, const T* out_part, const float* lse_part, int B, int T_, int NH, int HS) {
-  const size_t rows = static_cast<size_t>(B) * T_ * NH;
-  const size_t warps = static_cast<size_t>(gridDim.x) * (blockDim.x / kWarpSize);
-  const int lane = threadIdx.x % kWarpSize;
-  for (size_t r = static_cast<size_t>(blockIdx.x) * (blockDim.x / kWarpSize) + threadIdx.x / kWarpSize; r < rows;
-       r += warps) {
-    const size_t bt = r / NH;  // b * T + t
-    const int h = static_cast<int>(r % NH);
-    const size_t b = bt / T_, t = bt % T_;
-    const size_t li = (b * NH + h) * T_ + t;
+  for_each_head_row(B, T_, NH, HS, [&](size_t off, size_t li, int lane) {
     const float a = lse_acc[li], p = lse_part[li];
     __syncwarp();  // every lane has read lse_acc before lane 0 overwrites it
     const float m = fmaxf(a, p);
-    if (m == -INFINITY) continue;  // neither side saw a key (uniform across the warp)
+    if (m == -INFINITY) return;  // neither side saw a key
     const float wa = expf(a - m), wp = expf(p - m);
     const float s = wa + wp;
     const float ca = wa / s, cp = wp / s;
-    const size_t off = bt * (static_cast<size_t>(NH) * HS) + static_cast<size_t>(h) * HS;
     for (int c = lane; c < HS; c += kWarpSize)
       out_acc[off + c] = from_float<T>(to_float(out_acc[off + c]) * ca + to_float(out_part[off + c]) * cp);
     if (lane == 0) lse_acc[li] = m + logf(s);
-  }
+  });
+}
+
+// One warp per (b, t, h) row of out: the parts' weights from their lse, then lanes over the head's
+// channels, each summing its channel over the parts in order (deterministic).
+template <typename T>
+__global__ void __launch_bounds__(256) merge_splits_kernel(T* out, float* lse, const T* parts, const float* lse_parts,
+                                                           int S, int B, int T_, int NH, int HS) {
+  const size_t rows = static_cast<size_t>(B) * T_ * NH, part_out = rows * HS;
+  for_each_head_row(B, T_, NH, HS, [&](size_t off, size_t li, int lane) {
+    float m = -INFINITY;
+    for (int s = 0; s < S; ++s) m = fmaxf(m, lse_parts[s * rows + li]);
+    if (m == -INFINITY) {  // no part saw a key
+      for (int c = lane; c < HS; c += kWarpSize) out[off + c] = from_float<T>(0.0f);
+      if (lane == 0) lse[li] = -INFINITY;
+      return;
+    }
+    float sum = 0.0f;
+    for (int s = 0; s < S; ++s) sum += expf(lse_parts[s * rows + li] - m);
+    const float inv = 1.0f / sum;
+    for (int c = lane; c < HS; c += kWarpSize) {
+      float acc = 0.0f;
+      for (int s = 0; s < S; ++s) acc += expf(lse_parts[s * rows + li] - m) * to_float(parts[s * part_out + off + c]);
+      out[off + c] = from_float<T>(acc * inv);
+    }
+    if (lane == 0) lse[li] = m + logf(sum);
+  });
 }
 
 template <typename K>
@@ -361,6 +383,18 @@ void merge_attention_partials_gpu(DType dtype, void* out_acc, float* lse_acc, co
     using E = decltype(tag);
     merge_kernel<E><<<grid_stride_blocks(rows, 256 / kWarpSize), 256, 0, as_stream(stream)>>>(
         static_cast<E*>(out_acc), lse_acc, static_cast<const E*>(out_part), lse_part, B, T, NH, HS);
+    CUDA_CHECK_LAUNCH();
+  });
+}
+
+void merge_attention_splits_gpu(DType dtype, void* out, float* lse, const void* parts, const float* lse_parts, int S,
+                                int B, int T, int NH, int HS, void* stream) {
+  if (B <= 0 || T <= 0) return;
+  const size_t rows = static_cast<size_t>(B) * T * NH;
+  dispatch_act("merge_attention_splits", dtype, [&](auto tag) {
+    using E = decltype(tag);
+    merge_splits_kernel<E><<<grid_stride_blocks(rows, 256 / kWarpSize), 256, 0, as_stream(stream)>>>(
+        static_cast<E*>(out), lse, static_cast<const E*>(parts), lse_parts, S, B, T, NH, HS);
     CUDA_CHECK_LAUNCH();
   });
 }

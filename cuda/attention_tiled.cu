@@ -37,6 +37,7 @@
 #include <cmath>
 
 #include "cuda/attention.h"
+#include "cuda/attention_rows.cuh"
 #include "cuda/cuda_common.h"
 
 namespace pt::gpu {
@@ -242,22 +243,12 @@ __global__ void __launch_bounds__(kTile)
 template <typename T>
 __global__ void __launch_bounds__(256) row_dot_kernel(float* D, const T* dout, const T* out, int B, int T_, int NH,
                                                       int HS) {
-  const size_t rows = static_cast<size_t>(B) * T_ * NH;
-  const size_t warps = static_cast<size_t>(gridDim.x) * (blockDim.x / kWarpSize);
-  const int lane = threadIdx.x % kWarpSize;
-  for (size_t r = static_cast<size_t>(blockIdx.x) * (blockDim.x / kWarpSize) + threadIdx.x / kWarpSize; r < rows;
-       r += warps) {
-    const size_t bt = r / NH;  // b * T + t
-    const int h = static_cast<int>(r % NH);
-    const size_t off = bt * (static_cast<size_t>(NH) * HS) + static_cast<size_t>(h) * HS;
+  for_each_head_row(B, T_, NH, HS, [&](size_t off, size_t li, int lane) {
     float acc = 0.0f;
     for (int c = lane; c < HS; c += kWarpSize) acc += to_float(dout[off + c]) * to_float(out[off + c]);
     acc = warp_sum(acc);
-    if (lane == 0) {
-      const size_t b = bt / T_, t = bt % T_;
-      D[(b * NH + h) * T_ + t] = acc;
-    }
-  }
+    if (lane == 0) D[li] = acc;
+  });
 }
 
 // Opts the kernel in to `bytes` of dynamic shared memory, or throws naming the head size.

@@ -1,6 +1,7 @@
 // CudaOps's attention and mixture-of-experts ops (see cuda_ops.h): causal attention (the flash
 // kernels in bf16, the tiled ones otherwise; in FP8, the casts and the FP8 flash forward, and the
-// backward on the dequantised inputs), its blocks for context parallelism, and the
+// backward on the dequantised inputs), its blocks for context parallelism and KV caches (the
+// flash kernels where they apply, the CUDA-core block kernels otherwise), and the
 // experts' routing, permutation and combination. Each checks its arguments (cuda_ops_args.h),
 // then calls its kernels' launcher. Host code only, compiled by g++ against the CUDA runtime headers.
 #include <string>
@@ -144,8 +145,15 @@ void CudaOps::attention_block_forward(Tensor out, Tensor lse, Tensor q, Tensor k
   need(v, nk, dt, op, "v");
   need(out, size_t(B) * Tq * C, dt, op, "out");
   need(lse, size_t(B) * NH * Tq, DType::f32, op, "lse");
-  gpu::attention_block_forward_tiled(dt, out.data, static_cast<float*>(lse.data), q.data, k.data, v.data, B, Tq, Tk,
-                                     NH, NKV, HS, q_pos0, k_pos0, causal, stream_);
+  float* L = static_cast<float*>(lse.data);
+  if (gpu::flash_attention_block_supported(dt, HS, Tk, q_pos0, k_pos0, causal, false,
+                                           {q.data, k.data, v.data, out.data})) {
+    const size_t ws = gpu::flash_attention_block_forward_workspace_bytes(B, Tq, Tk, NH, HS);
+    gpu::flash_attention_block_forward_bf16(out.data, L, q.data, k.data, v.data, B, Tq, Tk, NH, NKV, HS, q_pos0, k_pos0,
+                                            causal, ws ? scratch(ws) : nullptr, stream_);
+  } else
+    gpu::attention_block_forward_tiled(dt, out.data, L, q.data, k.data, v.data, B, Tq, Tk, NH, NKV, HS, q_pos0, k_pos0,
+                                       causal, stream_);
 }
 
 void CudaOps::attention_block_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v,
@@ -165,11 +173,21 @@ void CudaOps::attention_block_backward(Tensor dq, Tensor dk, Tensor dv, Tensor d
   if (dq) need(dq, nq, dt, op, "dq");
   if (dk) need(dk, nk, dt, op, "dk");
   if (dv) need(dv, nk, dt, op, "dv");
-  float* D = static_cast<float*>(scratch(size_t(B) * NH * Tq * sizeof(float)));
+  const bool flash = gpu::flash_attention_block_supported(
+      dt, HS, Tk, q_pos0, k_pos0, causal, true, {q.data, k.data, v.data, dout.data, dq.data, dk.data, dv.data});
+  // One scratch request for D and the flash kernel's workspace (a second could move the first).
+  const size_t d_bytes = (size_t(B) * NH * Tq * sizeof(float) + 255) / 256 * 256;
+  const size_t ws_bytes = flash ? gpu::flash_attention_block_backward_workspace_bytes(B, Tq, Tk, NH, NKV, HS) : 0;
+  char* space = static_cast<char*>(scratch(d_bytes + ws_bytes));
+  float* D = reinterpret_cast<float*>(space);
+  const float* L = static_cast<const float*>(lse.data);
   gpu::attention_row_dot(dt, D, dout.data, out.data, B, Tq, NH, HS, stream_);
-  gpu::attention_block_backward_tiled(dt, dq.data, dk.data, dv.data, dout.data, q.data, k.data, v.data,
-                                      static_cast<const float*>(lse.data), D, B, Tq, Tk, NH, NKV, HS, q_pos0,
-                                      k_pos0, causal, stream_);
+  if (flash)
+    gpu::flash_attention_block_backward_bf16(dq.data, dk.data, dv.data, dout.data, q.data, k.data, v.data, L, D, B, Tq,
+                                             Tk, NH, NKV, HS, q_pos0, k_pos0, causal, space + d_bytes, stream_);
+  else
+    gpu::attention_block_backward_tiled(dt, dq.data, dk.data, dv.data, dout.data, q.data, k.data, v.data, L, D, B, Tq,
+                                        Tk, NH, NKV, HS, q_pos0, k_pos0, causal, stream_);
 }
 
 void CudaOps::merge_attention_partials(Tensor out_acc, Tensor lse_acc, Tensor out_part, Tensor lse_part, int B, int T,

@@ -9,6 +9,14 @@
 // Grouped-query attention: K, V are those of key/value head h / G (G = NH / NKV query heads per
 // key/value head), and a key/value head's dK, dV are the sums of its G query heads'.
 //
+// The same kernel body serves a block of queries against keys held apart (FlashProblem:
+// flash_block_backward_kernel; Ops::attention_block_backward, as ring attention's blocks call it):
+// q, dq [B, Tq, NH HS], k, v, dk, dv [B, Tk, NKV HS], query i seeing keys j <= i + delta, the
+// gradients ADDED to (one rounding of the fp32 sum each; a null one is not computed into), lse and
+// D those of the final, merged rows. Key block kt then starts at the query tile holding query
+// kt * 128 - delta (not at the diagonal), and query tile qt is summed over key blocks
+// last_key_tile(qt), ..., 0 in that order: the same turn chain, its first link moved.
+//
 // Tiles: one block of 8 warps (256 threads) per (128-key tile, b, query head), one block per SM;
 // each warp owns 16 keys and keeps their dK and dV (16 x HS each) in fp32 registers, K and V stay
 // in shared memory. The block walks the 128-query tiles from the diagonal to the end, Q, dO, lse
@@ -114,11 +122,21 @@ __device__ __forceinline__ void pass_turn(int* turn, int pos) {
   if (threadIdx.x == 0) store_release(turn, pos + 1);
 }
 
+// out[0..1] = scale (x, y) in bf16, or out += that (accumulate: one rounding of the fp32 sum).
+__device__ __forceinline__ void store_gradient(bf16* out, float x, float y, float scale, bool accumulate) {
+  if (accumulate) {
+    const float2 old = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(out));
+    store_pair(out, fmaf(x, scale, old.x), fmaf(y, scale, old.y));
+  } else {
+    store_pair(out, x * scale, y * scale);
+  }
+}
+
 // acc[i] (+)= v for one thread's pair of fp32 scratch values (first: store, no read), or, for the
-// last contributor, out[i] = scale * (acc + v) in bf16. __ldcg/__stcg go through L2 only: another
-// block's writes are never hidden behind a stale L1 line.
+// last contributor, out[i] (+)= scale * (acc + v) in bf16. __ldcg/__stcg go through L2 only:
+// another block's writes are never hidden behind a stale L1 line.
 __device__ __forceinline__ void ordered_add(float* acc, bf16* out, float x, float y, bool first, bool last,
-                                            float scale) {
+                                            float scale, bool accumulate) {
   float2 v = make_float2(x, y);
   if (!first) {
     const float2 prev = __ldcg(reinterpret_cast<const float2*>(acc));
@@ -126,17 +144,19 @@ __device__ __forceinline__ void ordered_add(float* acc, bf16* out, float x, floa
     v.y = prev.y + v.y;
   }
   if (last) {
-    if (out) store_pair(out, v.x * scale, v.y * scale);
+    if (out) store_gradient(out, v.x, v.y, scale, accumulate);
   } else {
     __stcg(reinterpret_cast<float2*>(acc), v);
   }
 }
 
-template <int HS>
-__global__ void __launch_bounds__(kBwdThreads, 1)
-    flash_backward_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* Dvec,
-                          float* dq_acc, float* dkv_acc, int* dq_turns, int* dkv_turns, int* ticket, int T, int NH,
-                          int NKV, float scale, float scale_log2) {
+// The kernel body. kBlock: p is a block (its own key count and offset) whose gradients are added
+// to; else causal self-attention (Tk = Tq, delta = 0, known at compile time) whose gradients are
+// written.
+template <int HS, bool kBlock>
+__device__ __forceinline__ void flash_backward(const FlashProblem& p, const FlashGrads& gr, const float* lse,
+                                               const float* Dvec, float* dq_acc, float* dkv_acc, int* dq_turns,
+                                               int* dkv_turns, int* ticket, float scale, float scale_log2) {
   constexpr int LD = row_stride<HS>(), BN = kBwdBlockN, BM = kBwdBlockM, KS = HS / 16, STAGES = bwd_stages<HS>();
   constexpr int QC = HS <= 64 ? 64 : 32;  // queries per chunk of the S^T / dP^T products
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -154,35 +174,53 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   // within a key tile, the group's query heads in order (the two sums below rely on both).
   if (threadIdx.x == 0) s_ticket = atomicAdd(ticket, 1);
   __syncthreads();
+  const int NH = p.NH, NKV = p.NKV, Tq = p.Tq, Tk = kBlock ? p.Tk : p.Tq, delta = kBlock ? p.delta : 0;
   const int G = NH / NKV, nk = gridDim.x;
   const int j = s_ticket % G, rest = s_ticket / G;
   const int kt = nk - 1 - rest % nk, bkv = rest / nk;
   const int b = bkv / NKV, kvh = bkv % NKV, h = kvh * G + j;
-  const int C = NH * HS, nq = ceil_div(T, BM);
-  const size_t rs = static_cast<size_t>(NH + 2 * NKV) * HS;
+  const int C = NH * HS, nq = ceil_div(Tq, BM);
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize, g = lane >> 2, t = lane & 3;
   const int key0 = kt * BN + warp * 16;  // the warp's first key
-  const bf16* row_b = qkv + static_cast<size_t>(b) * T * rs;
-  const bf16* qhead = row_b + static_cast<size_t>(h) * HS;
-  const bf16* dohead = dout + static_cast<size_t>(b) * T * C + static_cast<size_t>(h) * HS;
-  const size_t lbase = (static_cast<size_t>(b) * NH + h) * T;
-  const size_t k_off = static_cast<size_t>(NH + kvh) * HS, v_off = static_cast<size_t>(NH + NKV + kvh) * HS;
+  // Where the block reads and writes: a block's own q, k, v (and dq, dk, dv) tensors, or the packed
+  // qkv (and dqkv) rows holding all three. Offsets are recomputed from ints where used (a 64-bit
+  // offset held across the loop costs two of the registers this kernel is out of).
+  const size_t q_stride = kBlock ? p.q_stride : static_cast<size_t>(NH + 2 * NKV) * HS;
+  const size_t kv_stride = kBlock ? p.kv_stride : q_stride;
+  const auto q_index = [&](int i) {  // position i of query head h
+    return (static_cast<size_t>(b) * Tq + i) * q_stride + static_cast<size_t>(h) * HS;
+  };
+  const auto k_index = [&](int j) {  // position j of key head kvh (packed: after the NH query heads)
+    return (static_cast<size_t>(b) * Tk + j) * kv_stride + static_cast<size_t>(kBlock ? kvh : NH + kvh) * HS;
+  };
+  const size_t v_from_k = kBlock ? 0 : static_cast<size_t>(NKV) * HS;  // packed: v heads follow the k heads
+  const bf16* qhead = p.q + q_index(0);
+  const bf16* dohead = gr.dout + static_cast<size_t>(b) * Tq * C + static_cast<size_t>(h) * HS;
+  const size_t lbase = (static_cast<size_t>(b) * NH + h) * Tq;
+  // The query tiles this key block meets: from the one holding the first query that sees its first
+  // key (kt: the diagonal, under causal self-attention). Query tile qt meets the key blocks up to
+  // last_key_tile(qt); both are from the tiles' bounds alone, so the two agree.
+  const int qt_begin = kBlock ? max(0, kt * BN - delta) / BM : kt;
+  const auto last_key_tile = [&](int qt) { return kBlock ? min(nk - 1, (qt * BM + BM - 1 + delta) / BN) : qt; };
 
   // Starts the copies of query tile qt's Q, dO, lse and D into buffer `stage`.
   auto issue_tile = [&](int qt, int stage) {
-    load_tile_async<HS, BM, kBwdThreads>(sQ + stage * BM * LD, qhead, rs, qt * BM, T);
-    load_tile_async<HS, BM, kBwdThreads>(sdO + stage * BM * LD, dohead, C, qt * BM, T);
+    load_tile_async<HS, BM, kBwdThreads>(sQ + stage * BM * LD, qhead, q_stride, qt * BM, Tq);
+    load_tile_async<HS, BM, kBwdThreads>(sdO + stage * BM * LD, dohead, C, qt * BM, Tq);
     if (threadIdx.x < BM) {
       const int q = qt * BM + threadIdx.x;
-      // Past T: lse = +inf makes P = 0 with no mask, and dS = 0 with it.
-      sL[stage * BM + threadIdx.x] = q < T ? lse[lbase + q] * kLog2e : INFINITY;
-      sD[stage * BM + threadIdx.x] = q < T ? Dvec[lbase + q] : 0.0f;
+      // Past Tq: lse = +inf makes P = 0 with no mask, and dS = 0 with it. (Keys past Tk need no
+      // mask: their K and V are zero-filled, so they add nothing to dQ, and their dK, dV are
+      // never stored.)
+      sL[stage * BM + threadIdx.x] = q < Tq ? lse[lbase + q] * kLog2e : INFINITY;
+      sD[stage * BM + threadIdx.x] = q < Tq ? Dvec[lbase + q] : 0.0f;
     }
   };
 
-  load_tile_async<HS, BN, kBwdThreads>(sK, row_b + k_off, rs, kt * BN, T);
-  load_tile_async<HS, BN, kBwdThreads>(sV, row_b + v_off, rs, kt * BN, T);
-  issue_tile(kt, 0);
+  load_tile_async<HS, BN, kBwdThreads>(sK, (kBlock ? p.k : p.q) + k_index(0), kv_stride, kt * BN, Tk);
+  load_tile_async<HS, BN, kBwdThreads>(sV, (kBlock ? p.v : p.q) + k_index(0) + v_from_k, kv_stride, kt * BN, Tk);
+  const bool meets_queries = !kBlock || qt_begin < nq;  // a block's key tile may precede every query
+  if (meets_queries) issue_tile(qt_begin, 0);
   cp_async_commit();
 
   float dk[HS / 8][4], dv[HS / 8][4];
@@ -193,8 +231,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 
   const size_t turn_base = (static_cast<size_t>(b) * NH + h) * nq;  // this head's dQ turn counters
 #pragma unroll 1
-  for (int qt = kt; qt < nq; ++qt) {
-    const int stage = STAGES == 2 ? (qt - kt) & 1 : 0;
+  for (int qt = qt_begin; qt < nq; ++qt) {
+    const int stage = STAGES == 2 ? (qt - qt_begin) & 1 : 0;
     if constexpr (STAGES == 2) {
       if (qt + 1 < nq) issue_tile(qt + 1, stage ^ 1);  // that buffer was last read before the mid-loop barrier
       cp_async_commit();
@@ -205,7 +243,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     __syncthreads();  // tile qt is in; the previous tile's dS^T is no longer read; its dQ part is stored
     // Pass the previous tile's dQ turn on (the barrier ordered every thread's part before it);
     // key block 0 is the last of every tile and passes nothing.
-    if (threadIdx.x == 0 && qt > kt && kt > 0) store_release(dq_turns + turn_base + qt - 1, qt - kt);
+    if (threadIdx.x == 0 && qt > qt_begin && kt > 0)
+      store_release(dq_turns + turn_base + qt - 1, last_key_tile(qt - 1) - kt + 1);
 
     const int q_first = qt * BM;
     const bf16* q_s = sQ + stage * BM * LD;
@@ -218,7 +257,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     // 64 beside dK and dV's 128 would spill).
 #pragma unroll
     for (int qc = 0; qc < BM; qc += QC) {
-      if (q_first + qc + QC - 1 < key0) {  // every key of the warp follows these queries: dS^T = 0
+      if (q_first + qc + QC - 1 + delta < key0) {  // no query of these sees a key of the warp: dS^T = 0
 #pragma unroll
         for (int i = 0; i < 16 * (QC / 8) / kWarpSize; ++i) {
           const int e = lane + i * kWarpSize, r = e / (QC / 8), c = qc + (e % (QC / 8)) * 8;
@@ -246,14 +285,14 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         }
       }
       // Element e of n-tile nt: key key0 + g + 8 (e / 2), query column qc + 8nt + 2t + e % 2 of the tile.
-      const bool need_mask = q_first + qc < key0 + 15;  // some query of the chunk precedes some key of the warp
+      const bool need_mask = q_first + qc + delta < key0 + 15;  // some query of the chunk misses some key of the warp
 #pragma unroll
       for (int nt = 0; nt < QC / 8; ++nt) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int col = qc + nt * 8 + 2 * t + (e & 1);
           float p = exp2f(fmaf(st[nt][e], scale_log2, -L_s[col]));
-          if (need_mask && q_first + col < key0 + g + 8 * (e >> 1)) p = 0.0f;
+          if (need_mask && q_first + col + delta < key0 + g + 8 * (e >> 1)) p = 0.0f;
           st[nt][e] = p;
           dpt[nt][e] = p * (dpt[nt][e] - D_s[col]);  // dS^T
         }
@@ -276,10 +315,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         }
       }
     }
-    // The tile's dQ is summed over key blocks kt = qt, qt - 1, ..., 0 in that order (header,
-    // step 4). Thread 0 looks at the turn now, while other warps finish: the block ahead is
-    // usually done by then, and the barrier below then carries its acquire to every thread.
-    const int pos = qt - kt;
+    // The tile's dQ is summed over key blocks kt = last_key_tile(qt), ..., 0 in that order
+    // (header, step 4). Thread 0 looks at the turn now, while other warps finish: the block ahead
+    // is usually done by then, and the barrier below then carries its acquire to every thread.
+    const int pos = last_key_tile(qt) - kt;
     const bool first = pos == 0, last = kt == 0;
     int* turn = dq_turns + turn_base + qt;
     float* acc = dq_acc + (turn_base + qt) * BM * HS;  // the tile's partial sum, beside its counter's index
@@ -301,7 +340,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       for (int nt = 0; nt < 8; ++nt) dq[nt][0] = dq[nt][1] = dq[nt][2] = dq[nt][3] = 0.0f;
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk) {
-        if (kt * BN + kk * 16 > q_first + qw + 15) break;  // these keys follow all of the warp's queries
+        if (kt * BN + kk * 16 > q_first + qw + 15 + delta) break;  // no query of the warp sees these keys
         uint32_t a[4];
         ldmatrix_x4_trans(a, sdS + kk * 16 * kDsLD + qw + lane_offset_y(lane, kDsLD));
 #pragma unroll
@@ -328,16 +367,16 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
           if (!first) v = make_float2(prev[nt][r].x + v.x, prev[nt][r].y + v.y);
           if (!last)
             __stcg(reinterpret_cast<float2*>(acc + row * HS + col), v);
-          else if (qi < T)
-            store_pair(dqkv + (static_cast<size_t>(b) * T + qi) * rs + static_cast<size_t>(h) * HS + col, v.x * scale,
-                       v.y * scale);
+          else if (qi < Tq && (!kBlock || gr.dq))  // (a block's dq, dk or dv may be null: not wanted)
+            store_gradient(gr.dq + q_index(qi) + col, v.x, v.y, scale, kBlock);
         }
       }
     }
   }
   cp_async_wait<0>();
   __syncthreads();
-  if (threadIdx.x == 0 && kt > 0) store_release(dq_turns + turn_base + nq - 1, nq - kt);
+  if (threadIdx.x == 0 && kt > 0 && meets_queries)
+    store_release(dq_turns + turn_base + nq - 1, last_key_tile(nq - 1) - kt + 1);
 
   // dK and dV: a key/value head's are the sum of its group's query heads, added in head order
   // through fp32 scratch (G = 1: written at once).
@@ -349,77 +388,134 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = warp * 16 + g + 8 * r, kj = kt * BN + row;
-    bf16* drow = kj < T ? dqkv + (static_cast<size_t>(b) * T + kj) * rs + 2 * t : nullptr;
+    const size_t at = k_index(kj) + 2 * t;  // (b, kj, kvh, column 2t)
+    bf16* dkrow = kj < Tk && (!kBlock || gr.dk) ? (kBlock ? gr.dk : gr.dq) + at : nullptr;
+    bf16* dvrow = kj < Tk && (!kBlock || gr.dv) ? (kBlock ? gr.dv : gr.dq) + at + v_from_k : nullptr;
 #pragma unroll
     for (int nt = 0; nt < HS / 8; ++nt) {
       const int col = nt * 8 + 2 * t;
-      ordered_add(kacc + row * HS + col, drow ? drow + k_off + nt * 8 : nullptr, dk[nt][2 * r], dk[nt][2 * r + 1],
-                  first, last, scale);
-      ordered_add(vacc + row * HS + col, drow ? drow + v_off + nt * 8 : nullptr, dv[nt][2 * r], dv[nt][2 * r + 1],
-                  first, last, 1.0f);
+      ordered_add(kacc + row * HS + col, dkrow ? dkrow + nt * 8 : nullptr, dk[nt][2 * r], dk[nt][2 * r + 1], first,
+                  last, scale, kBlock);
+      ordered_add(vacc + row * HS + col, dvrow ? dvrow + nt * 8 : nullptr, dv[nt][2 * r], dv[nt][2 * r + 1], first,
+                  last, 1.0f, kBlock);
     }
   }
   if (!last) pass_turn(turn, j);
 }
 
+// The kernels' parameters are scalars (the strides follow from the head counts): ptxas allocates
+// these kernels' registers at the 255 limit, and parameter structs moved them to spilling more.
+// Causal self-attention on a packed qkv, its gradient written into dqkv:
+template <int HS>
+__global__ void __launch_bounds__(kBwdThreads, 1)
+    flash_backward_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* Dvec,
+                          float* dq_acc, float* dkv_acc, int* dq_turns, int* dkv_turns, int* ticket, int T, int NH,
+                          int NKV, float scale, float scale_log2) {
+  const size_t rs = static_cast<size_t>(NH + 2 * NKV) * HS;
+  const FlashProblem p{qkv, nullptr, nullptr, rs, rs, rs * T, T, T, NH, NKV, 0, kOneSplit};
+  const FlashGrads gr{dout, dqkv, nullptr, nullptr};  // (dk and dv are within dqkv's rows)
+  flash_backward<HS, false>(p, gr, lse, Dvec, dq_acc, dkv_acc, dq_turns, dkv_turns, ticket, scale, scale_log2);
+}
+// ... and a block of queries against keys held apart, its gradients added to dq, dk and dv:
+template <int HS>
+__global__ void __launch_bounds__(kBwdThreads, 1)
+    flash_block_backward_kernel(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k,
+                                const bf16* v, const float* lse, const float* Dvec, float* dq_acc, float* dkv_acc,
+                                int* dq_turns, int* dkv_turns, int* ticket, int Tq, int Tk, int NH, int NKV, int delta,
+                                float scale, float scale_log2) {
+  const size_t kv_stride = static_cast<size_t>(NKV) * HS;
+  const FlashProblem p{q, k, v, static_cast<size_t>(NH) * HS, kv_stride, kv_stride * Tk, Tq, Tk, NH, NKV, delta,
+                       kOneSplit};
+  const FlashGrads gr{dout, dq, dk, dv};
+  flash_backward<HS, true>(p, gr, lse, Dvec, dq_acc, dkv_acc, dq_turns, dkv_turns, ticket, scale, scale_log2);
+}
+
 // The workspace's parts (fp32 scratch, then int counters zeroed before every launch):
-//  - dQ partial sums [B*NH][ceil(T/128)][128][HS] and their turn counters [B*NH][ceil(T/128)];
-//  - under grouped-query attention, dK and dV partial sums [B*NKV][ceil(T/128)][2][128][HS] and
-//    their counters [B*NKV][ceil(T/128)];
+//  - dQ partial sums [B*NH][ceil(Tq/128)][128][HS] and their turn counters [B*NH][ceil(Tq/128)];
+//  - under grouped-query attention, dK and dV partial sums [B*NKV][ceil(Tk/128)][2][128][HS] and
+//    their counters [B*NKV][ceil(Tk/128)];
 //  - the ticket.
 struct Workspace {
   size_t dq_floats, dkv_floats, dq_turns, dkv_turns;
   size_t counters() const { return dq_turns + dkv_turns + 1; }
 };
-Workspace workspace_layout(int B, int T, int NH, int NKV, int HS) {
-  const size_t tiles = ceil_div(T, kBwdBlockM);
-  const size_t dq_tiles = size_t(B) * NH * tiles, kv_tiles = NKV < NH ? size_t(B) * NKV * tiles : 0;
+Workspace workspace_layout(int B, int Tq, int Tk, int NH, int NKV, int HS) {
+  const size_t dq_tiles = size_t(B) * NH * ceil_div(Tq, kBwdBlockM);
+  const size_t kv_tiles = NKV < NH ? size_t(B) * NKV * ceil_div(Tk, kBwdBlockN) : 0;
   return {dq_tiles * kBwdBlockM * HS, kv_tiles * 2 * kBwdBlockN * HS, dq_tiles, kv_tiles};
 }
 
-template <int HS>
-void launch_backward(void* dqkv, const void* dout, const void* qkv, const float* lse, const float* D, int B, int T,
-                     int NH, int NKV, void* workspace, cudaStream_t stream) {
+size_t workspace_bytes(int B, int Tq, int Tk, int NH, int NKV, int HS) {
+  if (B <= 0 || Tq <= 0 || Tk <= 0) return 0;
+  const Workspace ws = workspace_layout(B, Tq, Tk, NH, NKV, HS);
+  return (ws.dq_floats + ws.dkv_floats) * sizeof(float) + ws.counters() * sizeof(int);
+}
+
+template <int HS, bool kBlock>
+void launch_backward(const FlashProblem& p, const FlashGrads& gr, const float* lse, const float* D, int B,
+                     void* workspace, cudaStream_t stream) {
   const size_t smem = backward_smem_bytes<HS>();
-  use_dynamic_shared(flash_backward_kernel<HS>, smem, [] { return "flash attention backward"; });
-  const Workspace ws = workspace_layout(B, T, NH, NKV, HS);
+  if constexpr (kBlock)
+    use_dynamic_shared(flash_block_backward_kernel<HS>, smem, [] { return "flash attention backward (block)"; });
+  else
+    use_dynamic_shared(flash_backward_kernel<HS>, smem, [] { return "flash attention backward"; });
+  const Workspace ws = workspace_layout(B, p.Tq, p.Tk, p.NH, p.NKV, HS);
   float* dq_acc = static_cast<float*>(workspace);
   float* dkv_acc = dq_acc + ws.dq_floats;
   int* dq_turns = reinterpret_cast<int*>(dkv_acc + ws.dkv_floats);
   int* dkv_turns = dq_turns + ws.dq_turns;
   int* ticket = dkv_turns + ws.dkv_turns;
   CUDA_CHECK(cudaMemsetAsync(dq_turns, 0, ws.counters() * sizeof(int), stream));
-  const dim3 grid(static_cast<unsigned>(ceil_div(T, kBwdBlockN)), static_cast<unsigned>(B * NH));
+  const dim3 grid(static_cast<unsigned>(ceil_div(p.Tk, kBwdBlockN)), static_cast<unsigned>(B * p.NH));
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
-  flash_backward_kernel<HS><<<grid, kBwdThreads, smem, stream>>>(
-      static_cast<bf16*>(dqkv), static_cast<const bf16*>(dout), static_cast<const bf16*>(qkv), lse, D, dq_acc,
-      dkv_acc, dq_turns, dkv_turns, ticket, T, NH, NKV, scale, scale * kLog2e);
+  if constexpr (kBlock)
+    flash_block_backward_kernel<HS><<<grid, kBwdThreads, smem, stream>>>(
+        gr.dq, gr.dk, gr.dv, gr.dout, p.q, p.k, p.v, lse, D, dq_acc, dkv_acc, dq_turns, dkv_turns, ticket, p.Tq, p.Tk,
+        p.NH, p.NKV, p.delta, scale, scale * kLog2e);
+  else
+    flash_backward_kernel<HS><<<grid, kBwdThreads, smem, stream>>>(gr.dq, gr.dout, p.q, lse, D, dq_acc, dkv_acc,
+                                                                   dq_turns, dkv_turns, ticket, p.Tq, p.NH, p.NKV,
+                                                                   scale, scale * kLog2e);
   CUDA_CHECK_LAUNCH();
+}
+
+template <bool kBlock>
+void launch_backward(const FlashProblem& p, const FlashGrads& gr, const float* lse, const float* D, int B, int HS,
+                     void* workspace, cudaStream_t stream) {
+  if (B <= 0 || p.Tq <= 0 || p.Tk <= 0) return;
+  check_flash_heads(B, p.NH, p.NKV);
+  check(workspace != nullptr && is_aligned(workspace, 16), "flash attention backward: needs a 16-byte aligned workspace");
+  with_flash_head_size(HS, [&](auto hs) {
+    launch_backward<decltype(hs)::value, kBlock>(p, gr, lse, D, B, workspace, stream);
+  });
 }
 
 }  // namespace
 
 size_t flash_attention_backward_workspace_bytes(int B, int T, int NH, int NKV, int HS) {
-  if (B <= 0 || T <= 0) return 0;
-  const Workspace ws = workspace_layout(B, T, NH, NKV, HS);
-  return (ws.dq_floats + ws.dkv_floats) * sizeof(float) + ws.counters() * sizeof(int);
+  return workspace_bytes(B, T, T, NH, NKV, HS);
 }
 
 void flash_attention_backward_bf16(void* dqkv, const void* dout, const void* qkv, const float* lse, const float* D,
                                    int B, int T, int NH, int NKV, int HS, void* workspace, void* stream) {
-  if (B <= 0 || T <= 0) return;
-  check(static_cast<long long>(B) * NH <= 65535, "flash attention: B * n_heads exceeds the grid's y limit 65535");
-  check(NKV > 0 && NH % NKV == 0, "flash attention: n_kv_heads must divide n_heads");
-  check(workspace != nullptr && is_aligned(workspace, 16), "flash attention backward: needs a 16-byte aligned workspace");
-  switch (HS) {
-    case 64:
-      return launch_backward<64>(dqkv, dout, qkv, lse, D, B, T, NH, NKV, workspace, as_stream(stream));
-    case 128:
-      return launch_backward<128>(dqkv, dout, qkv, lse, D, B, T, NH, NKV, workspace, as_stream(stream));
-    default:
-      throw RuntimeError("flash attention: head size " + std::to_string(HS) +
-                         " has no tensor-core kernel (64 or 128); the CUDA-core kernels handle it");
-  }
+  const FlashProblem p = packed_problem(qkv, T, NH, NKV, HS);
+  bf16* dq = static_cast<bf16*>(dqkv);
+  const FlashGrads gr{static_cast<const bf16*>(dout), dq, nullptr, nullptr};  // (dk and dv are within dqkv's rows)
+  launch_backward<false>(p, gr, lse, D, B, HS, workspace, as_stream(stream));
+}
+
+size_t flash_attention_block_backward_workspace_bytes(int B, int Tq, int Tk, int NH, int NKV, int HS) {
+  return workspace_bytes(B, Tq, Tk, NH, NKV, HS);
+}
+
+void flash_attention_block_backward_bf16(void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k,
+                                         const void* v, const float* lse, const float* D, int B, int Tq, int Tk,
+                                         int NH, int NKV, int HS, int q_pos0, int k_pos0, bool causal,
+                                         void* workspace, void* stream) {
+  const FlashGrads gr{static_cast<const bf16*>(dout), static_cast<bf16*>(dq), static_cast<bf16*>(dk),
+                      static_cast<bf16*>(dv)};
+  launch_backward<true>(block_problem(q, k, v, Tq, Tk, NH, NKV, HS, q_pos0, k_pos0, causal), gr, lse, D, B, HS, workspace,
+                  as_stream(stream));
 }
 
 }  // namespace pt::gpu

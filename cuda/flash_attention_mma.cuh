@@ -30,6 +30,8 @@
 // 16-byte aligned for cp.async and ldmatrix.
 #pragma once
 #include <cstdint>
+#include <string>
+#include <type_traits>
 
 #include "cuda/cuda_common.h"
 
@@ -105,15 +107,18 @@ __device__ __forceinline__ void store_pair(bf16* p, float x, float y) {
 // column 8 j + 2 t + e % 2; wgmma's accumulators repeat it along N), and the row's output the same
 // way over the head's columns.
 
-// -inf where key key0 + 8 j + 2 t + e % 2 follows query row0 + g + 8 (e / 2) (causal).
-template <int NT>
-__device__ __forceinline__ void causal_mask(float (&s)[NT][4], int row0, int key0, int g, int t) {
+// -inf where key key0 + 8 j + 2 t + e % 2 follows query row0 + g + 8 (e / 2) (causal). With an
+// offset (a block: kBounded, see FlashProblem), where it follows the query's position + delta or
+// is past the block's keys (key_end on).
+template <int NT, bool kBounded = false>
+__device__ __forceinline__ void causal_mask(float (&s)[NT][4], int row0, int key0, int g, int t, int delta = 0,
+                                            int key_end = 0) {
 #pragma unroll
   for (int j = 0; j < NT; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int qi = row0 + g + 8 * (e >> 1), kj = key0 + j * 8 + 2 * t + (e & 1);
-      if (kj > qi) s[j][e] = -INFINITY;
+      if (kBounded ? kj > qi + delta || kj >= key_end : kj > qi) s[j][e] = -INFINITY;
     }
 }
 
@@ -157,6 +162,77 @@ __device__ __forceinline__ float row_sum_quad(float l) {
 }
 __device__ __forceinline__ float row_lse(float m_run, float l, float scale_log2) {
   return (m_run * scale_log2 + log2f(l)) * kLn2;
+}
+
+// ---- what the sm_80 kernels compute on --------------------------------------------------------
+// Where the operands live and which keys each query sees. Causal self-attention on a packed qkv
+// (q, k and v interleaved in one row per position) and a block of queries against keys held
+// apart (another context-parallel rank's block, a KV cache) are both this. Element c of head h of
+// position i in batch b is at q[(b Tq + i) q_stride + h HS + c] (k, v: Tk, kv_stride, their
+// key/value head); out and dout are [B, Tq, NH HS]; lse and D [B, NH, Tq].
+struct FlashProblem {
+  const bf16* q;
+  const bf16* k;
+  const bf16* v;
+  size_t q_stride, kv_stride;  // elements from one position to the next (q and dq; k, v, dk and dv)
+  size_t kv_batch_stride;      // ... and from one sequence's keys to the next's: Tk kv_stride
+  int Tq, Tk, NH, NKV;
+  // Query i sees key j iff j <= i + delta (and j < Tk); -Tq <= delta <= Tk: 0 is causal attention
+  // of a sequence on itself, Tk sees every key. The backward needs delta >= 0 (every query sees
+  // key 0); the forward takes any (a row that sees no key gets out 0 and lse -inf, as may a split
+  // of a KV cache's keys).
+  int delta;
+  // Key tiles (of the forward's 64 keys) per split of the keys (flash-decoding: blockIdx.z takes
+  // tiles [z split_tiles, (z + 1) split_tiles)); kOneSplit: one split, every tile.
+  int split_tiles;
+};
+// The backward's gradients, in the layouts of q, k, v (a block's are added to, packed ones written).
+struct FlashGrads {
+  const bf16* dout;
+  bf16* dq;
+  bf16* dk;
+  bf16* dv;
+};
+
+// Host checks and dispatch shared by the launchers: the grid's y limit (B NH blocks), whole
+// key/value groups, and fn(std::integral_constant<int, HS>{}) for the head sizes the kernels are
+// compiled for (64, 128; the callers send the others to the CUDA-core kernels).
+inline void check_flash_heads(int B, int NH, int NKV) {
+  check(static_cast<long long>(B) * NH <= 65535, "flash attention: B * n_heads exceeds the grid's y limit 65535");
+  check(NKV > 0 && NH % NKV == 0, "flash attention: n_kv_heads must divide n_heads");
+}
+template <typename Fn>
+void with_flash_head_size(int HS, Fn&& fn) {
+  switch (HS) {
+    case 64:
+      return fn(std::integral_constant<int, 64>{});
+    case 128:
+      return fn(std::integral_constant<int, 128>{});
+    default:
+      throw RuntimeError("flash attention: head size " + std::to_string(HS) +
+                         " has no tensor-core kernel (64 or 128); the CUDA-core kernels handle it");
+  }
+}
+
+constexpr int kOneSplit = 1 << 30;  // FlashProblem::split_tiles of a call that does not split its keys
+
+// Causal self-attention on a packed qkv [B, T, (NH + 2 NKV) HS] (attention_forward's layout).
+inline FlashProblem packed_problem(const void* qkv, int T, int NH, int NKV, int HS) {
+  const bf16* base = static_cast<const bf16*>(qkv);
+  const size_t rs = static_cast<size_t>(NH + 2 * NKV) * HS;
+  return {base, base + static_cast<size_t>(NH) * HS, base + static_cast<size_t>(NH + NKV) * HS, rs, rs, rs * T, T, T, NH,
+          NKV, 0, kOneSplit};
+}
+// q [B, Tq, NH HS] against k, v [B, Tk, NKV HS], query i at position q_pos0 + i and key j at
+// k_pos0 + j (Ops::attention_block_forward); delta clamped to [-Tq, Tk] (beyond either end nothing
+// changes).
+inline FlashProblem block_problem(const void* q, const void* k, const void* v, int Tq, int Tk, int NH, int NKV, int HS,
+                                  int q_pos0, int k_pos0, bool causal) {
+  const long long gap = causal ? static_cast<long long>(q_pos0) - k_pos0 : Tk;
+  const size_t kv_stride = static_cast<size_t>(NKV) * HS;
+  return {static_cast<const bf16*>(q), static_cast<const bf16*>(k), static_cast<const bf16*>(v),
+          static_cast<size_t>(NH) * HS, kv_stride, kv_stride * Tk, Tq, Tk, NH, NKV,
+          static_cast<int>(gap < -Tq ? -Tq : gap > Tk ? Tk : gap), kOneSplit};
 }
 
 // ---- cp.async: global -> shared without a trip through registers (sm_80+) ----------------------

@@ -21,7 +21,7 @@
 # GPU_BIN= builds here; with MPI here mpi_gpu_parity is built here all the same), TEST_LIMIT (240 s
 # per test), TORCH_LIMIT (400 s), TORCH_BACKENDS (the reference's backends: "cpu:fp32 cuda:fp32
 # cuda:bf16"; "cuda:bf16" alone is the short check), TRAIN_LIMIT (180 s), MPI_LIMIT (300 s: mpi_gpu_parity, np 2 and 4),
-# PICOTRAIN_NCCL_LIB (else the libnccl.so.2 of PyTorch's pip wheels), SANITIZE (gpu_attention; empty
+# PICOTRAIN_NCCL_LIB (else the libnccl.so.2 of PyTorch's pip wheels), SANITIZE (gpu_attention gpu_attention_block; empty
 # skips step 5), SANITIZE_LIMIT (150 s per tool and test), SANITIZE_ARGS (test arguments under it; ~[flash]).
 # Writes to $OUT: summary.txt, build.log, tests/<test>.log, torch.log, train.log, metrics.jsonl, report.json.
 # Exit status: 0 when every step passed, 1 otherwise.
@@ -275,10 +275,11 @@ fi
 
 # ---- 5. compute-sanitizer on the kernels changed since the last GPU run --------------------------------
 # memcheck (out-of-bounds and misaligned accesses) and racecheck (shared-memory hazards) over the
-# tests in SANITIZE (default gpu_attention: the flash kernels), each run under SANITIZE_LIMIT
+# tests in SANITIZE (default gpu_attention and gpu_attention_block: the flash kernels, on whole
+# sequences and on blocks), each run under SANITIZE_LIMIT
 # seconds; SANITIZE_ARGS goes to the test binary (a Catch2 filter keeps a slow test short: the
 # default ~[flash] leaves out gpu_attention's long T sweeps, whose kernels the short cases share).
-SANITIZE=${SANITIZE-gpu_attention} SANITIZE_LIMIT=${SANITIZE_LIMIT:-150} SANITIZE_ARGS=${SANITIZE_ARGS-~[flash]}
+SANITIZE=${SANITIZE-gpu_attention gpu_attention_block} SANITIZE_LIMIT=${SANITIZE_LIMIT:-150} SANITIZE_ARGS=${SANITIZE_ARGS-~[flash]}
 if [ $rc -eq 0 ] && [ -n "$SANITIZE" ]; then
   if command -v compute-sanitizer >/dev/null 2>&1; then
     mkdir -p "$OUT/sanitize"

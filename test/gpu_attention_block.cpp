@@ -2,7 +2,9 @@
 // against CpuOps on random inputs: query/key counts that are not multiples of the 32-row tile,
 // position offsets that leave the first queries with no key (out 0, lse -inf), a past block,
 // the diagonal, non-causal, decoding (Tq = 1) against a long cache; f32 (head sizes 32, 5, 64,
-// 128) and bf16 (32, 64, 128); grouped-query attention (k, v with NKV < NH heads; dk/dv sum a group's query heads). Forward outputs are
+// 128) and bf16 (32, 64, 128); the flash kernels on blocks (bf16 at head sizes 64 and 128: ring
+// attention's blocks, offsets across their tiles, decoding; each case checks which kernels it
+// runs; long KV caches, whose keys the forward splits over blocks); grouped-query attention (k, v with NKV < NH heads; dk/dv sum a group's query heads). Forward outputs are
 // poisoned first; the backward runs from the reference's out and lse onto a nonzero start (checking "+="), per
 // gradient, and once more for bitwise determinism. Tolerances: gpu_test_support.h (relative L2; lse -inf entries must
 // match exactly).
@@ -13,6 +15,7 @@
 #include <vector>
 
 #include "core/cpu/cpu_ops.h"
+#include "cuda/attention.h"
 #include "test/gpu_test_support.h"
 
 using namespace pt;
@@ -47,6 +50,24 @@ const Case kCases[] = {
     // opt-in limit, cudaFuncSetAttribute), with GQA in bf16 and at the diagonal in f32.
     {DType::bf16, 2, 67, 45, 8, 128, 20, 0, true, 2},
     {DType::f32, 1, 33, 33, 2, 128, 7, 7, true},
+    // The flash kernels on blocks (bf16, head sizes 64 and 128): ring
+    // attention's diagonal and past blocks at tile-ragged lengths, offsets that cross the 64- and
+    // 128-row tiles, key tiles that no query reaches, non-causal, decoding, GQA up to 8:1.
+    {DType::bf16, 2, 200, 200, 4, 64, 256, 256, true},      // ring: the diagonal block at an offset
+    {DType::bf16, 2, 200, 200, 4, 64, 400, 0, true},        // ring: a past block (every key visible)
+    {DType::bf16, 1, 150, 300, 4, 128, 100, 0, true, 2},    // query i sees keys <= i + 100
+    {DType::bf16, 2, 10, 300, 2, 64, 0, 0, true},           // keys 128.. seen by no query
+    {DType::bf16, 1, 70, 300, 8, 128, 0, 0, false, 2},      // non-causal, GQA 4:1
+    {DType::bf16, 2, 1, 1000, 8, 128, 999, 0, true, 1},     // decoding, GQA 8:1
+    {DType::bf16, 1, 3, 700, 4, 64, 697, 0, true, 4},       // three new tokens on a cache
+    {DType::bf16, 1, 300, 257, 8, 64, 260, 0, true, 2},     // Tq > Tk, GQA 4:1
+    {DType::bf16, 1, 40, 70, 2, 64, 0, 30, true},           // queries 0..29 see no key: flash forward only
+    // Decoding on long caches, where the forward splits the keys over blocks and merges the parts
+    // (flash-decoding), new tokens seeing all of the cache or (several) not its last keys.
+    {DType::bf16, 1, 1, 8192, 12, 64, 8191, 0, true},
+    {DType::bf16, 2, 1, 5000, 32, 128, 4999, 0, true, 8},
+    {DType::bf16, 1, 4, 3000, 8, 128, 2996, 0, true, 2},
+    {DType::bf16, 1, 2, 2000, 4, 64, 1500, 0, true},  // keys 1502.. seen by no query: empty parts
 };
 
 // lse: -inf where the reference has -inf, relative L2 over the finite rest.
@@ -74,7 +95,7 @@ TEST_CASE("attention_block_forward and attention_block_backward match CpuOps", "
     const int B = k.B, Tq = k.Tq, Tk = k.Tk, NH = k.NH, NKV = k.NKV ? k.NKV : k.NH, C = NH * k.HS;
     INFO("mode " << mode_name(mode) << ", B " << B << " Tq " << Tq << " Tk " << Tk << " NH " << NH << " NKV " << NKV
                  << " HS " << k.HS << " q_pos0 " << k.q_pos0 << " k_pos0 " << k.k_pos0 << " causal " << k.causal);
-    Ops& ops = gpu(mode);
+    Ops& ops = gputest::gpu(mode);
     Tensors g(ops), c(cpu());
     const size_t nq = size_t(B) * Tq * C, nk = size_t(B) * Tk * NKV * k.HS, nlse = size_t(B) * NH * Tq;
     const std::vector<float> q = rounded(mode, random_normal(nq, 1.0f, 81)),
@@ -88,6 +109,14 @@ TEST_CASE("attention_block_forward and attention_block_backward match CpuOps", "
     g.poison(gout);
     g.poison(glse);
     ops.attention_block_forward(gout, glse, gq, gk, gv, B, Tq, Tk, C, NH, NKV, k.q_pos0, k.k_pos0, k.causal);
+    // Which kernels run: the flash ones wherever they apply (bf16, head size 64 or 128; in the
+    // backward every query seeing key 0), so that each case above names the paths it checks.
+    const bool flash = mode == DType::bf16 && (k.HS == 64 || k.HS == 128);
+    const bool flash_backward = flash && (!k.causal || k.q_pos0 >= k.k_pos0);
+    CHECK(gpu::flash_attention_block_supported(mode, k.HS, Tk, k.q_pos0, k.k_pos0, k.causal, false,
+                                               {gq.data, gk.data, gv.data, gout.data}) == flash);
+    CHECK(gpu::flash_attention_block_supported(mode, k.HS, Tk, k.q_pos0, k.k_pos0, k.causal, true,
+                                               {gq.data, gk.data, gv.data, gout.data}) == flash_backward);
     expect_close("out", g.read(gout), c.read(cout), tolerance(mode, mode));
     expect_lse(g.read(glse), c.read(clse), tolerance(mode, DType::f32));
 
@@ -127,7 +156,7 @@ TEST_CASE("attention_block_forward and attention_block_backward match CpuOps", "
 TEST_CASE("merge_attention_partials matches CpuOps, empty rows included", "[gpu][attention]") {
   for (DType mode : {DType::f32, DType::bf16}) {
     INFO("mode " << mode_name(mode));
-    Ops& ops = gpu(mode);
+    Ops& ops = gputest::gpu(mode);
     Tensors g(ops), c(cpu());
     const int B = 2, T = 37, NH = 3, HS = 40, C = NH * HS;
     const size_t n = size_t(B) * T * C, nl = size_t(B) * NH * T;
