@@ -12,11 +12,15 @@
 //    the loss sum, the gradient norm, AdamW (one call over all parameters, and one call per
 //    parameter tensor as the trainer does), dtype casts; beside them (0 calls per step) the FP8
 //    casts and products at the block's four matmul shapes next to bf16's (kernel_bench_fp8.cpp);
+//  - with the model table, the memory-bound ops a Llama block adds (RMSNorm with and without its
+//    residual add, RoPE, SwiGLU; forward and backward) at Llama 3.2 1B's shapes, B*T = 8 x 2048
+//    (kernel_bench_llama.cpp);
 //  - attention forward, backward and both, causal, at the shapes bench/attention_sdpa.py gives
 //    PyTorch's flash and cuDNN SDPA: head dim 64 and 128, T 1k/2k/4k/8k/16k, hidden 2048 (NH =
 //    2048/hd), B*T = 16384 tokens (FlashAttention's benchmarks), multi-head and grouped-query 8:1
 //    (NKV = NH/8); fewer reps than the ops (--attention-warmup/--attention-reps): a call at T 16k
-//    takes tens of milliseconds.
+//    takes tens of milliseconds; beside them ring attention's blocks and decoding against a KV
+//    cache (Tk 2k and 8k).
 //
 // How (kernel_bench_harness.cpp): each op runs `--warmup` times, then `--reps` times, each rep
 // timed by a pair of CUDA events and preceded (outside the events) by a memset of twice the L2
@@ -140,6 +144,7 @@ int main_impl(int argc, char** argv) {
     bench_model(b, *ops, m);
     bench_fp8(b, *ops, m);
   }
+  if (!models.empty()) bench_llama_ops(b, *ops, smoke ? 128 : 8 * 2048, smoke ? 64 : 2048);
   if (!no_attention) {
     std::fprintf(stderr, "attention: %d warm-up + %d timed reps per op\n", att_warmup, att_reps);
     b.set_repetitions(att_warmup, att_reps);

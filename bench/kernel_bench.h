@@ -97,6 +97,9 @@ void bench_ceilings(Bench& b, Ops& ops, size_t copy_bytes, int matmul_n);
 void bench_model(Bench& b, Ops& ops, const ModelShape& m);
 // kernel_bench_fp8.cpp: the FP8 casts and products at the model's block shapes (comparison rows).
 void bench_fp8(Bench& b, Ops& ops, const ModelShape& m);
+// kernel_bench_llama.cpp: the memory-bound ops a Llama block adds (RMSNorm, RoPE, SwiGLU) at Llama
+// 3.2 1B's shapes, `rows` = B*T tokens of T.
+void bench_llama_ops(Bench& b, Ops& ops, int rows, int T);
 // kernel_bench_attention.cpp: attention at bench/attention_sdpa.py's shapes.
 void bench_attention(Bench& b, Ops& ops, int tokens, int hidden, const std::vector<int>& seq_lens,
                      const std::vector<int>& groups);

@@ -86,8 +86,15 @@ std::string markdown(const Bench& b, const RunInfo& run, const std::vector<Model
       md += (i ? ", " : "") + top[i]->op + fmt(" %.1f%%", 100 * top[i]->per_step * top[i]->median_ms / total);
     md += "\n";
   }
-  bool any_attention = false;
-  for (const Row& r : b.rows) any_attention |= r.section == "attention";
+  bool any_attention = false, any_llama = false;
+  for (const Row& r : b.rows) {
+    any_attention |= r.section == "attention";
+    any_llama |= r.section == "llama-1b";
+  }
+  if (any_llama) {
+    md += "\n## llama-1b: the ops a Llama block adds (kernel_bench_llama.cpp), not in a step above\n\n";
+    table("llama-1b", false);
+  }
   if (any_attention) {
     md += "\n## Attention (compare with bench/attention_sdpa.py at the same shapes)\n\n";
     md += "Causal; NKV= in the shape: grouped-query (NKV key/value heads), else multi-head. The FLOPs do not "
