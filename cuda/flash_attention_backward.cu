@@ -66,6 +66,7 @@
 // (hd 64 and 128, T 1k-16k); GQA 8:1 84-169 (the dK/dV order waits at the end of every block).
 #include <cmath>
 
+#include "core/common/flash_schedule.h"
 #include "cuda/attention.h"
 #include "cuda/flash_attention_mma.cuh"
 
@@ -200,8 +201,10 @@ __device__ __forceinline__ void flash_backward(const FlashProblem& p, const Flas
   // The query tiles this key block meets: from the one holding the first query that sees its first
   // key (kt: the diagonal, under causal self-attention). Query tile qt meets the key blocks up to
   // last_key_tile(qt); both are from the tiles' bounds alone, so the two agree.
-  const int qt_begin = kBlock ? max(0, kt * BN - delta) / BM : kt;
-  const auto last_key_tile = [&](int qt) { return kBlock ? min(nk - 1, (qt * BM + BM - 1 + delta) / BN) : qt; };
+  const int qt_begin = kBlock ? flash_schedule::first_query_tile(kt, delta, BN, BM) : kt;
+  const auto last_key_tile = [&](int qt) {
+    return kBlock ? flash_schedule::last_key_tile(qt, delta, nk, BN, BM) : qt;
+  };
 
   // Starts the copies of query tile qt's Q, dO, lse and D into buffer `stage`.
   auto issue_tile = [&](int qt, int stage) {

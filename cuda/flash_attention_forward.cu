@@ -46,9 +46,9 @@
 // (2026-11-27, bench/RESULTS.md): 220-326 TFLOP/s at T 1k-16k, head sizes 64 and 128, MHA and GQA
 // alike: FlashAttention-2's published H100 level (the 64-query kernel before it did 104-150 on an
 // H100). cuDNN's Hopper kernels reach 280-620 with wgmma, which mma.sync cannot.
-#include <algorithm>
 #include <cmath>
 
+#include "core/common/flash_schedule.h"
 #include "cuda/attention.h"
 #include "cuda/flash_attention_mma.cuh"
 
@@ -105,7 +105,7 @@ __device__ __forceinline__ void flash_forward(bf16* out, float* lse, const Flash
   }
   const int q0 = qt * BM;
   // Key tiles the block's last row sees.
-  int n_kt = ceil_div(kBlock ? min(min(q0 + BM, Tq) + delta, Tk) : min(q0 + BM, Tq), BN);
+  int n_kt = kBlock ? flash_schedule::forward_key_tiles(q0, BM, Tq, Tk, delta, BN) : ceil_div(min(q0 + BM, Tq), BN);
   // A split of the keys (kBlock) takes tiles [kt0, kt0 + split_tiles) of them; the tiles keep their
   // global key numbers, so the mask and the bounds stay as they are.
   const int kt0 = kBlock ? blockIdx.z * p.split_tiles : 0;
@@ -327,14 +327,11 @@ void flash_attention_forward_bf16(void* out, float* lse, const void* qkv, int B,
 
 namespace {
 
-// The split of a block's keys (flash-decoding): with fewer (query tile, b, h) blocks than SMs (a
-// KV cache's few new queries, small blocks), the keys go in ranges of whole 64-key tiles, one block
-// each, enough for about two blocks per SM but no range under kMinSplitKeys keys.
+// The split of a block's keys (flash-decoding, flash_schedule::key_split) on this device: no
+// range under kMinSplitKeys keys, at most kMaxSplits.
 constexpr int kMinSplitKeys = 256;
 constexpr int kMaxSplits = 64;
-struct KeySplit {
-  int count = 1, len = 0;
-};
+using flash_schedule::KeySplit;
 KeySplit key_split(int B, int Tq, int Tk, int NH) {
   static thread_local int sms = 0, sms_device = -1;
   int device = 0;
@@ -344,14 +341,7 @@ KeySplit key_split(int B, int Tq, int Tk, int NH) {
     sms_device = device;
   }
   const long long blocks = static_cast<long long>(ceil_div(Tq, kFwdBlockM)) * B * NH;
-  KeySplit split{1, Tk};
-  if (blocks >= sms) return split;
-  const long long wanted = std::min<long long>(
-      {ceil_div<long long>(2LL * sms, blocks), static_cast<long long>(Tk / kMinSplitKeys), kMaxSplits});
-  if (wanted < 2) return split;
-  split.len = ceil_div(ceil_div(Tk, static_cast<int>(wanted)), kFwdBlockN) * kFwdBlockN;
-  split.count = ceil_div(Tk, split.len);
-  return split;
+  return flash_schedule::key_split(blocks, Tk, sms, kFwdBlockN, kMinSplitKeys, kMaxSplits);
 }
 
 // The partial results of a split: [count][B, Tq, NH HS] bf16, then [count][B, NH, Tq] fp32.
