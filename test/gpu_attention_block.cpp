@@ -4,7 +4,8 @@
 // the diagonal, non-causal, decoding (Tq = 1) against a long cache; f32 (head sizes 32, 5, 64,
 // 128) and bf16 (32, 64, 128); the flash kernels on blocks (bf16 at head sizes 64 and 128: ring
 // attention's blocks, offsets across their tiles, decoding; each case checks which kernels it
-// runs; long KV caches, whose keys the forward splits over blocks); grouped-query attention (k, v with NKV < NH heads; dk/dv sum a group's query heads). Forward outputs are
+// runs; long KV caches, whose keys the forward splits over blocks; the blocks composed as ring
+// attention composes them, against causal attention of the whole sequence); grouped-query attention (k, v with NKV < NH heads; dk/dv sum a group's query heads). Forward outputs are
 // poisoned first; the backward runs from the reference's out and lse onto a nonzero start (checking "+="), per
 // gradient, and once more for bitwise determinism. Tolerances: gpu_test_support.h (relative L2; lse -inf entries must
 // match exactly).
@@ -150,6 +151,89 @@ TEST_CASE("attention_block_forward and attention_block_backward match CpuOps", "
     ops.attention_block_backward(Tensor{}, gdk3, Tensor{}, gdout, gq, gk, gv, gout_r, glse_r, B, Tq, Tk, C, NH, NKV,
                                  k.q_pos0, k.k_pos0, k.causal);
     CHECK(bitwise_equal(g.read(gdk3), got_dk));
+  }
+}
+
+// Ring attention's arithmetic on one GPU (core/parallel/ring_attention.cpp, without the ring): a
+// sequence in two chunks, chunk 1's queries against chunk 0's keys (a past block) merged with its
+// own diagonal block, the backward from the merged out and lse added block by block into dq, dk
+// and dv, in bf16 on the flash kernels, against CpuOps' causal attention of the whole sequence.
+// ([flash]: compute-sanitizer's runs leave it out, as gpu_attention's long sweeps: its kernels are
+// the cases' above.)
+TEST_CASE("the flash kernels composed as ring attention equal causal attention", "[gpu][attention][flash]") {
+  const DType mode = DType::bf16;
+  struct Shape {
+    int NH, NKV, HS, Tc;
+  };
+  for (const Shape sh : {Shape{4, 4, 64, 300}, Shape{8, 2, 128, 200}, Shape{4, 1, 64, 1024}}) {
+    const int NH = sh.NH, NKV = sh.NKV, HS = sh.HS, Tc = sh.Tc, T = 2 * Tc, C = NH * HS, CK = NKV * HS;
+    const int W = C + 2 * CK;
+    INFO("NH " << NH << " NKV " << NKV << " HS " << HS << " chunks of " << Tc);
+    Ops& ops = gputest::gpu(mode);
+    Tensors g(ops), c(cpu());
+    const std::vector<float> qkv = rounded(mode, random_normal(size_t(T) * W, 1.0f, 95));
+    const std::vector<float> dout = rounded(mode, random_normal(size_t(T) * C, 1.0f, 96));
+    // The reference: one causal attention over the packed sequence.
+    Tensor cqkv = c.make(qkv, DType::f32), cout = c.zeros(size_t(T) * C, DType::f32);
+    Tensor clse = c.zeros(size_t(NH) * T, DType::f32), cdqkv = c.zeros(size_t(T) * W, DType::f32);
+    cpu().attention_forward(cout, clse, cqkv, 1, T, C, NH, NKV);
+    cpu().attention_backward(cdqkv, c.make(dout, DType::f32), cqkv, cout, clse, 1, T, C, NH, NKV);
+    const std::vector<float> ref_out = c.read(cout), ref_lse = c.read(clse), ref_dqkv = c.read(cdqkv);
+
+    // The chunks' q, k, v, dout as RingAttention unpacks them: [Tc, width] each.
+    const auto part = [&](const std::vector<float>& rows, int width, int col0, int n, int chunk) {
+      std::vector<float> out(size_t(Tc) * n);
+      for (int t = 0; t < Tc; ++t)
+        for (int j = 0; j < n; ++j) out[size_t(t) * n + j] = rows[size_t(chunk * Tc + t) * width + col0 + j];
+      return out;
+    };
+    Tensor q[2], k[2], v[2], d[2], o[2], l[2], dq[2], dk[2], dv[2];
+    for (int h = 0; h < 2; ++h) {
+      q[h] = g.make(part(qkv, W, 0, C, h), mode);
+      k[h] = g.make(part(qkv, W, C, CK, h), mode);
+      v[h] = g.make(part(qkv, W, C + CK, CK, h), mode);
+      d[h] = g.make(part(dout, C, 0, C, h), mode);
+      o[h] = g.zeros(size_t(Tc) * C, mode);
+      l[h] = g.zeros(size_t(NH) * Tc, DType::f32);
+      dq[h] = g.zeros(size_t(Tc) * C, mode);
+      dk[h] = g.zeros(size_t(Tc) * CK, mode);
+      dv[h] = g.zeros(size_t(Tc) * CK, mode);
+    }
+    REQUIRE(gpu::flash_attention_block_supported(mode, HS, Tc, Tc, 0, true, true,
+                                                 {q[1].data, k[0].data, v[0].data, o[1].data}));
+    Tensor po = g.zeros(size_t(Tc) * C, mode), pl = g.zeros(size_t(NH) * Tc, DType::f32);
+    ops.attention_block_forward(o[0], l[0], q[0], k[0], v[0], 1, Tc, Tc, C, NH, NKV, 0, 0, true);
+    ops.attention_block_forward(o[1], l[1], q[1], k[0], v[0], 1, Tc, Tc, C, NH, NKV, Tc, 0, true);
+    ops.attention_block_forward(po, pl, q[1], k[1], v[1], 1, Tc, Tc, C, NH, NKV, Tc, Tc, true);
+    ops.merge_attention_partials(o[1], l[1], po, pl, 1, Tc, C, NH);
+    ops.attention_block_backward(dq[0], dk[0], dv[0], d[0], q[0], k[0], v[0], o[0], l[0], 1, Tc, Tc, C, NH, NKV, 0,
+                                 0, true);
+    ops.attention_block_backward(dq[1], dk[0], dv[0], d[1], q[1], k[0], v[0], o[1], l[1], 1, Tc, Tc, C, NH, NKV, Tc,
+                                 0, true);
+    ops.attention_block_backward(dq[1], dk[1], dv[1], d[1], q[1], k[1], v[1], o[1], l[1], 1, Tc, Tc, C, NH, NKV, Tc,
+                                 Tc, true);
+
+    // Reassembled as the packed sequence (lse per head: [NH, T]).
+    std::vector<float> out(size_t(T) * C), lse(size_t(NH) * T), dqkv(size_t(T) * W);
+    for (int h = 0; h < 2; ++h) {
+      const std::vector<float> oh = g.read(o[h]), lh = g.read(l[h]), dqh = g.read(dq[h]), dkh = g.read(dk[h]),
+                               dvh = g.read(dv[h]);
+      for (int t = 0; t < Tc; ++t) {
+        const size_t row = size_t(h) * Tc + t;
+        for (int j = 0; j < C; ++j) {
+          out[row * C + j] = oh[size_t(t) * C + j];
+          dqkv[row * W + j] = dqh[size_t(t) * C + j];
+        }
+        for (int j = 0; j < CK; ++j) {
+          dqkv[row * W + C + j] = dkh[size_t(t) * CK + j];
+          dqkv[row * W + C + CK + j] = dvh[size_t(t) * CK + j];
+        }
+        for (int hd = 0; hd < NH; ++hd) lse[size_t(hd) * T + row] = lh[size_t(hd) * Tc + t];
+      }
+    }
+    expect_close("out", out, ref_out, tolerance(mode, mode));
+    expect_close("lse", lse, ref_lse, tolerance(mode, DType::f32));
+    expect_close("dqkv", dqkv, ref_dqkv, tolerance(mode, mode));
   }
 }
 
