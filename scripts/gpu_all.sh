@@ -5,6 +5,7 @@
 #
 #   scripts/gpu_all.sh                    # results in $OUT: summary.txt, bench_summary.md, gpu_logs.tgz
 #   TOTAL_S=480 SKIP_CHECK=1 scripts/gpu_all.sh   # the benchmarks alone
+#   DRY_RUN=1 scripts/gpu_all.sh          # runs nothing: the benchmarks' commands and timeouts
 #
 # Environment: OUT (default build-gpucheck/gpu_all), TOTAL_S (540: the whole call's seconds),
 # SKIP_CHECK / SKIP_BENCH (1 skips that half), and what gpu_check.sh and gpu_bench.sh read.
@@ -19,6 +20,13 @@ START=$(date +%s)
 mkdir -p "$DEST"
 
 check_rc=0
+if [ "${DRY_RUN:-0}" = 1 ]; then
+  # gpu_check.sh has no dry run (it builds, or unpacks .gpubin, then runs the tests): it is named,
+  # not run, and the benchmarks print their commands (bench/gpu_bench.sh reads DRY_RUN too).
+  echo "[dry run] scripts/gpu_check.sh: not run (build or .gpubin, every gpu test under TEST_LIMIT, the PyTorch"
+  echo "          reference, mpi_gpu_parity, 20 steps of GPT-2 124M, compute-sanitizer over SANITIZE)"
+  SKIP_CHECK=1
+fi
 if [ "${SKIP_CHECK:-0}" != 1 ]; then
   OUT=$WORK/check bash scripts/gpu_check.sh >"$WORK/gpu_check.log" 2>&1
   check_rc=$?
@@ -30,7 +38,7 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
   echo "gpu_all: ${budget} s left for the benchmarks"
   OUT=$WORK/bench BUDGET_S=$budget bash bench/gpu_bench.sh >"$WORK/gpu_bench.log" 2>&1
   cp "$WORK/bench/bench_summary.md" "$DEST/bench_summary.md" 2>/dev/null
-  grep '^gpu_bench:' "$WORK/gpu_bench.log"
+  grep '^gpu_bench:\|^\[dry run\]' "$WORK/gpu_bench.log"
   cat "$WORK/bench/bench_summary.md" 2>/dev/null
 fi
 tar czf "$DEST/gpu_logs.tgz" -C "$WORK" .
