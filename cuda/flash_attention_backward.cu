@@ -486,9 +486,9 @@ template <bool kBlock>
 void launch_backward(const FlashProblem& p, const FlashGrads& gr, const float* lse, const float* D, int B, int HS,
                      void* workspace, cudaStream_t stream) {
   if (B <= 0 || p.Tq <= 0 || p.Tk <= 0) return;
-  check_flash_heads(B, p.NH, p.NKV);
+  check_flash_heads("flash attention", B, p.NH, p.NKV);
   check(workspace != nullptr && is_aligned(workspace, 16), "flash attention backward: needs a 16-byte aligned workspace");
-  with_flash_head_size(HS, [&](auto hs) {
+  with_flash_head_size("flash attention", HS, [&](auto hs) {
     launch_backward<decltype(hs)::value, kBlock>(p, gr, lse, D, B, workspace, stream);
   });
 }

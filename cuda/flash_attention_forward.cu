@@ -58,13 +58,6 @@ namespace {
 
 using namespace flash;
 
-constexpr int kFwdWarps = 4;
-constexpr int kFwdThreads = kFwdWarps * kWarpSize;
-constexpr int kFwdMTiles = 2;                           // 16-row m-tiles per warp
-constexpr int kFwdWarpRows = 16 * kFwdMTiles;           // 32
-constexpr int kFwdBlockM = kFwdWarps * kFwdWarpRows;    // 128 queries per block
-constexpr int kFwdBlockN = 64;                        // keys per tile
-
 template <int HS>
 constexpr size_t forward_smem_bytes() {
   return size_t(kFwdBlockM + 4 * kFwdBlockN) * row_stride<HS>() * sizeof(bf16);  // Q, K x 2, V x 2
@@ -292,8 +285,8 @@ void launch_forward(void* out, float* lse, const FlashProblem& p, int B, int spl
 template <bool kBlock>
 void launch_forward(void* out, float* lse, const FlashProblem& p, int B, int HS, cudaStream_t stream, int splits = 1,
                     int split_tiles = kOneSplit) {
-  check_flash_heads(B, p.NH, p.NKV);
-  with_flash_head_size(HS, [&](auto hs) {
+  check_flash_heads("flash attention", B, p.NH, p.NKV);
+  with_flash_head_size("flash attention", HS, [&](auto hs) {
     launch_forward<decltype(hs)::value, kBlock>(out, lse, p, B, splits, split_tiles, stream);
   });
 }
@@ -318,10 +311,8 @@ void flash_attention_forward_bf16(void* out, float* lse, const void* qkv, int B,
                                   void* stream) {
   if (B <= 0 || T <= 0) return;
   const FlashForwardPath path = flash_forward_path();
-  if (path == FlashForwardPath::wgmma || (path == FlashForwardPath::automatic && flash_forward_sm90_available())) {
-    check_flash_heads(B, NH, NKV);
+  if (path == FlashForwardPath::wgmma || (path == FlashForwardPath::automatic && flash_forward_sm90_available()))
     return flash_attention_forward_sm90_bf16(out, lse, qkv, B, T, NH, NKV, HS, stream);
-  }
   launch_forward<false>(out, lse, packed_problem(qkv, T, NH, NKV, HS), B, HS, as_stream(stream));
 }
 

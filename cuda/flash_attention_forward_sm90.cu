@@ -327,14 +327,10 @@ void set_flash_forward_path(FlashForwardPath path) { chosen_path() = path; }
 void flash_attention_forward_sm90_bf16(void* out, float* lse, const void* qkv, int B, int T, int NH, int NKV, int HS,
                                        void* stream) {
   check(flash_forward_sm90_available(), "flash attention (sm_90a): needs a Hopper GPU and a build with sm_90a");
-  switch (HS) {
-    case 64:
-      return launch_forward_sm90<64>(out, lse, qkv, B, T, NH, NKV, as_stream(stream));
-    case 128:
-      return launch_forward_sm90<128>(out, lse, qkv, B, T, NH, NKV, as_stream(stream));
-    default:
-      throw RuntimeError("flash attention (sm_90a): head size " + std::to_string(HS) + " (64 or 128)");
-  }
+  check_flash_heads("flash attention (sm_90a)", B, NH, NKV);
+  with_flash_head_size("flash attention (sm_90a)", HS, [&](auto hs) {
+    launch_forward_sm90<decltype(hs)::value>(out, lse, qkv, B, T, NH, NKV, as_stream(stream));
+  });
 }
 
 }  // namespace pt::gpu

@@ -78,14 +78,11 @@ namespace {
 
 using namespace flash;
 
-constexpr int kWarps = 4;
-constexpr int kThreads = kWarps * kWarpSize;
-constexpr int kMTiles = 2;                      // 16-row m-tiles per warp
-constexpr int kWarpRows = 16 * kMTiles;         // 32
-constexpr int kBlockM = kWarps * kWarpRows;     // 128 queries per block
-constexpr int kBlockN = kFp8AttnKeyTile;        // 64 keys per tile: the running max's tile
-constexpr int kVLd = kBlockN + 16;              // bytes per row of a V^T tile ([hd][key])
-static_assert(kBlockN == 64, "the P fragments take a key tile as two 32-key k-steps");
+// The bf16 forward's tiles (flash_attention_mma.cuh); its key tile is the algorithm's, the tile
+// of the running max under which P is cast (core/common/fp8_attention.h).
+static_assert(kFwdBlockN == kFp8AttnKeyTile, "the kernel's key tile is the algorithm's");
+static_assert(kFwdBlockN == 64, "the P fragments take a key tile as two 32-key k-steps");
+constexpr int kVLd = kFwdBlockN + 16;  // bytes per row of a V^T tile ([hd][key])
 
 template <int HS>
 __host__ __device__ constexpr int qk_ld() {  // bytes per row of the Q and K tiles ([row][hd])
@@ -94,7 +91,7 @@ __host__ __device__ constexpr int qk_ld() {  // bytes per row of the Q and K til
 
 template <int HS>
 __host__ __device__ constexpr size_t fp8_smem_bytes() {
-  return size_t(kBlockM + 2 * kBlockN) * qk_ld<HS>() + size_t(2) * HS * kVLd;  // Q, K x 2, V^T x 2
+  return size_t(kFwdBlockM + 2 * kFwdBlockN) * qk_ld<HS>() + size_t(2) * HS * kVLd;  // Q, K x 2, V^T x 2
 }
 
 // 1 in the code compiled for sm_89 and later, 0 in an sm_80 build's: read back from the module the
@@ -209,8 +206,8 @@ __device__ __forceinline__ uint32_t pack_p(float p0, float p1, float p2, float p
 template <int ROWS, int BYTES, int LD>
 __device__ __forceinline__ void load_bytes_async(uint8_t* dst, const uint8_t* src, size_t src_stride, int row0,
                                                  int n_rows) {
-  constexpr int kChunks = BYTES / 16, kRowStep = kThreads / kChunks;
-  static_assert(kThreads % kChunks == 0 && ROWS % kRowStep == 0, "load_bytes_async: whole rows per pass");
+  constexpr int kChunks = BYTES / 16, kRowStep = kFwdThreads / kChunks;
+  static_assert(kFwdThreads % kChunks == 0 && ROWS % kRowStep == 0, "load_bytes_async: whole rows per pass");
   // One pointer per thread, stepped by whole passes (cheaper in registers than an address per chunk).
   const int r = threadIdx.x / kChunks, c = (threadIdx.x % kChunks) * 16;
   const uint8_t* from = src + static_cast<size_t>(row0 + r) * src_stride + c;
@@ -260,11 +257,11 @@ __device__ __forceinline__ void softmax_row_step(float (&s)[NT][4], float (&o)[N
 #endif  // PT_FP8_ATTN_DEVICE
 
 template <int HS>
-__global__ void __launch_bounds__(kThreads, 2)
+__global__ void __launch_bounds__(kFwdThreads, 2)
     flash_fp8_forward_kernel(bf16* out, float* lse, const uint8_t* qc, const uint8_t* kc, const uint8_t* vtc,
                              const float* scale_inv, int T, int NH, int NKV, float scale_log2) {
 #if PT_FP8_ATTN_DEVICE
-  constexpr int LD = qk_ld<HS>(), BM = kBlockM, BN = kBlockN, MT = kMTiles, KS = HS / 32;
+  constexpr int LD = qk_ld<HS>(), BM = kFwdBlockM, BN = kFwdBlockN, MT = kFwdMTiles, KS = HS / 32;
   constexpr bool kQInRegs = HS <= 64;  // 16 registers at HS 64; at HS 128 acc needs them
   extern __shared__ __align__(16) unsigned char smem_raw[];
   uint8_t* sQ = smem_raw;               // [BM][LD]
@@ -282,7 +279,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   const float c = __fmul_rn(__fmul_rn(inv[h], inv[NH + kvh]), scale_log2);  // exact: powers of two
   const int q0 = qt * BM;
   const int n_kt = ceil_div(min(q0 + BM, T), BN);  // key tiles up to the block's last row
-  const int wrow = warp * kWarpRows;              // the warp's first row within the tile
+  const int wrow = warp * kFwdWarpRows;              // the warp's first row within the tile
   const int wq0 = q0 + wrow;                      // ... and in the sequence
 
   load_bytes_async<BM, HS, LD>(sQ, qhead, HS, q0, T);
@@ -322,7 +319,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       }
     }
     // Skip a tile whose keys all follow the warp's rows, and warps wholly past T.
-    const bool active = kt * BN <= wq0 + kWarpRows - 1 && wq0 < T;
+    const bool active = kt * BN <= wq0 + kFwdWarpRows - 1 && wq0 < T;
     if (active) {
       const uint8_t* k_s = sK + stage * BN * LD;
       const uint8_t* v_s = sV + stage * HS * kVLd;
@@ -418,7 +415,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   __syncwarp();
   constexpr int kChunks = HS / 8;  // 16-byte chunks per row
 #pragma unroll
-  for (int i = 0; i < kWarpRows * kChunks / kWarpSize; ++i) {
+  for (int i = 0; i < kFwdWarpRows * kChunks / kWarpSize; ++i) {
     const int e = lane + i * kWarpSize, r = e / kChunks, col = (e % kChunks) * 8, qi = wq0 + r;
     if (qi < T)
       *reinterpret_cast<int4*>(out + (static_cast<size_t>(b) * T + qi) * C + static_cast<size_t>(h) * HS + col) =
@@ -434,8 +431,8 @@ void launch_fp8_forward(void* out, float* lse, const Fp8AttentionCodes& codes, i
                         cudaStream_t stream) {
   const size_t smem = fp8_smem_bytes<HS>();
   use_dynamic_shared(flash_fp8_forward_kernel<HS>, smem, [] { return "FP8 flash attention"; });
-  const dim3 grid(static_cast<unsigned>(ceil_div(T, kBlockM)), static_cast<unsigned>(B * NH));
-  flash_fp8_forward_kernel<HS><<<grid, kThreads, smem, stream>>>(static_cast<bf16*>(out), lse, codes.q, codes.k,
+  const dim3 grid(static_cast<unsigned>(ceil_div(T, kFwdBlockM)), static_cast<unsigned>(B * NH));
+  flash_fp8_forward_kernel<HS><<<grid, kFwdThreads, smem, stream>>>(static_cast<bf16*>(out), lse, codes.q, codes.k,
                                                                  codes.vt, codes.scale_inv, T, NH, NKV,
                                                                  fp8_attn_scale_log2(HS));
   CUDA_CHECK_LAUNCH();
@@ -466,18 +463,12 @@ bool flash_attention_fp8_available() {
 void flash_attention_fp8_forward(void* out, float* lse, const Fp8AttentionCodes& codes, int B, int T, int NH, int NKV,
                                  int HS, void* stream) {
   if (B <= 0 || T <= 0) return;
-  check(static_cast<long long>(B) * NH <= 65535, "FP8 flash attention: B * n_heads exceeds the grid's y limit 65535");
-  check(NKV > 0 && NH % NKV == 0, "FP8 flash attention: n_kv_heads must divide n_heads");
+  check_flash_heads("FP8 flash attention", B, NH, NKV);
   check(flash_attention_fp8_available(),
         "FP8 flash attention: needs a GPU of compute capability 8.9+ and a build with code for it");
-  switch (HS) {
-    case 64:
-      return launch_fp8_forward<64>(out, lse, codes, B, T, NH, NKV, as_stream(stream));
-    case 128:
-      return launch_fp8_forward<128>(out, lse, codes, B, T, NH, NKV, as_stream(stream));
-    default:
-      throw RuntimeError("FP8 flash attention: head size " + std::to_string(HS) + " has no kernel (64 or 128)");
-  }
+  with_flash_head_size("FP8 flash attention", HS, [&](auto hs) {
+    launch_fp8_forward<decltype(hs)::value>(out, lse, codes, B, T, NH, NKV, as_stream(stream));
+  });
 }
 
 }  // namespace pt::gpu

@@ -175,7 +175,9 @@ struct FlashProblem {
   const bf16* k;
   const bf16* v;
   size_t q_stride, kv_stride;  // elements from one position to the next (q and dq; k, v, dk and dv)
-  size_t kv_batch_stride;      // ... and from one sequence's keys to the next's: Tk kv_stride
+  size_t kv_batch_stride;      // ... and from one sequence's keys to the next's: Tk kv_stride (a
+                               // field, not derived in the kernel: deriving it there cost the HS
+                               // 128 block forward 32 bytes of spills on sm_80)
   int Tq, Tk, NH, NKV;
   // Query i sees key j iff j <= i + delta (and j < Tk); -Tq <= delta <= Tk: 0 is causal attention
   // of a sequence on itself, Tk sees every key. The backward needs delta >= 0 (every query sees
@@ -194,25 +196,35 @@ struct FlashGrads {
   bf16* dv;
 };
 
-// Host checks and dispatch shared by the launchers: the grid's y limit (B NH blocks), whole
-// key/value groups, and fn(std::integral_constant<int, HS>{}) for the head sizes the kernels are
-// compiled for (64, 128; the callers send the others to the CUDA-core kernels).
-inline void check_flash_heads(int B, int NH, int NKV) {
-  check(static_cast<long long>(B) * NH <= 65535, "flash attention: B * n_heads exceeds the grid's y limit 65535");
-  check(NKV > 0 && NH % NKV == 0, "flash attention: n_kv_heads must divide n_heads");
+// Host checks and dispatch shared by the flash kernels' launchers (bf16, FP8, Hopper), `what`
+// naming the kernel in their messages: the grid's y limit (B NH blocks), whole key/value groups,
+// and fn(std::integral_constant<int, HS>{}) for the head sizes the kernels are compiled for (64,
+// 128; their callers check first and send other head sizes elsewhere).
+inline void check_flash_heads(const char* what, int B, int NH, int NKV) {
+  check(static_cast<long long>(B) * NH <= 65535, std::string(what) + ": B * n_heads exceeds the grid's y limit 65535");
+  check(NKV > 0 && NH % NKV == 0, std::string(what) + ": n_kv_heads must divide n_heads");
 }
 template <typename Fn>
-void with_flash_head_size(int HS, Fn&& fn) {
+void with_flash_head_size(const char* what, int HS, Fn&& fn) {
   switch (HS) {
     case 64:
       return fn(std::integral_constant<int, 64>{});
     case 128:
       return fn(std::integral_constant<int, 128>{});
     default:
-      throw RuntimeError("flash attention: head size " + std::to_string(HS) +
-                         " has no tensor-core kernel (64 or 128); the CUDA-core kernels handle it");
+      throw RuntimeError(std::string(what) + ": head size " + std::to_string(HS) + " has no kernel (64 or 128)");
   }
 }
+
+// The forward kernels' tiles (flash_attention_forward.cu, and flash_attention_fp8.cu in the same
+// arrangement): 4 warps, each owning 32 query rows as two 16-row m-tiles, so 128 queries a block,
+// against tiles of 64 keys.
+constexpr int kFwdWarps = 4;
+constexpr int kFwdThreads = kFwdWarps * kWarpSize;
+constexpr int kFwdMTiles = 2;                         // 16-row m-tiles per warp
+constexpr int kFwdWarpRows = 16 * kFwdMTiles;         // 32
+constexpr int kFwdBlockM = kFwdWarps * kFwdWarpRows;  // 128 queries per block
+constexpr int kFwdBlockN = 64;                        // keys per tile
 
 constexpr int kOneSplit = 1 << 30;  // FlashProblem::split_tiles of a call that does not split its keys
 
