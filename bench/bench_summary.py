@@ -315,6 +315,7 @@ def main(argv=None):
     t124 = load_json(path("torch_124m.json"))
     t15 = load_json(path("torch_1.5b.json"))
     p124 = picotrain_run(path("picotrain_124m.jsonl"), args.skip_124m)
+    p124_timed = picotrain_run(path("picotrain_124m_timed.jsonl"), args.skip_124m)
     p15 = picotrain_run(path("picotrain_1.5b.jsonl"), args.skip_15b)
     pl1 = picotrain_run(path("picotrain_llama1b.jsonl"), args.skip_1b)
     p15_fp8 = picotrain_run(path("picotrain_1.5b_fp8.jsonl"), args.skip_15b)
@@ -435,7 +436,10 @@ def main(argv=None):
     # ---- the runs
     md += ["## Training runs", "", "| run | timed steps | tokens/s | step ms | TFLOP/s | MFU | loss first -> last | notes |",
            "|---|---|---|---|---|---|---|---|"]
-    for name, run in (("picotrain 124M", p124), ("picotrain 1.5B", p15), ("picotrain Llama 1B", pl1)):
+    runs = [("picotrain 124M", p124), ("picotrain 1.5B", p15), ("picotrain Llama 1B", pl1)]
+    if p124_timed:  # gpu_bench.sh's TIMED_ALGOS=1
+        runs.insert(1, ("picotrain 124M, precision.matmul_algos=timed", p124_timed))
+    for name, run in runs:
         if run:
             md.append("| %s | %d (from step %d) | %.0f | %.1f | %.1f | %.1f%% | %s -> %s | peak %s TFLOP/s; data %.1f ms/step |"
                       % (name, run["timed_steps"], run["first_timed_step"], run["tokens_per_s"], run["step_ms_mean"],
@@ -466,6 +470,7 @@ def main(argv=None):
     # ---- the raw results
     md += ["## Raw results", ""]
     for name, obj in (("picotrain 124M (aggregated from picotrain_124m.jsonl)", p124),
+                      ("picotrain 124M with timed matmul algorithms (picotrain_124m_timed.jsonl)", p124_timed),
                       ("picotrain 1.5B (aggregated from picotrain_1.5b.jsonl)", p15),
                       ("picotrain Llama 1B (aggregated from picotrain_llama1b.jsonl)", pl1),
                       ("picotrain 1.5B in FP8 (picotrain_1.5b_fp8.jsonl)", p15_fp8),

@@ -37,6 +37,7 @@
 # STEPS_124M (20), SKIP_124M (5), B_124M (64), ACCUM_124M (8), STEPS_15B (10), SKIP_15B (3),
 # B_15B (8), ACCUM_15B (16), STEPS_1B (8), SKIP_1B (3), B_1B (8), ACCUM_1B (8), TORCH_15B (0; 1 also runs torch_gpt2.py at 1.5B, if time is left),
 # RUN_124M (1; 0 leaves out steps 6-7, the 124M runs, to give a short call's time to the others),
+# TIMED_ALGOS (0; 1 also runs the 124M training run with precision.matmul_algos=timed, as long again),
 # FP8 (0; 1 also runs step 9, about as long again as the 1.5B and 1B runs: run it where the budget
 # allows, e.g. a second call with a larger BUDGET_S),
 # NSYS (0; 1 also profiles 6 steps of 124M at 2 micro-batches under `nsys profile --stats=true`;
@@ -227,6 +228,16 @@ if [ $BUILT -eq 0 ]; then
 else
   record picotrain_1.5b skip 0 "no build"
   record picotrain_llama1b skip 0 "no build"
+fi
+# Optional (TIMED_ALGOS=1): the 124M run again with precision.matmul_algos=timed (its log's `matmul`
+# line says what the timing chose; the summary puts its tokens/s beside the heuristic's).
+if [ "${TIMED_ALGOS:-0}" = 1 ] && [ "$RUN_124M" = 1 ]; then
+  if [ $BUILT -eq 0 ]; then
+    RUN_SET=precision.matmul_algos=timed picotrain_run picotrain_124m_timed configs/gpt2-124m.json "$B_124M" \
+      "$ACCUM_124M" "$STEPS_124M" 150
+  else
+    record picotrain_124m_timed skip 0 "no build"
+  fi
 fi
 # Optional (FP8=1): the 1.5B and 1B runs again with every block layer's product in FP8.
 if [ "${FP8:-0}" = 1 ]; then

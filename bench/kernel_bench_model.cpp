@@ -117,6 +117,22 @@ void bench_model(Bench& b, Ops& ops, const ModelShape& m) {
     b.run({sec, std::string("matmul_backward ") + mm.name, shape, true, 2 * fl,
            mm.bias ? "4*N*IC*OC (dinp, dW; dbias not counted)" : "4*N*IC*OC (dinp, dW)", mm.bwd_calls},
           [&] { ops.matmul_backward(dinp, dw, dbias, out, inp, w, N, mm.IC, mm.OC); });
+    // The same products on the fastest of cuBLASLt's top candidates (precision.matmul_algos=timed;
+    // comparison rows, 0 calls), then the heuristic's choices again for every row after these.
+    const std::string library = ops.matmul_library();
+    if (!library.empty()) {
+      ops.use_matmul_algos({library, {}});  // forget the products' choices, so that they are timed
+      ops.time_matmul_algos();
+      ops.matmul_forward(out, inp, w, bias, N, mm.IC, mm.OC);
+      ops.matmul_backward(dinp, dw, dbias, out, inp, w, N, mm.IC, mm.OC);
+      ops.use_matmul_algos(ops.timed_matmul_algos());
+      b.run({sec, std::string("matmul_forward ") + mm.name + " (timed algorithm)", shape, true, fl, "2*N*IC*OC", 0},
+            [&] { ops.matmul_forward(out, inp, w, bias, N, mm.IC, mm.OC); });
+      b.run({sec, std::string("matmul_backward ") + mm.name + " (timed algorithm)", shape, true, 2 * fl,
+             "4*N*IC*OC", 0},
+            [&] { ops.matmul_backward(dinp, dw, dbias, out, inp, w, N, mm.IC, mm.OC); });
+      ops.use_matmul_algos({library, {}});
+    }
     buf.clear();
   }
 

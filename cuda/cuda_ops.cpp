@@ -227,6 +227,11 @@ int CudaOps::record_time_mark() {
   return marks_used_++;
 }
 
+std::string CudaOps::matmul_library() const { return gpu::matmul_library_name(); }
+void CudaOps::time_matmul_algos() { gpu::matmul_start_timing(matmul_); }
+MatmulAlgos CudaOps::timed_matmul_algos() const { return gpu::matmul_timed_algos(matmul_); }
+void CudaOps::use_matmul_algos(const MatmulAlgos& algos) { gpu::matmul_use_algos(matmul_, algos); }
+
 double CudaOps::ms_between_marks(int a, int b) {
   check(a >= 0 && b >= 0 && std::max(a, b) < marks_used_,
         "CudaOps::ms_between_marks: no such mark (" + std::to_string(a) + ", " + std::to_string(b) + " of " +

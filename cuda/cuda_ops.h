@@ -64,6 +64,11 @@ class CudaOps final : public Ops {
   int record_time_mark() override;
   double ms_between_marks(int a, int b) override;
   void clear_time_marks() override { marks_used_ = 0; }
+  // precision.matmul_algos: cuda/matmul_algo_timing.cu, through the matmul context.
+  std::string matmul_library() const override;
+  void time_matmul_algos() override;
+  MatmulAlgos timed_matmul_algos() const override;
+  void use_matmul_algos(const MatmulAlgos& algos) override;
 
   void embedding_forward(Tensor out, Tensor tokens, Tensor wte, int N, int C, int vocab_start,
                          int vocab_local) override;

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "core/common/error.h"
+#include "core/ops/matmul_algos.h"
 
 #define CUBLAS_CHECK(expr)                                                                                \
   do {                                                                                                    \
@@ -31,10 +32,17 @@ struct MatmulContext {
     bool ok = false;  // false: the heuristic offered nothing for this problem
     cublasLtMatmulAlgo_t algo{};
   };
-  // problem key -> the heuristic's choice. Each source's keys start differently ("fp8 ..." for
-  // matmul_fp8.cu), so one map serves both.
+  // problem key -> the algorithm it runs (the heuristic's first, or one given by use_matmul_algos).
+  // Each source's keys start differently ("fp8 ..." for matmul_fp8.cu), so one map serves both.
   std::map<std::string, Choice> algos;
   bool warned_fallback = false;
+  // precision.matmul_algos (core/ops/matmul_algos.h; bf16/fp32 products, not FP8's):
+  bool timing = false;  // products seen for the first time have their candidates timed...
+  MatmulAlgos timed;    // ...into here
+  // Algorithms given by use_matmul_algos, taken up (checked against the library) when their
+  // product is first seen.
+  std::map<std::string, cublasLtMatmulAlgo_t> given;
+  bool warned_given = false;
 };
 
 // RAII for the cuBLASLt descriptors of one product (both sources build them per call): the

@@ -63,6 +63,7 @@
 #include <cublasLt.h>
 
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <string>
 
@@ -70,6 +71,7 @@
 #include "cuda/cuda_common.h"
 #include "cuda/elementwise.h"
 #include "cuda/gelu.h"
+#include "cuda/matmul_algo_timing.h"
 #include "cuda/matmul_context.h"
 #include "cuda/matmul_cublaslt.h"
 
@@ -262,6 +264,47 @@ bool heuristic_algo(MatmulContext* ctx, Descriptors& desc, uint32_t align_a, uin
   return true;
 }
 
+// The algorithm use_matmul_algos gave for `key`, if any and the library accepts it for the
+// problem in `desc` (a refusal warns once; the heuristic chooses instead).
+bool take_given_algo(MatmulContext* ctx, Descriptors& desc, const char* key, cublasLtMatmulAlgo_t* algo) {
+  const auto given = ctx->given.find(key);
+  if (given == ctx->given.end()) return false;
+  cublasLtMatmulHeuristicResult_t check{};
+  const cublasStatus_t st =
+      cublasLtMatmulAlgoCheck(ctx->handle, desc.op, desc.a, desc.b, desc.d, desc.d, &given->second, &check);
+  const bool ok = st == CUBLAS_STATUS_SUCCESS && check.state == CUBLAS_STATUS_SUCCESS &&
+                  check.workspaceSize <= kWorkspaceBytes;
+  if (ok) *algo = given->second;
+  if (!ok && !ctx->warned_given) {
+    std::fprintf(stderr, "warning: cuBLASLt refuses the matmul algorithm precision.matmul_algos gave for product "
+                         "\"%s\" (%s); its heuristic chooses instead, so results may differ in the last bits from "
+                         "the run that timed it\n", key, cublasLtGetStatusName(st != CUBLAS_STATUS_SUCCESS ? st : check.state));
+    ctx->warned_given = true;
+  }
+  ctx->given.erase(given);
+  return ok;
+}
+
+// precision.matmul_algos = "timed": times the candidates for the product `g` (whose heuristic
+// choice is `first`) and records the fastest under `key` in ctx->timed. Its outputs go to
+// scratch: D, and the aux matrix when the epilogue writes it (GELU_AUX).
+void time_product(MatmulContext* ctx, Descriptors& desc, const Gemm& g, Epilogue epi, const char* key,
+                  const cublasLtMatmulAlgo_t& first, cudaStream_t stream) {
+  const bool writes_aux = epi == Epilogue::gelu_aux || epi == Epilogue::gelu_aux_bias;
+  const size_t d_bytes = (size_t(g.ldd) * (g.n - 1) + g.m) * dtype_size(g.cd);
+  const TimedProduct p{g.A, g.B, g.beta, d_bytes, writes_aux ? const_cast<void*>(g.aux) : nullptr,
+                       writes_aux ? d_bytes : 0};
+  double first_us = 0;
+  const TimedChoice t = time_candidates(ctx, desc, p, first, &first_us, stream);
+  if (!t.ok) return;  // untimed: the product keeps the heuristic's choice, and is not listed
+  MatmulAlgos& m = ctx->timed;
+  m.chosen[key] = algo_hex(t.fastest);
+  const bool differs = std::memcmp(&t.fastest, &first, sizeof first) != 0;
+  m.differs += differs;
+  m.heuristic_us += first_us >= 0 ? first_us : t.fastest_us;
+  m.chosen_us += t.fastest_us;
+}
+
 // Runs `g` with epilogue `epi` through cuBLASLt if the heuristic has an algorithm for it; false:
 // nothing ran. The heuristic is asked once per problem and its answer cached ("none" too).
 bool run_cublaslt(MatmulContext* ctx, const Gemm& g, Epilogue epi, cudaStream_t stream) {
@@ -283,10 +326,15 @@ bool run_cublaslt(MatmulContext* ctx, const Gemm& g, Epilogue epi, cudaStream_t 
   make_descriptors(desc, g, epi);
   auto it = ctx->algos.find(key);
   if (it == ctx->algos.end()) {
-    // Only the plain product is a last resort: an epilogue's alternative is the plain product
-    // plus a deterministic kernel (add_bias_rows, the column reduction, the GELU kernels).
     MatmulContext::Choice choice;
-    choice.ok = heuristic_algo(ctx, desc, align_a, align_b, align_d, epi == Epilogue::none, &choice.algo);
+    if (!take_given_algo(ctx, desc, key, &choice.algo)) {
+      // Only the plain product is a last resort: an epilogue's alternative is the plain product
+      // plus a deterministic kernel (add_bias_rows, the column reduction, the GELU kernels).
+      choice.ok = heuristic_algo(ctx, desc, align_a, align_b, align_d, epi == Epilogue::none, &choice.algo);
+      if (choice.ok && ctx->timing) time_product(ctx, desc, g, epi, key, choice.algo, stream);
+    } else {
+      choice.ok = true;
+    }
     it = ctx->algos.emplace(key, choice).first;
   }
   if (!it->second.ok) return false;
@@ -344,6 +392,27 @@ MatmulContext* matmul_context_create() {
     throw;
   }
   return ctx;
+}
+
+void matmul_start_timing(MatmulContext* ctx) {
+  ctx->timing = true;
+  if (ctx->timed.library.empty()) ctx->timed.library = matmul_library_name();
+}
+
+MatmulAlgos matmul_timed_algos(const MatmulContext* ctx) { return ctx->timed; }
+
+void matmul_use_algos(MatmulContext* ctx, const MatmulAlgos& algos) {
+  check(algos.library == matmul_library_name(), "matmul_use_algos: choices made on " + algos.library + ", not here");
+  ctx->timing = false;
+  // Every product resolves again at its next call: a listed one takes (and checks) its algorithm,
+  // any other asks the heuristic, which answers as it did before.
+  ctx->algos.clear();
+  ctx->given.clear();
+  for (const auto& [key, hex] : algos.chosen) {
+    cublasLtMatmulAlgo_t algo{};
+    check(algo_from_hex(hex, &algo), "matmul_use_algos: product \"" + key + "\" has no algorithm's bytes");
+    ctx->given[key] = algo;
+  }
 }
 
 void matmul_context_destroy(MatmulContext* ctx) noexcept {

@@ -8,6 +8,9 @@
 // reference to ~1e-6). Same stream conventions as the other launchers.
 #pragma once
 #include <cstddef>
+#include <string>
+
+#include "core/ops/matmul_algos.h"
 
 #include "core/tensor/tensor.h"
 
@@ -17,6 +20,15 @@ namespace pt::gpu {
 struct MatmulContext;
 MatmulContext* matmul_context_create();
 void matmul_context_destroy(MatmulContext* ctx) noexcept;
+
+// precision.matmul_algos (core/ops/matmul_algos.h), as Ops declares them: the library and GPU
+// the choices hold for (matmul_algo_timing.cu); start timing the products not seen yet; what the
+// timing found; run the given algorithms from now on (and stop timing). bf16/fp32 products only
+// (FP8's keep the heuristic's).
+std::string matmul_library_name();
+void matmul_start_timing(MatmulContext* ctx);
+MatmulAlgos matmul_timed_algos(const MatmulContext* ctx);
+void matmul_use_algos(MatmulContext* ctx, const MatmulAlgos& algos);
 
 // out[N, OC] = inp[N, IC] @ w[OC, IC]^T (+ bias[OC]; bias may be nullptr). out and bias are out_dtype.
 void matmul_forward(MatmulContext* ctx, DType in_dtype, DType out_dtype, void* out, const void* inp, const void* w,

@@ -188,6 +188,11 @@ auto tokenizer_rule = [](const std::string& v) {
              : std::string("must be \"\" (by model.vocab_size), ") + kTokenizerNames + ", an existing path";
 };
 
+// core/ops/matmul_algos.h; a file is read when the run starts (trainer_matmul_algos.cpp).
+auto matmul_algos_rule = [](const std::string& v) {
+  return v.empty() ? std::string("must be \"heuristic\", \"timed\" or the path of a matmul_algos.json") : std::string();
+};
+
 // FP8: the recipes (core/parallel/fp8_linear.h).
 auto fp8_rule = [](const std::string& v) {
   if (v == "off" || v == "tensorwise" || v == "rowwise" || v == "delayed") return std::string();
@@ -355,7 +360,8 @@ std::vector<ConfigKey> build_table() {
       .add("fp8_layers", &PrecisionSection::fp8_layers, fp8_layers_rule)
       .add("fp8_grad_format", &PrecisionSection::fp8_grad_format, one_of({"e5m2", "e4m3"}))
       .add("fp8_amax_history", &PrecisionSection::fp8_amax_history, in_interval(1, 1024, "[]"))
-      .add("fp8_weight_gather", &PrecisionSection::fp8_weight_gather);
+      .add("fp8_weight_gather", &PrecisionSection::fp8_weight_gather)
+      .add("matmul_algos", &PrecisionSection::matmul_algos, matmul_algos_rule);
 
   SectionKeys(k, "data", &RunConfig::data)
       .add("train", &DataSection::train, not_empty)

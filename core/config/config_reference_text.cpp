@@ -262,6 +262,15 @@ const std::vector<KeyMeaning>& key_meanings() {
        "(one byte a value, each rank casting its shard with the whole weight's scale) instead of in the compute "
        "dtype: half the bytes of a bf16 gather, a quarter of fp32's, and the same products bit for bit. `rowwise` "
        "and `delayed` gather in the compute dtype. Default `true`."},
+      {"precision.matmul_algos",
+       "Which cuBLASLt algorithm each matrix product runs on a GPU: `heuristic` (the default: cuBLASLt's first "
+       "choice, the same on every run), `timed` (the session's first step times cuBLASLt's top 8 candidates for "
+       "each product beside the heuristic's, the fastest is chosen, the same on every rank, logged on the `matmul` "
+       "line and written to `<out_dir>/matmul_algos.json`; the products run the heuristic's choice in that step "
+       "and the chosen ones from the next), or the path of such a file (its choices from the first step; a file "
+       "from another GPU or cuBLASLt version is ignored with a warning). Two timed runs may choose differently and "
+       "then differ in the last bits; a resumed timed run reads its file back, so it continues bit for bit. On the "
+       "CPU backend the setting changes nothing."},
       // ---- data
       {"data.train",
        "Glob of llm.c token shards (`.bin`) to train on; not empty."},

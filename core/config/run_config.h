@@ -156,6 +156,10 @@ struct PrecisionSection {
   // ZeRO-3 all-gathers the FP8 layers' weights as e4m3 codes (tensorwise only;
   // core/train/param_gather.h).
   bool fp8_weight_gather = true;
+  // Which cuBLASLt algorithm each product runs (core/ops/matmul_algos.h): "heuristic" (the
+  // library's first choice), "timed" (the fastest of its top candidates, timed in the first step),
+  // or the path of a timed run's matmul_algos.json (its choices).
+  std::string matmul_algos = "heuristic";
 };
 
 struct DataSection {

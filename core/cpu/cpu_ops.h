@@ -10,7 +10,8 @@
 
 namespace pt {
 
-class CpuOps final : public Ops {
+// Not final: tests derive from it to stand in for a GPU backend's optional hooks (test_matmul_algos.cpp).
+class CpuOps : public Ops {
  public:
   Device device() const override;
   std::string device_description() const override;

@@ -28,6 +28,7 @@
 #include <string>
 
 #include "core/common/fp8.h"
+#include "core/ops/matmul_algos.h"
 #include "core/tensor/tensor.h"
 
 namespace pt {
@@ -87,6 +88,21 @@ class Ops {
   virtual int record_time_mark() = 0;
   virtual double ms_between_marks(int a, int b) = 0;
   virtual void clear_time_marks() = 0;
+
+  // ---- matmul algorithms (precision.matmul_algos; core/ops/matmul_algos.h) --------------------
+  // The library and GPU whose algorithms the backend chooses among ("" where there is no choice:
+  // the CPU, where the rest of this section does nothing).
+  virtual std::string matmul_library() const { return {}; }
+  // From now on, each product not seen before has the library's top candidates timed once, their
+  // output in scratch memory (never the product's own); the products themselves keep running the
+  // heuristic's first choice until use_matmul_algos.
+  virtual void time_matmul_algos() {}
+  // What the timing has found so far.
+  virtual MatmulAlgos timed_matmul_algos() const { return {}; }
+  // From now on each product listed runs its algorithm (one the library refuses runs the
+  // heuristic's, with a warning) and every other product the heuristic's first, also one that ran
+  // another before; timing stops. An empty list restores the heuristic's choices.
+  virtual void use_matmul_algos(const MatmulAlgos& algos) { (void)algos; }
 
   // ---- embeddings --------------------------------------------------------------------
   // out[n, :] = wte[tokens[n] - vocab_start, :] when vocab_start <= tokens[n] < vocab_start + vocab_local,

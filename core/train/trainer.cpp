@@ -357,6 +357,7 @@ void Trainer::run() {
     print_linef(Stream::out, "watchdog  | a rank without progress for %.0f s (or %gx its slowest step) ends the run "
                 "(run.hang_timeout_s); %s", watchdog_->limit_s(), watchdog_->slow_factor(), saves.c_str());
   }
+  start_matmul_algos();
   if (lead) print_startup_time();
   const double startup_s = seconds_since_process_start();
   bool stopped = false;
@@ -370,6 +371,7 @@ void Trainer::run() {
     const StepResult r = step();
     ops_.synchronize();
     const double dt = seconds_since(t0);
+    commit_matmul_algos();  // after the session's first step, when timing
     // Where the step's time went (the report): collectives, pipeline waits, data.
     const double comm = groups_.comm_stats->collective_seconds() - comm_before;
     time_.steps += dt;

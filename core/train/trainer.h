@@ -234,6 +234,12 @@ class Trainer {
   // Adds the time since `t0` to startup_parts_ under `part` and restarts `t0`.
   void startup_lap(const char* part, std::chrono::steady_clock::time_point& t0);
   void print_startup_time() const;
+  // precision.matmul_algos (trainer_matmul_algos.cpp). Before the session's first step: use the
+  // choices of a file (given, or a resumed timed run's own) or start timing; after that step,
+  // when timing: agree the choices over the world, use them and write them (collective).
+  void start_matmul_algos();
+  void commit_matmul_algos();
+  bool matmul_commit_due_ = false;
   // The log's sample at the end of the run (logging.sample_every > 0; rank 0), which the report
   // shows rather than sampling the same weights again.
   std::optional<TrainingSample> final_sample_;
