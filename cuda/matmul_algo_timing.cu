@@ -3,8 +3,8 @@
 // Computes nothing of the model's: each candidate runs the product on the real inputs into
 // scratch outputs, once to warm up and kRuns times between two events; the fastest mean wins.
 // Cost: (1 + kRuns) x up to 8 candidates x the product's own time, once per distinct product of a
-// run (GPT-2 124M: about 20 products of 0.1-1 ms, well under a second), plus a cudaMalloc of the
-// product's output size (dropped, with the product left untimed, when the device lacks the room).
+// run (GPT-2 124M at B 64: about 20 products of 0.3-5 ms, about a second in all), plus scratch of
+// the product's output size (a product is left untimed when the device lacks the room).
 #include "cuda/matmul_algo_timing.h"
 
 #include <cstdio>
@@ -25,12 +25,14 @@ bool same_algo(const cublasLtMatmulAlgo_t& a, const cublasLtMatmulAlgo_t& b) {
   return std::memcmp(&a, &b, sizeof a) == 0;
 }
 
-// Scratch outputs and two events, released on every path.
+// Scratch outputs and two events, released on every path. The scratch is stream-ordered
+// (cudaMallocAsync): a cudaFree would wait for the whole device, NCCL's streams included.
 struct TimingScratch {
+  cudaStream_t stream = nullptr;
   void* bytes = nullptr;
   cudaEvent_t start = nullptr, stop = nullptr;
   ~TimingScratch() {
-    if (bytes) cudaFree(bytes);
+    if (bytes) cudaFreeAsync(bytes, stream);
     if (start) cudaEventDestroy(start);
     if (stop) cudaEventDestroy(stop);
   }
@@ -52,7 +54,8 @@ TimedChoice time_candidates(MatmulContext* ctx, Descriptors& desc, const TimedPr
   if (need + kHeadroomBytes > free_bytes) return out;
 
   TimingScratch s;
-  CUDA_CHECK(cudaMalloc(&s.bytes, need));
+  s.stream = stream;
+  CUDA_CHECK(cudaMallocAsync(&s.bytes, need, stream));
   CUDA_CHECK(cudaMemsetAsync(s.bytes, 0, need, stream));  // defined inputs for beta = 1
   CUDA_CHECK(cudaEventCreate(&s.start));
   CUDA_CHECK(cudaEventCreate(&s.stop));
