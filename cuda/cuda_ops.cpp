@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "cuda/cuda_common.h"
@@ -60,21 +61,39 @@ CudaOps::CudaOps(DType compute_dtype) : compute_(compute_dtype) {
   try {
     matmul_ = gpu::matmul_context_create();
     result_ = static_cast<double*>(device_alloc(sizeof(double), "a reduction result"));
+    cudaStream_t side = nullptr;
+    CUDA_CHECK(cudaStreamCreate(&side));  // blocking, as stream_
+    side_stream_ = side;
+    cudaEvent_t fork = nullptr, join = nullptr;
+    CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+    fork_ = fork;
+    CUDA_CHECK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+    join_ = join;
   } catch (...) {
-    if (matmul_) gpu::matmul_context_destroy(matmul_);
-    cudaStreamDestroy(s);
+    release_handles();
     throw;
   }
+  const char* streams = std::getenv("PICOTRAIN_MATMUL_STREAMS");
+  dw_beside_dinp_ = !(streams && std::string(streams) == "1");
+}
+
+void CudaOps::release_handles() noexcept {
+  if (matmul_) gpu::matmul_context_destroy(matmul_);
+  matmul_ = nullptr;
+  if (fork_) cudaEventDestroy(static_cast<cudaEvent_t>(fork_));
+  if (join_) cudaEventDestroy(static_cast<cudaEvent_t>(join_));
+  if (side_stream_) cudaStreamDestroy(as_stream(side_stream_));
+  if (stream_) cudaStreamDestroy(as_stream(stream_));
+  fork_ = join_ = side_stream_ = stream_ = nullptr;
 }
 
 CudaOps::~CudaOps() {
   // No throwing here: a failure would have surfaced at an earlier synchronising call.
   cudaStreamSynchronize(as_stream(stream_));
-  gpu::matmul_context_destroy(matmul_);
   cudaFree(scratch_);
   cudaFree(result_);
   for (void* e : mark_events_) cudaEventDestroy(static_cast<cudaEvent_t>(e));
-  cudaStreamDestroy(as_stream(stream_));
+  release_handles();
 }
 
 void* CudaOps::scratch(size_t bytes) {

@@ -160,12 +160,21 @@ class CudaOps final : public Ops {
   // Throws, naming `op` and what is missing, unless FP8 attention runs here at head size HS.
   void require_fp8_attention(const char* op, int HS) const;
   double reduce(Tensor x, size_t n, bool square, const char* op);
+  // The matmul context, the streams and their events (what the constructor made); no throw.
+  void release_handles() noexcept;
 
   DType compute_;
   std::string description_;
   bool fp8_ = false;  // compute capability 8.9 or more: FP8 tensor cores (Ada, Hopper and later)
   bool fp8_rowwise_ = false;  // and rowwise products (gpu::fp8_rowwise_available)
   void* stream_ = nullptr;  // cudaStream_t
+  // matmul_backward's dW runs here beside dinp (cuda_ops_layers.cpp): a second stream, and the
+  // events that fork it from stream_ and join it back (cudaStream_t, cudaEvent_t). Off with
+  // PICOTRAIN_MATMUL_STREAMS=1.
+  void* side_stream_ = nullptr;
+  void* fork_ = nullptr;
+  void* join_ = nullptr;
+  bool dw_beside_dinp_ = true;
   gpu::MatmulContext* matmul_ = nullptr;
   void* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;

@@ -173,24 +173,43 @@ void CudaOps::matmul_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout,
   check_dims("matmul_backward", {N, IC, OC});
   if (!dinp && !dw && !dbias) return;
   const DType dt = need_act(dout, size_t(N) * OC, "matmul_backward", "dout");
+  DType it = dt, wt = dt;
   if (dinp) {
-    const DType it = need_act(dinp, size_t(N) * IC, "matmul_backward", "dinp");
+    it = need_act(dinp, size_t(N) * IC, "matmul_backward", "dinp");
     check(it == dt || it == DType::f32,
           "CudaOps::matmul_backward: dinp must be " + std::string(dtype_name(dt)) + " or f32");
     need(w, size_t(OC) * IC, dt, "matmul_backward", "w");
-    gpu::matmul_backward_input(matmul_, dt, it, dinp.data, dout.data, w.data, N, IC, OC, stream_);
   }
-  if (dbias) need(dbias, OC, "matmul_backward", "dbias");
-  void* db_scratch = dbias ? scratch(gpu::bias_backward_scratch_bytes(N, OC)) : nullptr;
-  if (dw) {  // dbias (if wanted) comes with dW, from the same product where cuBLASLt can
-    const DType wt = need_act(dw, size_t(OC) * IC, "matmul_backward", "dw");
+  if (dw) {
+    wt = need_act(dw, size_t(OC) * IC, "matmul_backward", "dw");
     check(wt == dt || wt == DType::f32,
           "CudaOps::matmul_backward: dw must be " + std::string(dtype_name(dt)) + " or f32");
     need(inp, size_t(N) * IC, dt, "matmul_backward", "inp");
+  }
+  if (dbias) need(dbias, OC, "matmul_backward", "dbias");
+  void* db_scratch = dbias ? scratch(gpu::bias_backward_scratch_bytes(N, OC)) : nullptr;
+  // dinp and dW are independent products (both read dout; dinp writes only itself): dW, with
+  // the bias gradient, runs on the side stream beside dinp, each with its own cuBLASLt workspace
+  // (lane 1), and stream_ waits for both before its next op. A dW product alone has few tiles
+  // (m = IC, n = OC, k = N: 108 at GPT-2 124M's qkv for 132 SMs); beside dinp the idle SMs work.
+  // Each product's bits are what they are alone. Not while matmul algorithms are timed (a
+  // candidate's time would include the other product's), nor with PICOTRAIN_MATMUL_STREAMS=1.
+  const bool beside = dinp && dw && dw_beside_dinp_ && !gpu::matmul_timing(matmul_);
+  void* dw_stream = beside ? side_stream_ : stream_;
+  if (beside) {
+    CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(fork_), as_stream(stream_)));
+    CUDA_CHECK(cudaStreamWaitEvent(as_stream(side_stream_), static_cast<cudaEvent_t>(fork_), 0));
+  }
+  if (dinp) gpu::matmul_backward_input(matmul_, dt, it, dinp.data, dout.data, w.data, N, IC, OC, stream_);
+  if (dw) {  // dbias (if wanted) comes with dW, from the same product where cuBLASLt can
     gpu::matmul_backward_weight(matmul_, dt, wt, dw.data, dbias.dtype, dbias.data, dout.data, inp.data, N, IC, OC,
-                                db_scratch, stream_);
+                                db_scratch, dw_stream, beside ? 1 : 0);
   } else if (dbias) {
     gpu::bias_backward(dt, dbias.dtype, dbias.data, dout.data, N, OC, db_scratch, stream_);
+  }
+  if (beside) {
+    CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(join_), as_stream(side_stream_)));
+    CUDA_CHECK(cudaStreamWaitEvent(as_stream(stream_), static_cast<cudaEvent_t>(join_), 0));
   }
 }
 

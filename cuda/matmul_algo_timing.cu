@@ -69,7 +69,7 @@ TimedChoice time_candidates(MatmulContext* ctx, Descriptors& desc, const TimedPr
   auto time_one = [&](const cublasLtMatmulAlgo_t& algo) -> double {
     auto run = [&] {
       return cublasLtMatmul(ctx->handle, desc.op, &alpha, p.A, desc.a, p.B, desc.b, &beta, d, desc.d, d, desc.d,
-                            &algo, ctx->workspace, kWorkspaceBytes, stream);
+                            &algo, p.workspace, kWorkspaceBytes, stream);
     };
     if (run() != CUBLAS_STATUS_SUCCESS) return -1.0;  // warm-up, and the library's own check
     CUDA_CHECK(cudaEventRecord(s.start, stream));

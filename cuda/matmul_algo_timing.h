@@ -22,6 +22,7 @@ struct TimedProduct {
   size_t d_bytes;
   void* aux_out;
   size_t aux_bytes;
+  void* workspace;  // the product's lane's (kWorkspaceBytes)
 };
 
 struct TimedChoice {

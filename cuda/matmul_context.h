@@ -1,6 +1,6 @@
 // The inside of gpu::MatmulContext (matmul_cublaslt.h), shared by the sources that run cuBLASLt
 // products on it: cuda/matmul_cublaslt.cu (bf16/fp32) and cuda/matmul_fp8.cu (FP8). One handle,
-// one workspace and one cache of the heuristic's choices per CudaOps; and Descriptors, the RAII
+// a workspace per lane and one cache of the heuristic's choices per CudaOps; and Descriptors, the RAII
 // holder of one call's cuBLASLt descriptors, which both build. Includes cublasLt.h: for cuda/*.cu
 // only, never for g++-compiled code outside cuda/.
 #pragma once
@@ -28,6 +28,7 @@ constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // Hopper's fastest kernel
 struct MatmulContext {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
+  void* side_workspace = nullptr;  // lane 1's (matmul_cublaslt.h): a product beside lane 0's
   struct Choice {
     bool ok = false;  // false: the heuristic offered nothing for this problem
     cublasLtMatmulAlgo_t algo{};

@@ -50,6 +50,8 @@
 // deterministic. The forward applies GELU to the fp32 sum, the two-step path to its bf16
 // rounding, so their bf16 outputs can differ by a rounding (Ops::matmul_gelu_forward).
 //
+// Streams: every call runs on the stream it is given, with the workspace of its lane
+// (matmul_cublaslt.h): CudaOps runs the dW product on a side stream (lane 1) beside dinp's.
 // FLOPs: 2*N*IC*OC forward, 4*N*IC*OC backward (dinp and dW): compute-bound at training
 // shapes. GPT-2 124M per step at B*T = 8192 tokens: ~6 * 8192 * 85M (matmul params) ~ 4.2
 // TFLOP, ~4.3 ms at H100 SXM's 989 dense bf16 TFLOP/s.
@@ -112,6 +114,7 @@ struct Gemm {
   const void* bias;   // bias[m] added to D (forward); nullptr: none
   float* bias_grad;   // the BGRADB epilogue's output (backward, see Epilogue); nullptr: none
   const void* aux = nullptr;  // the GELU epilogues' m x n matrix (D's dtype and ld): GELU's input
+  void* workspace = nullptr;   // cuBLASLt's workspace: ctx->workspace when null (matmul_cublaslt.h, lanes)
 };
 
 // What a cuBLASLt product does besides D = op(A) op(B) + beta D.
@@ -293,7 +296,7 @@ void time_product(MatmulContext* ctx, Descriptors& desc, const Gemm& g, Epilogue
   const bool writes_aux = epi == Epilogue::gelu_aux || epi == Epilogue::gelu_aux_bias;
   const size_t d_bytes = (size_t(g.ldd) * (g.n - 1) + g.m) * dtype_size(g.cd);
   const TimedProduct p{g.A, g.B, g.beta, d_bytes, writes_aux ? const_cast<void*>(g.aux) : nullptr,
-                       writes_aux ? d_bytes : 0};
+                       writes_aux ? d_bytes : 0, g.workspace ? g.workspace : ctx->workspace};
   double first_us = 0;
   const TimedChoice t = time_candidates(ctx, desc, p, first, &first_us, stream);
   if (!t.ok) return;  // untimed: the product keeps the heuristic's choice, and is not listed
@@ -340,7 +343,8 @@ bool run_cublaslt(MatmulContext* ctx, const Gemm& g, Epilogue epi, cudaStream_t 
   if (!it->second.ok) return false;
   const float alpha = 1.0f, beta = g.beta;
   CUBLAS_CHECK(cublasLtMatmul(ctx->handle, desc.op, &alpha, g.A, desc.a, g.B, desc.b, &beta, g.D, desc.d, g.D, desc.d,
-                              &it->second.algo, ctx->workspace, kWorkspaceBytes, stream));
+                              &it->second.algo, g.workspace ? g.workspace : ctx->workspace, kWorkspaceBytes,
+                              stream));
   return true;
 }
 
@@ -387,6 +391,7 @@ MatmulContext* matmul_context_create() {
   try {
     CUBLAS_CHECK(cublasLtCreate(&ctx->handle));
     CUDA_CHECK(cudaMalloc(&ctx->workspace, kWorkspaceBytes));
+    CUDA_CHECK(cudaMalloc(&ctx->side_workspace, kWorkspaceBytes));
   } catch (...) {
     matmul_context_destroy(ctx);
     throw;
@@ -400,6 +405,8 @@ void matmul_start_timing(MatmulContext* ctx) {
 }
 
 MatmulAlgos matmul_timed_algos(const MatmulContext* ctx) { return ctx->timed; }
+
+bool matmul_timing(const MatmulContext* ctx) { return ctx->timing; }
 
 void matmul_use_algos(MatmulContext* ctx, const MatmulAlgos& algos) {
   check(algos.library == matmul_library_name(), "matmul_use_algos: choices made on " + algos.library + ", not here");
@@ -418,6 +425,7 @@ void matmul_use_algos(MatmulContext* ctx, const MatmulAlgos& algos) {
 void matmul_context_destroy(MatmulContext* ctx) noexcept {
   if (!ctx) return;
   if (ctx->workspace) cudaFree(ctx->workspace);
+  if (ctx->side_workspace) cudaFree(ctx->side_workspace);
   if (ctx->handle) cublasLtDestroy(ctx->handle);
   delete ctx;
 }
@@ -436,13 +444,14 @@ void matmul_backward_input(MatmulContext* ctx, DType in_dtype, DType dinp_dtype,
 
 void matmul_backward_weight(MatmulContext* ctx, DType in_dtype, DType dw_dtype, void* dw, DType dbias_dtype,
                             void* dbias, const void* dout, const void* inp, int N, int IC, int OC, void* scratch,
-                            void* stream) {
+                            void* stream, int lane) {
   cudaStream_t s = as_stream(stream);
   if (dbias) check_act_grad("matmul_backward_weight", in_dtype, dbias_dtype);  // refused before dW changes
   // The BGRADB epilogue overwrites its output while dbias accumulates: it writes fp32 sums to
   // scratch, which one small pass adds to dbias.
   float* sums = dbias ? static_cast<float*>(scratch) : nullptr;
-  const Gemm g{false, true, IC, OC, N, in_dtype, inp, IC, dout, OC, dw_dtype, dw, IC, 1.0f, nullptr, sums};
+  Gemm g{false, true, IC, OC, N, in_dtype, inp, IC, dout, OC, dw_dtype, dw, IC, 1.0f, nullptr, sums};
+  if (lane == 1) g.workspace = ctx->side_workspace;
   if (sums && N > 0 && IC > 0 && OC > 0 && run_cublaslt(ctx, g, Epilogue::bgradb, s)) {
     dispatch_act_grad("matmul_backward_weight", in_dtype, dbias_dtype, [&](auto, auto grad) {
       using G = decltype(grad);

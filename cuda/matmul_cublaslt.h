@@ -16,7 +16,9 @@
 
 namespace pt::gpu {
 
-// The cuBLASLt handle, its 32 MiB workspace and a cache of the heuristic's algorithm choices.
+// The cuBLASLt handle, its 32 MiB workspaces and a cache of the heuristic's algorithm choices.
+// Two lanes, each with its own workspace, let two products run at once on two streams: lane 0
+// (every call's by default) and lane 1 (CudaOps' side stream, matmul_backward's dW beside dinp).
 struct MatmulContext;
 MatmulContext* matmul_context_create();
 void matmul_context_destroy(MatmulContext* ctx) noexcept;
@@ -28,6 +30,7 @@ void matmul_context_destroy(MatmulContext* ctx) noexcept;
 std::string matmul_library_name();
 void matmul_start_timing(MatmulContext* ctx);
 MatmulAlgos matmul_timed_algos(const MatmulContext* ctx);
+bool matmul_timing(const MatmulContext* ctx);  // timing is on: no products side by side
 void matmul_use_algos(MatmulContext* ctx, const MatmulAlgos& algos);
 
 // out[N, OC] = inp[N, IC] @ w[OC, IC]^T (+ bias[OC]; bias may be nullptr). out and bias are out_dtype.
@@ -42,7 +45,7 @@ void matmul_backward_input(MatmulContext* ctx, DType in_dtype, DType dinp_dtype,
 // bias_backward_scratch_bytes(N, OC) when dbias is not null.
 void matmul_backward_weight(MatmulContext* ctx, DType in_dtype, DType dw_dtype, void* dw, DType dbias_dtype,
                             void* dbias, const void* dout, const void* inp, int N, int IC, int OC, void* scratch,
-                            void* stream = nullptr);
+                            void* stream = nullptr, int lane = 0);
 
 // The MLP's fc layer and its GELU (Ops::matmul_gelu_forward), all tensors of `dtype`:
 // out_pre[N, OC] = inp[N, IC] @ w[OC, IC]^T (+ bias[OC]; may be nullptr), out = gelu(out_pre),

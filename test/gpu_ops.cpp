@@ -597,6 +597,42 @@ TEST_CASE("bias gradients are deterministic", "[gpu][ops][matmul]") {
   }
 }
 
+TEST_CASE("matmul_backward's dW beside dinp (two streams) gives each product's bits alone", "[gpu][ops][matmul]") {
+  // With dinp and dw both wanted, dW (and the bias gradient) runs on CudaOps' side stream with
+  // its own workspace while dinp runs on the main one; each alone runs on the main stream. The
+  // results must be the same bits, on every repeat, at shapes large enough for the two to
+  // overlap (and with split-K partials in the workspaces), and the op that follows on the main
+  // stream must see dW complete (read back right after).
+  struct Shape {
+    int N, IC, OC;
+  };
+  for (Shape s : {Shape{4096, 768, 2304}, Shape{8192, 3072, 768}, Shape{37, 771, 133}}) {
+    for (DType mode : kModes) {
+      INFO("N " << s.N << " IC " << s.IC << " OC " << s.OC << ", mode " << mode_name(mode));
+      Ops& ops = gpu(mode);
+      Tensors g(ops);
+      const size_t NI = size_t(s.N) * s.IC, NO = size_t(s.N) * s.OC, WI = size_t(s.OC) * s.IC;
+      Tensor x = g.make(rounded(mode, random_normal(NI, 1.0f, 41)), mode);
+      Tensor w = g.make(rounded(mode, random_normal(WI, 0.05f, 42)), mode);
+      Tensor dout = g.make(rounded(mode, random_normal(NO, 1.0f, 43)), mode);
+      const std::vector<float> dw0 = random_normal(WI, 1.0f, 44), db0 = random_normal(s.OC, 1.0f, 45);
+      // Alone: dinp, then dW with dbias, each its own call.
+      Tensor dx_alone = g.zeros(NI, mode), dw_alone = g.make(dw0, DType::f32), db_alone = g.make(db0, DType::f32);
+      ops.matmul_backward(dx_alone, Tensor{}, Tensor{}, dout, x, w, s.N, s.IC, s.OC);
+      ops.matmul_backward(Tensor{}, dw_alone, db_alone, dout, x, w, s.N, s.IC, s.OC);
+      const std::vector<float> ref_dx = g.read(dx_alone), ref_dw = g.read(dw_alone), ref_db = g.read(db_alone);
+      for (int repeat = 0; repeat < 3; repeat++) {
+        INFO("repeat " << repeat);
+        Tensor dx = g.zeros(NI, mode), dw = g.make(dw0, DType::f32), db = g.make(db0, DType::f32);
+        ops.matmul_backward(dx, dw, db, dout, x, w, s.N, s.IC, s.OC);
+        CHECK(bitwise_equal(g.read(dx), ref_dx));
+        CHECK(bitwise_equal(g.read(dw), ref_dw));
+        CHECK(bitwise_equal(g.read(db), ref_db));
+      }
+    }
+  }
+}
+
 TEST_CASE("gelu, add and scale through CudaOps match CpuOps", "[gpu][ops][elementwise]") {
   const size_t n = 100003;
   for (DType mode : kModes) {
