@@ -173,7 +173,7 @@ const std::vector<std::string> kFields = {
     "/hardware/interconnect/within_node", "/hardware/interconnect/between_nodes",
     "/layout/dp", "/layout/tp", "/layout/pp", "/layout/cp", "/layout/zero_stage", "/layout/recompute",
     "/layout/memory_per_rank", "/batch/tokens_per_step", "/batch/seq_len", "/batch/micro_batch_size",
-    "/batch/grad_accum_steps", "/precision/compute_dtype", "/checkpoint/every_steps", "/checkpoint/writes",
+    "/batch/grad_accum_steps", "/precision/compute_dtype", "/precision/matmul_algos", "/checkpoint/every_steps", "/checkpoint/writes",
     "/throughput/tokens_per_s", "/throughput/tflops_per_gpu", "/throughput/mfu", "/throughput/mfu_formula",
     "/throughput/flops_per_token", "/throughput/peak_tflops", "/time/wall_s", "/time/steps_s", "/time/compute_s",
     "/time/comm_s", "/time/bubble_s", "/time/data_s", "/time/checkpoint_s", "/time/eval_s", "/time/steps",
@@ -428,11 +428,18 @@ TEST_CASE("an FP8 run says so: the fp8 line, mfu_fp8 in metrics.jsonl, the repor
   CHECK_THAT(read_text((fx.dir / "run" / "report.md").string()),
              Contains("FP8 tensorwise products (layers qkv,mlp_down, gradients e5m2)") &&
                  Contains("| MFU against the FP8 peak |"));
-  // Without FP8: no fp8 line, no field.
+  CHECK(r["precision"]["matmul_algos"] == "heuristic");
+  // Without FP8: no fp8 line, no field. (With timed matmul algorithms, which the CPU backend has
+  // none of: the log says so, the report keeps the setting.)
   const Launch off = run_command(std::string(PICOTRAIN_BIN) + " train --config " + cfg +
-                                 " --set logging.peak_tflops=1000 --set checkpoint.final=false");
+                                 " --set logging.peak_tflops=1000 --set checkpoint.final=false"
+                                 " --set precision.matmul_algos=timed");
   CHECK_THAT(off.output, !Contains("fp8       |"));
-  CHECK(check_report(fx.dir / "run")["throughput"]["mfu_fp8"].is_null());
+  CHECK_THAT(off.output, Contains("matmul    | precision.matmul_algos=timed: the cpu backend has no algorithms"));
+  const json r_off = check_report(fx.dir / "run");
+  CHECK(r_off["throughput"]["mfu_fp8"].is_null());
+  CHECK(r_off["precision"]["matmul_algos"] == "timed");
+  CHECK_THAT(read_text((fx.dir / "run" / "report.md").string()), Contains("; matmul algorithms timed in the first step"));
 }
 
 TEST_CASE("an MFU above 100% is never printed without a warning that the peak is wrong", "[report]") {

@@ -99,7 +99,7 @@ json build_report(const RunSummary& s, const std::vector<json>& metrics, const S
                 {"grad_accum_steps", c.batch.grad_accum_steps},
                 {"dp", par.dp}};
   r["precision"] = {{"compute_dtype", s.compute_dtype}, {"master_weights", c.precision.master_weights},
-                    {"fp8", c.precision.fp8}};
+                    {"fp8", c.precision.fp8}, {"matmul_algos", c.precision.matmul_algos}};
   if (c.precision.fp8 != "off")
     r["precision"].update({{"fp8_layers", c.precision.fp8_layers}, {"fp8_grad_format", c.precision.fp8_grad_format}});
   if (c.precision.fp8 == "delayed") r["precision"]["fp8_amax_history"] = c.precision.fp8_amax_history;
@@ -219,6 +219,8 @@ std::string report_markdown(const json& r) {
   if (text(r["precision"]["fp8"]) != "off")
     md += "; FP8 " + text(r["precision"]["fp8"]) + " products (layers " + text(r["precision"]["fp8_layers"]) +
           ", gradients " + text(r["precision"]["fp8_grad_format"]) + ")";
+  if (const std::string algos = r["precision"].value("matmul_algos", std::string("heuristic")); algos != "heuristic")
+    md += "; matmul algorithms " + (algos == "timed" ? std::string("timed in the first step") : "from " + algos);
   md += " |\n";
   md += "| checkpoints | " + text(ck["cadence"]) +
         format(", keep %d; %d written (%.2f s) |\n\n", ck["keep_latest"].get<int>(), ck["writes"].get<int>(), num(ck["seconds"]));
