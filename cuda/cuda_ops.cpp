@@ -246,7 +246,7 @@ int CudaOps::record_time_mark() {
   return marks_used_++;
 }
 
-std::string CudaOps::matmul_library() const { return gpu::matmul_library_name(); }
+std::string CudaOps::matmul_library() const { return gpu::matmul_library(matmul_); }
 void CudaOps::time_matmul_algos() { gpu::matmul_start_timing(matmul_); }
 MatmulAlgos CudaOps::timed_matmul_algos() const { return gpu::matmul_timed_algos(matmul_); }
 void CudaOps::use_matmul_algos(const MatmulAlgos& algos) { gpu::matmul_use_algos(matmul_, algos); }

@@ -41,7 +41,7 @@ struct TimingScratch {
 }  // namespace
 
 TimedChoice time_candidates(MatmulContext* ctx, Descriptors& desc, const TimedProduct& p,
-                            const cublasLtMatmulAlgo_t& first, double* first_us, cudaStream_t stream) {
+                            const cublasLtMatmulAlgo_t& first, cudaStream_t stream) {
   TimedChoice out;
   cublasLtMatmulHeuristicResult_t results[kCandidates]{};
   int found = 0;
@@ -82,10 +82,8 @@ TimedChoice time_candidates(MatmulContext* ctx, Descriptors& desc, const TimedPr
     return 1e3 * ms / kRuns;
   };
 
-  *first_us = time_one(first);
-  if (*first_us >= 0) {
-    out = {true, first, *first_us};
-  }
+  const double first_us = time_one(first);
+  if (first_us >= 0) out = {true, first, first_us};
   for (int i = 0; i < found; i++) {
     if (results[i].state != CUBLAS_STATUS_SUCCESS || same_algo(results[i].algo, first)) continue;
     const double us = time_one(results[i].algo);
@@ -95,10 +93,10 @@ TimedChoice time_candidates(MatmulContext* ctx, Descriptors& desc, const TimedPr
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &p.aux_out,
                                                 sizeof p.aux_out));
   CUDA_CHECK(cudaGetLastError());
+  out.first_us = first_us;
   return out;
 }
 
-// "cuBLASLt <version>, <GPU name>, sm_<cc>, <SMs> SMs": where a choice holds.
 std::string matmul_library_name() {
   int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));

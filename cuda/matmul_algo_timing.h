@@ -29,6 +29,7 @@ struct TimedChoice {
   bool ok = false;               // false: nothing timed (no candidates, or no memory for scratch)
   cublasLtMatmulAlgo_t fastest{};
   double fastest_us = 0;         // one call, the mean of a few
+  double first_us = -1;          // the heuristic's first choice, timed alike (< 0: it failed)
 };
 
 // Times up to 8 of the heuristic's candidates for the product in `desc` (its preference, set by
@@ -36,7 +37,11 @@ struct TimedChoice {
 // Synchronises the stream (this happens once per product, in a run's first step). `first` is the
 // heuristic's first choice, timed like the others (first_us, for the log).
 TimedChoice time_candidates(MatmulContext* ctx, Descriptors& desc, const TimedProduct& p,
-                            const cublasLtMatmulAlgo_t& first, double* first_us, cudaStream_t stream);
+                            const cublasLtMatmulAlgo_t& first, cudaStream_t stream);
+
+// "cuBLASLt <version>, <GPU name>, sm_<cc>, <SMs> SMs" of the current device: where a choice
+// holds (MatmulContext::library, worked out once).
+std::string matmul_library_name();
 
 // cublasLtMatmulAlgo_t as hex and back (false: not an algorithm's bytes).
 std::string algo_hex(const cublasLtMatmulAlgo_t& algo);

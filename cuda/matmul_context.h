@@ -29,6 +29,7 @@ struct MatmulContext {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
   void* side_workspace = nullptr;  // lane 1's (matmul_cublaslt.h): a product beside lane 0's
+  std::string library;             // matmul_library_name() of the device it was made on
   struct Choice {
     bool ok = false;  // false: the heuristic offered nothing for this problem
     cublasLtMatmulAlgo_t algo{};

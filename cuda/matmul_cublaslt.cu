@@ -297,14 +297,13 @@ void time_product(MatmulContext* ctx, Descriptors& desc, const Gemm& g, Epilogue
   const size_t d_bytes = (size_t(g.ldd) * (g.n - 1) + g.m) * dtype_size(g.cd);
   const TimedProduct p{g.A, g.B, g.beta, d_bytes, writes_aux ? const_cast<void*>(g.aux) : nullptr,
                        writes_aux ? d_bytes : 0, g.workspace ? g.workspace : ctx->workspace};
-  double first_us = 0;
-  const TimedChoice t = time_candidates(ctx, desc, p, first, &first_us, stream);
+  const TimedChoice t = time_candidates(ctx, desc, p, first, stream);
   if (!t.ok) return;  // untimed: the product keeps the heuristic's choice, and is not listed
   MatmulAlgos& m = ctx->timed;
   m.chosen[key] = algo_hex(t.fastest);
   const bool differs = std::memcmp(&t.fastest, &first, sizeof first) != 0;
   m.differs += differs;
-  m.heuristic_us += first_us >= 0 ? first_us : t.fastest_us;
+  m.heuristic_us += t.first_us >= 0 ? t.first_us : t.fastest_us;
   m.chosen_us += t.fastest_us;
 }
 
@@ -392,6 +391,7 @@ MatmulContext* matmul_context_create() {
     CUBLAS_CHECK(cublasLtCreate(&ctx->handle));
     CUDA_CHECK(cudaMalloc(&ctx->workspace, kWorkspaceBytes));
     CUDA_CHECK(cudaMalloc(&ctx->side_workspace, kWorkspaceBytes));
+    ctx->library = matmul_library_name();
   } catch (...) {
     matmul_context_destroy(ctx);
     throw;
@@ -399,9 +399,11 @@ MatmulContext* matmul_context_create() {
   return ctx;
 }
 
+std::string matmul_library(const MatmulContext* ctx) { return ctx->library; }
+
 void matmul_start_timing(MatmulContext* ctx) {
   ctx->timing = true;
-  if (ctx->timed.library.empty()) ctx->timed.library = matmul_library_name();
+  ctx->timed.library = ctx->library;
 }
 
 MatmulAlgos matmul_timed_algos(const MatmulContext* ctx) { return ctx->timed; }
@@ -409,7 +411,7 @@ MatmulAlgos matmul_timed_algos(const MatmulContext* ctx) { return ctx->timed; }
 bool matmul_timing(const MatmulContext* ctx) { return ctx->timing; }
 
 void matmul_use_algos(MatmulContext* ctx, const MatmulAlgos& algos) {
-  check(algos.library == matmul_library_name(), "matmul_use_algos: choices made on " + algos.library + ", not here");
+  check(algos.library == ctx->library, "matmul_use_algos: choices made on " + algos.library + ", not here");
   ctx->timing = false;
   // Every product resolves again at its next call: a listed one takes (and checks) its algorithm,
   // any other asks the heuristic, which answers as it did before.

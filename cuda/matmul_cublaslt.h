@@ -24,10 +24,10 @@ MatmulContext* matmul_context_create();
 void matmul_context_destroy(MatmulContext* ctx) noexcept;
 
 // precision.matmul_algos (core/ops/matmul_algos.h), as Ops declares them: the library and GPU
-// the choices hold for (matmul_algo_timing.cu); start timing the products not seen yet; what the
-// timing found; run the given algorithms from now on (and stop timing). bf16/fp32 products only
-// (FP8's keep the heuristic's).
-std::string matmul_library_name();
+// the choices hold for; start timing the products not seen yet; what the timing found; run the
+// given algorithms from now on (and stop timing). bf16/fp32 products only (FP8's keep the
+// heuristic's).
+std::string matmul_library(const MatmulContext* ctx);
 void matmul_start_timing(MatmulContext* ctx);
 MatmulAlgos matmul_timed_algos(const MatmulContext* ctx);
 bool matmul_timing(const MatmulContext* ctx);  // timing is on: no products side by side

@@ -1,11 +1,9 @@
 // precision.matmul_algos: which cuBLASLt algorithm each product runs (core/ops/matmul_algos.h
 // says why a timed choice is made once, agreed by every rank and written down).
-#include <cstdio>
 #include <filesystem>
 
 #include "core/ckpt/durable_io.h"
 #include "core/common/console.h"
-#include "core/common/format.h"
 #include "core/dist/coordination.h"
 #include "core/train/trainer.h"
 
