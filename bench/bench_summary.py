@@ -9,6 +9,7 @@ Reads what gpu_bench.sh left in its output folder and writes bench_summary.md th
   attention_sdpa.json              bench/attention_sdpa.py: PyTorch's flash and cuDNN SDPA, same shapes
   picotrain_124m.jsonl, picotrain_1.5b.jsonl,  picotrain's metrics.jsonl of the training runs
   picotrain_llama1b.jsonl                        (GPT-2 124M and 1.5B, a Llama of Llama 3.2 1B's shape)
+  picotrain_mixtral_small.jsonl                  (gpu_bench.sh MOE=1: configs/mixtral-small.json)
   torch_124m.json (torch_1.5b.json)            bench/torch_gpt2.py at the same shapes
 Any of them may be missing (a step failed or was skipped): its rows then say "n/a".
 
@@ -320,6 +321,7 @@ def main(argv=None):
     pl1 = picotrain_run(path("picotrain_llama1b.jsonl"), args.skip_1b)
     p15_fp8 = picotrain_run(path("picotrain_1.5b_fp8.jsonl"), args.skip_15b)
     pl1_fp8 = picotrain_run(path("picotrain_llama1b_fp8.jsonl"), args.skip_1b)
+    pmx = picotrain_run(path("picotrain_mixtral_small.jsonl"), args.skip_1b)
 
     md = ["# picotrain GPU benchmarks (issues #9, #30)", ""]
     try:
@@ -439,6 +441,8 @@ def main(argv=None):
     runs = [("picotrain 124M", p124), ("picotrain 1.5B", p15), ("picotrain Llama 1B", pl1)]
     if p124_timed:  # gpu_bench.sh's TIMED_ALGOS=1
         runs.insert(1, ("picotrain 124M, precision.matmul_algos=timed", p124_timed))
+    if pmx:  # gpu_bench.sh's MOE=1
+        runs.append(("picotrain small Mixtral (configs/mixtral-small.json)", pmx))
     for name, run in runs:
         if run:
             md.append("| %s | %d (from step %d) | %.0f | %.1f | %.1f | %.1f%% | %s -> %s | peak %s TFLOP/s; data %.1f ms/step |"
@@ -475,6 +479,7 @@ def main(argv=None):
                       ("picotrain Llama 1B (aggregated from picotrain_llama1b.jsonl)", pl1),
                       ("picotrain 1.5B in FP8 (picotrain_1.5b_fp8.jsonl)", p15_fp8),
                       ("picotrain Llama 1B in FP8 (picotrain_llama1b_fp8.jsonl)", pl1_fp8),
+                      ("picotrain small Mixtral (picotrain_mixtral_small.jsonl)", pmx),
                       ("torch_124m.json", t124), ("torch_1.5b.json", t15), ("attention_sdpa.json", sdpa),
                       ("kernel_attention.json", ka), ("kernel_bench.json", kb)):
         if obj is not None:

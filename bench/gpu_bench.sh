@@ -38,6 +38,7 @@
 # B_15B (8), ACCUM_15B (16), STEPS_1B (8), SKIP_1B (3), B_1B (8), ACCUM_1B (8), TORCH_15B (0; 1 also runs torch_gpt2.py at 1.5B, if time is left),
 # RUN_124M (1; 0 leaves out steps 6-7, the 124M runs, to give a short call's time to the others),
 # TIMED_ALGOS (0; 1 also runs the 124M training run with precision.matmul_algos=timed, as long again),
+# MOE (0; 1 also runs a small Mixtral, configs/mixtral-small.json, at the Llama 1B's batch and steps),
 # FP8 (0; 1 also runs step 9, about as long again as the 1.5B and 1B runs: run it where the budget
 # allows, e.g. a second call with a larger BUDGET_S),
 # NSYS (0; 1 also profiles 6 steps of 124M at 2 micro-batches under `nsys profile --stats=true`;
@@ -248,6 +249,15 @@ if [ "${FP8:-0}" = 1 ]; then
       "$ACCUM_1B" "$STEPS_1B" 150
   else
     record picotrain_fp8 skip 0 "no build"
+  fi
+fi
+# Optional (MOE=1): a small Mixtral (configs/mixtral-small.json: the Llama 1B's attention, 8 experts
+# of width 2048, top-2 in every block) at the Llama 1B's batch: the routed experts' grouped products.
+if [ "${MOE:-0}" = 1 ]; then
+  if [ $BUILT -eq 0 ]; then
+    RUN_T=$T_1B picotrain_run picotrain_mixtral_small configs/mixtral-small.json "$B_1B" "$ACCUM_1B" "$STEPS_1B" 150
+  else
+    record picotrain_mixtral_small skip 0 "no build"
   fi
 fi
 # Optional: Nsight Systems over a few 124M steps, for the measured per-kernel time of real steps

@@ -14,7 +14,8 @@
 //    casts and products at the block's four matmul shapes next to bf16's (kernel_bench_fp8.cpp);
 //  - with the model table, the memory-bound ops a Llama block adds (RMSNorm with and without its
 //    residual add, RoPE, SwiGLU; forward and backward) at Llama 3.2 1B's shapes, B*T = 8 x 2048
-//    (kernel_bench_llama.cpp);
+//    (kernel_bench_llama.cpp), and a small Mixtral's routing and expert up product, grouped over the
+//    device's offsets and per expert (kernel_bench_moe.cpp);
 //  - attention forward, backward and both, causal, at the shapes bench/attention_sdpa.py gives
 //    PyTorch's flash and cuDNN SDPA: head dim 64 and 128, T 1k/2k/4k/8k/16k, hidden 2048 (NH =
 //    2048/hd), B*T = 16384 tokens (FlashAttention's benchmarks), multi-head and grouped-query 8:1
@@ -52,7 +53,8 @@
 //
 // The files: kernel_bench.h (the pieces they share), kernel_bench_harness.cpp (the timing, the
 // buffers, the ceilings), kernel_bench_model.cpp (the training step's ops),
-// kernel_bench_fp8.cpp (the FP8 rows), kernel_bench_attention.cpp (the attention table),
+// kernel_bench_fp8.cpp (the FP8 rows), kernel_bench_llama.cpp and kernel_bench_moe.cpp (the
+// Llama and mixture-of-experts rows), kernel_bench_attention.cpp (the attention table),
 // kernel_bench_report.cpp (markdown and JSON),
 // and this one: the command line and the order of the tables.
 #include <CLI/CLI.hpp>
@@ -145,6 +147,10 @@ int main_impl(int argc, char** argv) {
     bench_fp8(b, *ops, m);
   }
   if (!models.empty()) bench_llama_ops(b, *ops, smoke ? 128 : 8 * 2048, smoke ? 64 : 2048);
+  if (!models.empty()) {
+    if (smoke) bench_moe_ops(b, *ops, 64, 128, 96, 8, 2);
+    else bench_moe_ops(b, *ops, 8192, 2048, 4096, 8, 2);
+  }
   if (!no_attention) {
     std::fprintf(stderr, "attention: %d warm-up + %d timed reps per op\n", att_warmup, att_reps);
     b.set_repetitions(att_warmup, att_reps);

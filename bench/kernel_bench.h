@@ -100,6 +100,9 @@ void bench_fp8(Bench& b, Ops& ops, const ModelShape& m);
 // kernel_bench_llama.cpp: the memory-bound ops a Llama block adds (RMSNorm, RoPE, SwiGLU) at Llama
 // 3.2 1B's shapes, `rows` = B*T tokens of T.
 void bench_llama_ops(Bench& b, Ops& ops, int rows, int T);
+// The mixture-of-experts rows (kernel_bench_moe.cpp): routing and the experts' up product, grouped
+// and per expert, for `tokens` tokens, d_model C, E experts of width H, top-k.
+void bench_moe_ops(Bench& b, Ops& ops, int tokens, int C, int H, int E, int k);
 // kernel_bench_attention.cpp: attention at bench/attention_sdpa.py's shapes.
 void bench_attention(Bench& b, Ops& ops, int tokens, int hidden, const std::vector<int>& seq_lens,
                      const std::vector<int>& groups);

@@ -86,14 +86,19 @@ std::string markdown(const Bench& b, const RunInfo& run, const std::vector<Model
       md += (i ? ", " : "") + top[i]->op + fmt(" %.1f%%", 100 * top[i]->per_step * top[i]->median_ms / total);
     md += "\n";
   }
-  bool any_attention = false, any_llama = false;
+  bool any_attention = false, any_llama = false, any_moe = false;
   for (const Row& r : b.rows) {
     any_attention |= r.section == "attention";
     any_llama |= r.section == "llama-1b";
+    any_moe |= r.section == "moe";
   }
   if (any_llama) {
     md += "\n## llama-1b: the ops a Llama block adds (kernel_bench_llama.cpp), not in a step above\n\n";
     table("llama-1b", false);
+  }
+  if (any_moe) {
+    md += "\n## moe: a small Mixtral's routing and expert products (kernel_bench_moe.cpp), grouped and per expert\n\n";
+    table("moe", false);
   }
   if (any_attention) {
     md += "\n## Attention (compare with bench/attention_sdpa.py at the same shapes)\n\n";

@@ -129,6 +129,13 @@ class CudaOps final : public Ops {
   void moe_combine(Tensor y, Tensor expert_out, Tensor topk_weight, Tensor slot_of, int N, int C, int k) override;
   void moe_combine_backward(Tensor dexpert_out, Tensor dtopk_weight, Tensor dy, Tensor expert_out, Tensor topk_weight,
                             Tensor slot_of, int N, int C, int k) override;
+  void moe_route(Tensor slot_of, Tensor offsets, Tensor topk_expert, int N, int k, int E) override;
+  void moe_balance_sums(Tensor sums, Tensor probs, Tensor offsets, int N, int E) override;
+  void moe_balance_loss(Tensor dprobs_all, Tensor stats, Tensor sums, int E, int k, float aux_weight) override;
+  void grouped_matmul_forward(Tensor out, Tensor inp, Tensor weight, Tensor offsets, int G, int rows, int IC,
+                              int OC) override;
+  void grouped_matmul_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tensor weight, Tensor offsets,
+                               int G, int rows, int IC, int OC) override;
   void softmax_cross_entropy(Tensor losses, Tensor logits, Tensor targets, int N, int V, int Vp,
                              float dloss) override;
   void cross_entropy_shard_stats(Tensor stats, Tensor logits, Tensor targets, int N, int Vl, int V,
@@ -160,6 +167,8 @@ class CudaOps final : public Ops {
   // Throws, naming `op` and what is missing, unless FP8 attention runs here at head size HS.
   void require_fp8_attention(const char* op, int HS) const;
   double reduce(Tensor x, size_t n, bool square, const char* op);
+  // The grouped products' offsets [G + 1] on the host, checked (the per-group fallback's).
+  std::vector<int> host_group_offsets(Tensor offsets, int G, int rows, const char* op);
   // The matmul context, the streams and their events (what the constructor made); no throw.
   void release_handles() noexcept;
 

@@ -1,8 +1,8 @@
-// CudaOps's attention and mixture-of-experts ops (see cuda_ops.h): causal attention (the flash
+// CudaOps's attention ops (see cuda_ops.h): causal attention (the flash
 // kernels in bf16, the tiled ones otherwise; in FP8, the casts and the FP8 flash forward, and the
 // backward on the dequantised inputs), its blocks for context parallelism and KV caches (the
-// flash kernels where they apply, the CUDA-core block kernels otherwise), and the
-// experts' routing, permutation and combination. Each checks its arguments (cuda_ops_args.h),
+// flash kernels where they apply, the CUDA-core block kernels otherwise). Each checks its
+// arguments (cuda_ops_args.h),
 // then calls its kernels' launcher. Host code only, compiled by g++ against the CUDA runtime headers.
 #include <string>
 
@@ -10,7 +10,6 @@
 #include "cuda/cuda_common.h"
 #include "cuda/cuda_ops.h"
 #include "cuda/cuda_ops_args.h"
-#include "cuda/moe.h"
 
 namespace pt {
 
@@ -201,97 +200,6 @@ void CudaOps::merge_attention_partials(Tensor out_acc, Tensor lse_acc, Tensor ou
   need(lse_part, size_t(B) * NH * T, DType::f32, op, "lse_part");
   gpu::merge_attention_partials_gpu(dt, out_acc.data, static_cast<float*>(lse_acc.data), out_part.data,
                                     static_cast<const float*>(lse_part.data), B, T, NH, HS, stream_);
-}
-
-// ---- mixture of experts ----------------------------------------------------------------------
-// slot_of lives on the device, so that it is a permutation of [0, N k) is the host routing plan's
-// promise (core/model/moe_layer.h), not checked here; the kernels skip a slot out of range.
-
-void CudaOps::moe_router_forward(Tensor probs, Tensor topk_expert, Tensor topk_weight, Tensor logits, int N, int E,
-                                 int k) {
-  const char* op = "moe_router_forward";
-  check_dims(op, {N, E, k});
-  check(k >= 1 && k <= E,
-        where(op) + ": top-k of " + std::to_string(k) + " from " + std::to_string(E) + " experts");
-  const size_t NE = size_t(N) * E, NK = size_t(N) * k;
-  const DType dt = need_act(logits, NE, op, "logits");
-  need(probs, NE, DType::f32, op, "probs");
-  need(topk_expert, NK, DType::i32, op, "topk_expert");
-  need(topk_weight, NK, DType::f32, op, "topk_weight");
-  gpu::moe_router_forward(dt, static_cast<float*>(probs.data), static_cast<int32_t*>(topk_expert.data),
-                          static_cast<float*>(topk_weight.data), logits.data, N, E, k, stream_);
-}
-
-void CudaOps::moe_router_backward(Tensor dlogits, Tensor probs, Tensor topk_expert, Tensor topk_weight,
-                                  Tensor dtopk_weight, Tensor dprobs_all, int N, int E, int k) {
-  const char* op = "moe_router_backward";
-  check_dims(op, {N, E, k});
-  if (!dlogits) return;
-  const size_t NE = size_t(N) * E, NK = size_t(N) * k;
-  const DType dt = need_act(dlogits, NE, op, "dlogits");
-  need(probs, NE, DType::f32, op, "probs");
-  need(topk_expert, NK, DType::i32, op, "topk_expert");
-  need(topk_weight, NK, DType::f32, op, "topk_weight");
-  need(dtopk_weight, NK, DType::f32, op, "dtopk_weight");
-  need(dprobs_all, E, DType::f32, op, "dprobs_all");
-  gpu::moe_router_backward(dt, dlogits.data, static_cast<const float*>(probs.data),
-                           static_cast<const int32_t*>(topk_expert.data), static_cast<const float*>(topk_weight.data),
-                           static_cast<const float*>(dtopk_weight.data), static_cast<const float*>(dprobs_all.data), N,
-                           E, k, stream_);
-}
-
-void CudaOps::moe_permute(Tensor out, Tensor x, Tensor slot_of, int N, int C, int k) {
-  const char* op = "moe_permute";
-  check_dims(op, {N, C, k});
-  const size_t NC = size_t(N) * C;
-  const DType dt = need_act(x, NC, op, "x");
-  need(out, NC * k, dt, op, "out");
-  need(slot_of, size_t(N) * k, DType::i32, op, "slot_of");
-  gpu::moe_permute(dt, out.data, x.data, static_cast<const int32_t*>(slot_of.data), N, C, k, stream_);
-}
-
-void CudaOps::moe_permute_backward(Tensor dx, Tensor dout, Tensor slot_of, int N, int C, int k) {
-  const char* op = "moe_permute_backward";
-  check_dims(op, {N, C, k});
-  if (!dx) return;
-  const size_t NC = size_t(N) * C;
-  const DType dt = need_act(dx, NC, op, "dx");
-  need(dout, NC * k, dt, op, "dout");
-  need(slot_of, size_t(N) * k, DType::i32, op, "slot_of");
-  gpu::moe_permute_backward(dt, dx.data, dout.data, static_cast<const int32_t*>(slot_of.data), N, C, k, stream_);
-}
-
-void CudaOps::moe_combine(Tensor y, Tensor expert_out, Tensor topk_weight, Tensor slot_of, int N, int C, int k) {
-  const char* op = "moe_combine";
-  check_dims(op, {N, C, k});
-  const size_t NC = size_t(N) * C, NK = size_t(N) * k;
-  const DType dt = need_act(y, NC, op, "y");
-  need(expert_out, NK * C, dt, op, "expert_out");
-  need(topk_weight, NK, DType::f32, op, "topk_weight");
-  need(slot_of, NK, DType::i32, op, "slot_of");
-  gpu::moe_combine(dt, y.data, expert_out.data, static_cast<const float*>(topk_weight.data),
-                   static_cast<const int32_t*>(slot_of.data), N, C, k, stream_);
-}
-
-void CudaOps::moe_combine_backward(Tensor dexpert_out, Tensor dtopk_weight, Tensor dy, Tensor expert_out,
-                                   Tensor topk_weight, Tensor slot_of, int N, int C, int k) {
-  const char* op = "moe_combine_backward";
-  check_dims(op, {N, C, k});
-  if (!dexpert_out && !dtopk_weight) return;
-  const size_t NC = size_t(N) * C, NK = size_t(N) * k;
-  const DType dt = need_act(dy, NC, op, "dy");
-  need(slot_of, NK, DType::i32, op, "slot_of");
-  if (dexpert_out) {
-    need(dexpert_out, NK * C, dt, op, "dexpert_out");
-    need(topk_weight, NK, DType::f32, op, "topk_weight");
-  }
-  if (dtopk_weight) {
-    need(dtopk_weight, NK, DType::f32, op, "dtopk_weight");
-    need(expert_out, NK * C, dt, op, "expert_out");
-  }
-  gpu::moe_combine_backward(dt, dexpert_out.data, static_cast<float*>(dtopk_weight.data), dy.data, expert_out.data,
-                            static_cast<const float*>(topk_weight.data), static_cast<const int32_t*>(slot_of.data), N,
-                            C, k, stream_);
 }
 
 }  // namespace pt

@@ -4,7 +4,7 @@
 // as void* (nullptr: the default stream). Launches are asynchronous. A bad dtype or shape throws
 // RuntimeError before anything is launched. The contracts are Ops' (core/ops/ops.h).
 //
-// slot_of [N k] must be a permutation of [0, N k) (core/model/moe_layer.h builds it on the host);
+// slot_of [N k] must be a permutation of [0, N k) (moe_route builds it, cuda/moe_routing.cu);
 // the kernels cannot check that without a device-to-host copy, so a slot out of range is skipped
 // (never an out-of-bounds access) and leaves its row unwritten or its term out of the sum.
 #pragma once
@@ -38,5 +38,14 @@ void moe_combine(DType dtype, void* y, const void* expert_out, const float* topk
 void moe_combine_backward(DType dtype, void* dexpert_out, float* dtopk_weight, const void* dy, const void* expert_out,
                           const float* topk_weight, const int32_t* slot_of, int N, int C, int k,
                           void* stream = nullptr);
+
+// The routing plan (cuda/moe_routing.cu): slot_of [N k] and offsets [E + 1] from topk_expert
+// [N k] (Ops::moe_route); an id outside [0, E) gets slot -1 and no row.
+void moe_route(int32_t* slot_of, int32_t* offsets, const int32_t* topk_expert, int N, int k, int E, void* stream);
+// The balancing loss's statistics sums [2 E + 1] from probs [N, E] and offsets (Ops::moe_balance_sums),
+// and from them dprobs_all [E] and, with a non-null stats [2], stats += (aux, max load) (Ops::moe_balance_loss).
+void moe_balance_sums(float* sums, const float* probs, const int32_t* offsets, int N, int E, void* stream);
+void moe_balance_loss(float* dprobs_all, float* stats, const float* sums, int E, int k, float aux_weight,
+                      void* stream);
 
 }  // namespace pt::gpu

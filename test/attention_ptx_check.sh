@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # ctest attention_ptx: proof, without a GPU, that the flash-attention kernels (bf16 and FP8, and
-# the FP8 cast kernels) compile to the instructions they are written for and that no kernel spills. For each (file, arch) row of CHECKS
+# the FP8 cast kernels) and the experts' grouped products (cuda/grouped_matmul.cu) compile to the instructions they are written for and that no kernel spills. For each (file, arch) row of CHECKS
 # below, nvcc compiles the file for that arch alone (device code only, as a cubin, with --keep so
 # the PTX stays) and -Xptxas -v reports each function's resources. Then:
 #   1. the PTX (comments removed) must match every pattern the row names (see PTX below);
@@ -76,6 +76,9 @@ CHECKS=(
   "cuda/attention_fp8_cast.cu       sm_90a   mul.rn.noftz ld.v4 st.v4"
   "cuda/flash_attention_fp8.cu      sm_90a   ldmatrix cp.async cp.async.wait cvt.e4m3x2 cvt.f16x2.e4m3x2 mma.f16"
   "cuda/flash_attention_fp8.cu      sm_80    trap"
+  # The routed experts' grouped products use the same building blocks (cuda/flash_attention_mma.cuh).
+  "cuda/grouped_matmul.cu           sm_80    ldmatrix ldmatrix.trans cp.async cp.async.wait mma.bf16"
+  "cuda/grouped_matmul.cu           sm_90a   ldmatrix ldmatrix.trans cp.async cp.async.wait mma.bf16"
   # Not a build target by default (80;90a), but the arch of the kernel's native e4m3 path (a build
   # for Ada adds 89): it must compile there, without spills, to the e4m3 product.
   "cuda/flash_attention_fp8.cu      sm_89    ldmatrix cp.async cp.async.wait cvt.e4m3x2 mma.e4m3"

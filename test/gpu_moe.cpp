@@ -14,6 +14,13 @@
 // both sides and the math is fp32, so only the summation order and fast-math expf differ. The
 // chosen experts must match exactly, and moe_permute (a copy) bit for bit.
 //
+// The routing plan and the balancing loss's ops (moe_route: the same slots and offsets, exactly;
+// the sums and the loss within 1e-6) on uniform and skewed ids, and the grouped products (the
+// bf16 tensor-core kernels, and the per-group matmuls of fp32 and of widths that are not
+// multiples of 8) against CpuOps: groups of every size from empty to most rows, widths on and off
+// the kernel's tiles, rows past the last group left untouched (still poisoned), dW added to
+// what was there in bf16 and f32, and the same bits each time.
+//
 // Runs only on a GPU machine: catch_main_gpu exits 77 (skipped) when no device is visible.
 #include <catch2/catch.hpp>
 
@@ -218,6 +225,143 @@ TEST_CASE("moe_permute, moe_combine and their backwards match CpuOps", "[gpu][mo
         ops.moe_combine_backward(Tensor{}, gdw, gdy, geo, Tensor{}, gs, N, C, k);
         CHECK(bitwise_equal(g.read(gde), de1));
         CHECK(bitwise_equal(g.read(gdw), dw1));
+      }
+    }
+  }
+}
+
+namespace {
+// Expert ids for N k choices over E experts: uniform, or most of them on expert E / 2 (one large
+// group next to small and empty ones).
+std::vector<int32_t> routed_ids(size_t n, int E, bool skewed, uint32_t seed) {
+  std::vector<int32_t> ids = random_ints(n, 0, E, seed);
+  if (skewed)
+    for (size_t i = 0; i < n; i++)
+      if (i % 5 != 0) ids[i] = E / 2;
+  return ids;
+}
+}  // namespace
+
+TEST_CASE("moe_route and the balancing loss's ops match CpuOps", "[gpu][moe][route]") {
+  Ops& ops = gpu(DType::bf16);  // these ops' tensors are i32 and f32 in every mode
+  for (int E : {8, 64, 160}) {
+    for (int k : {1, 2, 6}) {
+      for (int N : {kTokens, 4099}) {
+        for (bool skewed : {false, true}) {
+          if (k > E) continue;
+          INFO("E " << E << ", k " << k << ", N " << N << (skewed ? ", skewed" : ""));
+          Tensors g(ops), c(cpu());
+          const size_t NK = size_t(N) * k;
+          const std::vector<int32_t> ids = routed_ids(NK, E, skewed, 501 + E + k);
+          Tensor cslot = c.zeros(NK, DType::i32), coff = c.zeros(size_t(E) + 1, DType::i32);
+          cpu().moe_route(cslot, coff, c.ints(ids), N, k, E);
+          Tensor gslot = g.zeros(NK, DType::i32), goff = g.zeros(size_t(E) + 1, DType::i32);
+          g.poison(gslot);
+          g.poison(goff);
+          ops.moe_route(gslot, goff, g.ints(ids), N, k, E);
+          CHECK(read_ints(ops, gslot) == read_ints(cpu(), cslot));
+          CHECK(read_ints(ops, goff) == read_ints(cpu(), coff));
+
+          const std::vector<float> probs = random_normal(size_t(N) * E, 0.3f, 502);
+          Tensor csum = c.zeros(2 * size_t(E) + 1, DType::f32), gsum = g.zeros(2 * size_t(E) + 1, DType::f32);
+          cpu().moe_balance_sums(csum, c.make(probs, DType::f32), coff, N, E);
+          g.poison(gsum);
+          ops.moe_balance_sums(gsum, g.make(probs, DType::f32), goff, N, E);
+          const std::vector<float> sums = c.read(csum);
+          expect_close("sums", g.read(gsum), sums, 1e-6);
+          // The loss from the same sums on both sides.
+          const std::vector<float> stats0 = {0.5f, 1.5f};
+          Tensor cd = c.zeros(size_t(E), DType::f32), cs = c.make(stats0, DType::f32);
+          Tensor gd = g.zeros(size_t(E), DType::f32), gs = g.make(stats0, DType::f32);
+          g.poison(gd);
+          cpu().moe_balance_loss(cd, cs, csum, E, k, 0.01f);
+          ops.moe_balance_loss(gd, gs, g.make(sums, DType::f32), E, k, 0.01f);
+          expect_close("dprobs_all", g.read(gd), c.read(cd), 1e-6);
+          expect_close("stats", g.read(gs), c.read(cs), 1e-6);
+        }
+      }
+    }
+  }
+  SECTION("an id outside [0, E) gets slot -1 and no row") {
+    Tensors g(ops);
+    std::vector<int32_t> ids = routed_ids(40, 4, false, 503);
+    ids[7] = 4;
+    ids[21] = -3;
+    Tensor slot = g.zeros(40, DType::i32), off = g.zeros(5, DType::i32);
+    ops.moe_route(slot, off, g.ints(ids), 20, 2, 4);
+    const std::vector<int32_t> s = read_ints(ops, slot), o = read_ints(ops, off);
+    CHECK(s[7] == -1);
+    CHECK(s[21] == -1);
+    CHECK(o[4] == 38);
+    std::vector<int32_t> valid;
+    for (int32_t v : s)
+      if (v >= 0) valid.push_back(v);
+    std::sort(valid.begin(), valid.end());
+    std::vector<int32_t> all(38);
+    std::iota(all.begin(), all.end(), 0);
+    CHECK(valid == all);  // the valid choices still fill rows 0..37 once each
+  }
+}
+
+TEST_CASE("grouped matmuls match CpuOps: the tensor-core kernels (bf16) and the per-group path",
+          "[gpu][moe][grouped]") {
+  struct Case {
+    int G, rows, IC, OC;
+    bool skewed;
+  };
+  // Widths off the 128 x 128 x 32 tiles and on them; many groups; one large group among empty
+  // ones; IC 36 / OC 20 not multiples of 8 (the per-group path in bf16 too); rows past the groups.
+  const Case cases[] = {{8, 1000, 256, 384, false}, {3, 300, 72, 40, false}, {64, 4096, 128, 256, true},
+                        {5, 257, 36, 20, false},    {16, 2048, 512, 128, true}};
+  for (const Case& cs : cases) {
+    for (DType mode : kModes) {
+      INFO("G " << cs.G << ", rows " << cs.rows << ", IC " << cs.IC << ", OC " << cs.OC << ", mode "
+                << mode_name(mode));
+      Ops& ops = gpu(mode);
+      Tensors g(ops), c(cpu());
+      // The groups: sorted ids -> offsets; the last 7 rows in no group.
+      const int used = cs.rows - 7;
+      std::vector<int32_t> ids = routed_ids(size_t(used), cs.G, cs.skewed, 511 + cs.G);
+      std::vector<int32_t> off(size_t(cs.G) + 1, 0);
+      for (int32_t e : ids) off[size_t(e) + 1]++;
+      for (int e = 0; e < cs.G; e++) off[size_t(e) + 1] += off[size_t(e)];
+      const size_t R = size_t(cs.rows), I = size_t(cs.IC), O = size_t(cs.OC), W = size_t(cs.G) * O * I;
+      const std::vector<float> x = rounded(mode, random_normal(R * I, 1.0f, 512));
+      const std::vector<float> w = rounded(mode, random_normal(W, 0.05f, 513));
+      const std::vector<float> dy = rounded(mode, random_normal(R * O, 1.0f, 514));
+      Tensor coff = c.ints(off), goff = g.ints(off);
+
+      Tensor cy = c.zeros(R * O, DType::f32), gy = g.zeros(R * O, mode);
+      cpu().grouped_matmul_forward(cy, c.make(x, DType::f32), c.make(w, DType::f32), coff, cs.G, cs.rows, cs.IC,
+                                   cs.OC);
+      g.poison(gy);
+      ops.grouped_matmul_forward(gy, g.make(x, mode), g.make(w, mode), goff, cs.G, cs.rows, cs.IC, cs.OC);
+      const size_t used_o = size_t(used) * O, used_i = size_t(used) * I;
+      const std::vector<float> y1 = g.read(gy);
+      expect_close("out", g.read(gy.slice(0, used_o)), c.read(cy.slice(0, used_o)), tolerance(mode, mode));
+      CHECK(count_nonfinite(y1) == R * O - used_o);  // rows past the groups: untouched (still poisoned)
+
+      for (DType dw_type : {mode, DType::f32}) {
+        INFO("dweight " << dtype_name(dw_type));
+        const std::vector<float> dw0 = rounded(dw_type, random_normal(W, 0.1f, 515));
+        Tensor cdx = c.zeros(R * I, DType::f32), cdw = c.make(dw0, DType::f32);
+        cpu().grouped_matmul_backward(cdx, cdw, c.make(dy, DType::f32), c.make(x, DType::f32),
+                                      c.make(w, DType::f32), coff, cs.G, cs.rows, cs.IC, cs.OC);
+        Tensor gdx = g.zeros(R * I, mode), gdw = g.make(dw0, dw_type);
+        g.poison(gdx);
+        ops.grouped_matmul_backward(gdx, gdw, g.make(dy, mode), g.make(x, mode), g.make(w, mode), goff, cs.G,
+                                    cs.rows, cs.IC, cs.OC);
+        expect_close("dinp", g.read(gdx.slice(0, used_i)), c.read(cdx.slice(0, used_i)), tolerance(mode, mode));
+        CHECK(count_nonfinite(g.read(gdx)) == R * I - used_i);
+        expect_close("dweight", g.read(gdw), c.read(cdw), tolerance(mode, dw_type));
+        // The same inputs give the same bits (no atomics), each output alone too.
+        Tensor gdx2 = g.zeros(R * I, mode), gdw2 = g.make(dw0, dw_type);
+        ops.grouped_matmul_backward(gdx2, Tensor{}, g.make(dy, mode), Tensor{}, g.make(w, mode), goff, cs.G,
+                                    cs.rows, cs.IC, cs.OC);
+        ops.grouped_matmul_backward(Tensor{}, gdw2, g.make(dy, mode), g.make(x, mode), Tensor{}, goff, cs.G,
+                                    cs.rows, cs.IC, cs.OC);
+        CHECK(bitwise_equal(g.read(gdx2.slice(0, used_i)), g.read(gdx.slice(0, used_i))));
+        CHECK(bitwise_equal(g.read(gdw2), g.read(gdw)));
       }
     }
   }

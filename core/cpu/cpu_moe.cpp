@@ -1,16 +1,22 @@
 // Mixture of experts: the router (softmax over the experts, top-k, renormalised weights), the
 // permutation of tokens into per-expert groups and back, and the weighted combine of the
-// experts' outputs, with their backward passes (the contracts are Ops', core/ops/ops.h). The
-// expert matmuls themselves are ordinary matmul/swiglu calls on each expert's rows
-// (core/model/moe_layer.cpp).
+// experts' outputs, with their backward passes (the contracts are Ops', core/ops/ops.h); the
+// routing plan and the balancing loss's statistics; the grouped products, each group an ordinary
+// matmul on its rows (so the grouped and the per-expert paths of core/model/moe_layer.cpp give
+// the same bits).
 // Cost: the router is O(N E) (softmax, then k passes of an arg-max over E); permute and combine
 // move k rows of C per token: N k C reads and writes, memory-bound. Tokens are independent, so
 // each loop is parallel over n with no reduction across threads (deterministic).
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
+#include <vector>
 
 #include "core/cpu/cpu_args.h"
 #include "core/cpu/cpu_ops.h"
+#include "core/ops/grouped_by_group.h"
+#include "core/ops/moe_routing.h"
 
 namespace pt {
 
@@ -173,6 +179,65 @@ void CpuOps::moe_combine_backward(Tensor dexpert_out, Tensor dtopk_weight, Tenso
       }
     }
   }
+}
+
+void CpuOps::moe_route(Tensor slot_of, Tensor offsets, Tensor topk_expert, int N, int k, int E) {
+  cpu::check_dims("moe_route", {N, k, E});
+  const size_t NK = size_t(N) * k;
+  const MoeRouting r = plan_moe_routing(cpu::i32_arg(topk_expert, NK, "moe_route", "topk_expert"), N, k, E);
+  std::copy(r.slot_of.begin(), r.slot_of.end(), i32_out(slot_of, NK, "moe_route", "slot_of"));
+  std::copy(r.offsets.begin(), r.offsets.end(), i32_out(offsets, size_t(E) + 1, "moe_route", "offsets"));
+}
+
+void CpuOps::moe_balance_sums(Tensor sums, Tensor probs, Tensor offsets, int N, int E) {
+  cpu::check_dims("moe_balance_sums", {N, E});
+  const float* p = cpu::f32_arg(probs, size_t(N) * E, "moe_balance_sums", "probs");
+  const int32_t* off = cpu::i32_arg(offsets, size_t(E) + 1, "moe_balance_sums", "offsets");
+  float* out = cpu::f32_arg(sums, 2 * size_t(E) + 1, "moe_balance_sums", "sums");
+  for (int e = 0; e < E; e++) {
+    double column = 0;  // row order, in double: one rounding
+    for (int n = 0; n < N; n++) column += p[size_t(n) * E + e];
+    out[e] = static_cast<float>(off[e + 1] - off[e]);
+    out[E + e] = static_cast<float>(column);
+  }
+  out[2 * E] = static_cast<float>(N);
+}
+
+void CpuOps::moe_balance_loss(Tensor dprobs_all, Tensor stats, Tensor sums, int E, int k, float aux_weight) {
+  cpu::check_dims("moe_balance_loss", {E, k});
+  const float* s = cpu::f32_arg(sums, 2 * size_t(E) + 1, "moe_balance_loss", "sums");
+  float* d = cpu::f32_arg(dprobs_all, size_t(E), "moe_balance_loss", "dprobs_all");
+  const double tokens = s[2 * E];
+  check(tokens > 0, "CpuOps::moe_balance_loss: no tokens");
+  double aux = 0, busiest = 0;
+  for (int e = 0; e < E; e++) {
+    const double f = s[e] / tokens, P = s[E + e] / tokens;
+    aux += E * f * P;
+    busiest = std::max(busiest, f);
+    d[e] = static_cast<float>(aux_weight * E * f / tokens);
+  }
+  if (stats) {
+    float* st = cpu::f32_arg(stats, 2, "moe_balance_loss", "stats");
+    st[0] += static_cast<float>(aux);
+    st[1] += static_cast<float>(busiest * E / k);
+  }
+}
+
+void CpuOps::grouped_matmul_forward(Tensor out, Tensor inp, Tensor weight, Tensor offsets, int G, int rows, int IC,
+                                    int OC) {
+  cpu::check_dims("grouped_matmul_forward", {G, rows, IC, OC});
+  const int32_t* off = cpu::i32_arg(offsets, size_t(G) + 1, "grouped_matmul_forward", "offsets");
+  grouped_forward_by_group(*this, checked_group_offsets(off, G, rows, "CpuOps::grouped_matmul_forward"), out, inp,
+                           weight, IC, OC);
+}
+
+void CpuOps::grouped_matmul_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tensor weight,
+                                     Tensor offsets, int G, int rows, int IC, int OC) {
+  cpu::check_dims("grouped_matmul_backward", {G, rows, IC, OC});
+  if (!dinp && !dweight) return;
+  const int32_t* off = cpu::i32_arg(offsets, size_t(G) + 1, "grouped_matmul_backward", "offsets");
+  grouped_backward_by_group(*this, checked_group_offsets(off, G, rows, "CpuOps::grouped_matmul_backward"), dinp,
+                            dweight, dout, inp, weight, IC, OC);
 }
 
 }  // namespace pt

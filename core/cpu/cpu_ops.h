@@ -71,6 +71,11 @@ class CpuOps : public Ops {
   void moe_permute_backward(Tensor dx, Tensor dout, Tensor slot_of, int N, int C, int k) override;
   void moe_combine(Tensor y, Tensor expert_out, Tensor topk_weight, Tensor slot_of, int N, int C, int k) override;
   void moe_combine_backward(Tensor dexpert_out, Tensor dtopk_weight, Tensor dy, Tensor expert_out, Tensor topk_weight, Tensor slot_of, int N, int C, int k) override;
+  void moe_route(Tensor slot_of, Tensor offsets, Tensor topk_expert, int N, int k, int E) override;
+  void moe_balance_sums(Tensor sums, Tensor probs, Tensor offsets, int N, int E) override;
+  void moe_balance_loss(Tensor dprobs_all, Tensor stats, Tensor sums, int E, int k, float aux_weight) override;
+  void grouped_matmul_forward(Tensor out, Tensor inp, Tensor weight, Tensor offsets, int G, int rows, int IC, int OC) override;
+  void grouped_matmul_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tensor weight, Tensor offsets, int G, int rows, int IC, int OC) override;
   void softmax_cross_entropy(Tensor losses, Tensor logits, Tensor targets, int N, int V, int Vp, float dloss) override;
   void cross_entropy_shard_stats(Tensor stats, Tensor logits, Tensor targets, int N, int Vl, int V, int vocab_start) override;
   void cross_entropy_shard_finish(Tensor losses, Tensor logits, Tensor targets, Tensor all_stats, int shards, int N, int Vl, int V, int vocab_start, float dloss) override;

@@ -7,24 +7,6 @@
 
 namespace pt {
 
-MoeRouting plan_moe_routing(const int32_t* topk_expert, int N, int k, int E) {
-  MoeRouting r;
-  r.counts.assign(size_t(E), 0);
-  const size_t NK = size_t(N) * k;
-  for (size_t i = 0; i < NK; i++) {
-    const int e = topk_expert[i];
-    check(e >= 0 && e < E, "MoE routing: expert " + std::to_string(e) + " of " + std::to_string(E));
-    r.counts[size_t(e)]++;
-  }
-  r.offsets.assign(size_t(E) + 1, 0);
-  for (int e = 0; e < E; e++) r.offsets[size_t(e) + 1] = r.offsets[size_t(e)] + r.counts[size_t(e)];
-  // Stable: within an expert, (token, choice) order.
-  std::vector<int> next(r.offsets.begin(), r.offsets.end() - 1);
-  r.slot_of.resize(NK);
-  for (size_t i = 0; i < NK; i++) r.slot_of[i] = next[size_t(topk_expert[i])]++;
-  return r;
-}
-
 namespace {
 // The rows of the experts' side (every routed row of the ep group), rounded up to 16: the most
 // rows one expert's padded weight-gradient product takes.
@@ -61,6 +43,7 @@ MoeLayer::MoeLayer(Ops& ops, const Architecture& a, int rows, int layers, int sl
     s.topk_expert = alloc(RK, i32);
     s.topk_weight = alloc(RK, f32);
     s.slot_of = alloc(RK, i32);
+    s.route_offsets = alloc(size_t(E_) + 1, i32);
     s.x_perm = alloc(RK * C_, act);
     s.y = alloc(RK * C_, act);
     s.dprobs_all = alloc(size_t(E_), f32);
@@ -77,6 +60,9 @@ MoeLayer::MoeLayer(Ops& ops, const Architecture& a, int rows, int layers, int sl
   dx_perm_ = alloc(RK * C_, act);
   dweight_ = alloc(RK, f32);
   dx_router_ = alloc(R * C_, act);
+  balance_sums_ = alloc(2 * size_t(E_) + 1, f32);
+  stats_sums_ = alloc(2, f32);
+  ops_.zero(stats_sums_);
   if (grad_group_) grad_sum_ = alloc(size_t(E_) * C_ + size_t(local_experts_) * 3 * H_ * C_, f32);
   if (ep_) {
     send_ = alloc(cap * C_, act);
@@ -91,17 +77,19 @@ MoeLayer::MoeLayer(Ops& ops, const Architecture& a, int rows, int layers, int sl
 // What the constructor allocates, per kept set and shared (f32 and i32 are 4 bytes each).
 size_t MoeLayer::kept_bytes(int E, int k, int H, int C, int rows, DType act, int ep) {
   const size_t R = size_t(rows), RK = R * k, cap = RK * ep, s = dtype_size(act);
-  // probs, dprobs_all (f32); topk_expert, topk_weight, slot_of; x_perm, y; the experts' side
-  // (eh, eact; ex, ey of their own with expert parallel)
-  return 4 * (R * E + size_t(E)) + 4 * 3 * RK + s * RK * 2 * size_t(C) + s * cap * 3 * size_t(H) +
+  // probs, dprobs_all (f32); topk_expert, topk_weight, slot_of; route_offsets; x_perm, y; the
+  // experts' side (eh, eact; ex, ey of their own with expert parallel)
+  return 4 * (R * E + size_t(E)) + 4 * 3 * RK + 4 * (size_t(E) + 1) + s * RK * 2 * size_t(C) +
+         s * cap * 3 * size_t(H) +
          (ep > 1 ? s * cap * 2 * size_t(C) : 0);
 }
 
 size_t MoeLayer::scratch_bytes(int E, int k, int H, int C, int rows, DType act, bool grad_group, int ep) {
   const size_t R = size_t(rows), RK = R * k, cap = RK * ep, s = dtype_size(act);
-  // logits, dlogits, dy, dx_perm, dx_router; dact, dh (the experts' side); dweight (f32); the
-  // partial gradients (f32); expert parallel: send, recv, edy, edx, the counts (f32)
-  return s * (2 * R * E + RK * 2 * size_t(C) + R * C) + s * cap * 3 * size_t(H) + 4 * RK +
+  // logits, dlogits, dy, dx_perm, dx_router; dact, dh (the experts' side); dweight, the balancing
+  // sums and the stats' sums (f32); the partial gradients (f32); expert parallel: send, recv, edy,
+  // edx, the counts (f32)
+  return s * (2 * R * E + RK * 2 * size_t(C) + R * C) + s * cap * 3 * size_t(H) + 4 * RK + 4 * (2 * size_t(E) + 3) +
          (grad_group ? 4 * (size_t(E) * C + size_t(E / ep) * 3 * H * C) : 0) +
          (ep > 1 ? s * cap * 4 * size_t(C) + 4 * size_t(E) * (1 + ep) : 0);
 }
@@ -247,6 +235,12 @@ void MoeLayer::from_experts(Tensor permuted, Tensor expert_rows, const Exchange&
 
 void MoeLayer::run_experts(int layer, const Kept& s, const MoeParams& p) {
   const int H = H_, C = C_;
+  if (grouped()) {  // every expert in one product each, their rows told by the device's offsets
+    ops_.grouped_matmul_forward(s.eh, s.ex, p.up, s.route_offsets, E_, s.rows, C, 2 * H);
+    ops_.swiglu_forward(s.eact, s.eh, s.rows, H);
+    ops_.grouped_matmul_forward(s.ey, s.eact, p.down, s.route_offsets, E_, s.rows, H, C);
+    return;
+  }
   for (int e = 0; e < local_experts_; e++) {
     const int r0 = s.offsets[size_t(e)], m = s.offsets[size_t(e) + 1] - r0;
     const size_t g = size_t(e);  // p holds this rank's experts only
@@ -270,6 +264,12 @@ void MoeLayer::run_experts(int layer, const Kept& s, const MoeParams& p) {
 void MoeLayer::experts_backward(int layer, const Kept& s, Tensor dy_rows, Tensor dx_rows, const MoeParams& p,
                                 const MoeParams& g) {
   const int H = H_, C = C_;
+  if (grouped()) {
+    ops_.grouped_matmul_backward(dact_, g.down, dy_rows, s.eact, p.down, s.route_offsets, E_, s.rows, H, C);
+    ops_.swiglu_backward(dh_, s.eh, dact_, s.rows, H);
+    ops_.grouped_matmul_backward(dx_rows, g.up, dh_, s.ex, p.up, s.route_offsets, E_, s.rows, C, 2 * H);
+    return;
+  }
   for (int e = 0; e < local_experts_; e++) {
     const int r0 = s.offsets[size_t(e)], m = s.offsets[size_t(e) + 1] - r0;
     if (m == 0) continue;
@@ -287,74 +287,55 @@ void MoeLayer::experts_backward(int layer, const Kept& s, Tensor dy_rows, Tensor
   }
 }
 
-double MoeLayer::forward(int slot, int layer, Tensor out, Tensor x, int n, const MoeParams& p, float aux_weight,
-                         bool training) {
+void MoeLayer::forward(int slot, int layer, Tensor out, Tensor x, int n, const MoeParams& p, float aux_weight,
+                       bool training) {
   check(n >= 1 && n <= rows_, "MoeLayer::forward: " + std::to_string(n) + " rows of at most " + std::to_string(rows_));
   Kept& s = kept(slot, layer);
   const int E = E_, k = k_, C = C_;
   ops_.matmul_forward(logits_, x, p.router, Tensor{}, n, C, E);
   ops_.moe_router_forward(s.probs, s.topk_expert, s.topk_weight, logits_, n, E, k);
-
-  // The routing plan on the host: the per-expert row counts drive the matmul loop below.
-  std::vector<int32_t> choice(size_t(n) * k);
-  ops_.download(choice.data(), DType::i32, s.topk_expert, choice.size());
-  MoeRouting route = plan_moe_routing(choice.data(), n, k, E);
-  if (training && record_routing_) stats_.routing.insert(stats_.routing.end(), choice.begin(), choice.end());
-  // The balancing loss now, while the download above has left the device idle: after the
-  // experts, its own download would wait for all their work a second time.
-  const double aux = balancing_loss(s, route, n, aux_weight, training);
-  ops_.upload(s.slot_of, route.slot_of.data(), DType::i32, route.slot_of.size());
+  // The routing plan where the choices are: the host never waits for them on the grouped path.
+  ops_.moe_route(s.slot_of, s.route_offsets, s.topk_expert, n, k, E);
+  s.rows = n * k;
+  if (training && record_routing_) {
+    const size_t at = stats_.routing.size();
+    stats_.routing.resize(at + size_t(n) * k);
+    ops_.download(stats_.routing.data() + at, DType::i32, s.topk_expert, size_t(n) * k);
+  }
+  balancing_loss(s, n, aux_weight, training);
   ops_.moe_permute(s.x_perm, x, s.slot_of, n, C, k);
 
-  if (!ep_) {
-    s.offsets = route.offsets;
-  } else {
-    // Every rank's counts, so each knows what it receives and how large the blocks must be.
-    const std::vector<float> mine(route.counts.begin(), route.counts.end());
-    ops_.upload(counts_, mine.data(), DType::f32, mine.size());
-    ep_->all_gather(counts_, all_counts_);
-    std::vector<float> all(size_t(E) * ep_size_);
-    ops_.download(all.data(), DType::f32, all_counts_, all.size());
-    s.xchg = plan_exchange(all, route.offsets, s.offsets);
-    to_experts(s.ex, s.x_perm, s.xchg);
+  if (ep_ || !grouped()) {  // the per-expert products and the all-to-all are sized on the host
+    std::vector<int> route(size_t(E) + 1);
+    ops_.download(route.data(), DType::i32, s.route_offsets, route.size());
+    if (!ep_) {
+      s.offsets = route;
+    } else {
+      // Every rank's counts, so each knows what it receives and how large the blocks must be.
+      std::vector<float> mine(static_cast<size_t>(E));
+      for (int e = 0; e < E; e++) mine[size_t(e)] = static_cast<float>(route[size_t(e) + 1] - route[size_t(e)]);
+      ops_.upload(counts_, mine.data(), DType::f32, mine.size());
+      ep_->all_gather(counts_, all_counts_);
+      std::vector<float> all(size_t(E) * ep_size_);
+      ops_.download(all.data(), DType::f32, all_counts_, all.size());
+      s.xchg = plan_exchange(all, route, s.offsets);
+      to_experts(s.ex, s.x_perm, s.xchg);
+    }
   }
   run_experts(layer, s, p);
   from_experts(s.y, s.ey, s.xchg);
   ops_.moe_combine(out, s.y, s.topk_weight, s.slot_of, n, C, k);
-  return aux;
 }
 
-// The load-balancing loss over the whole micro-batch: counts and probability sums of every rank
-// holding its tokens (in double, in row order, so every layout sums alike). Its gradient goes to
-// s.dprobs_all for backward.
-double MoeLayer::balancing_loss(Kept& s, const MoeRouting& route, int n, float aux_weight, bool training) {
-  const int E = E_, k = k_;
-  std::vector<float> probs(size_t(n) * E);
-  ops_.download(probs.data(), DType::f32, s.probs, probs.size());
-  std::vector<double> sums(2 * size_t(E) + 1, 0.0);  // counts | probability sums | tokens
-  for (int e = 0; e < E; e++) sums[size_t(e)] = route.counts[size_t(e)];
-  for (int r = 0; r < n; r++)
-    for (int e = 0; e < E; e++) sums[size_t(E + e)] += probs[size_t(r) * E + e];
-  sums[2 * size_t(E)] = n;
+// The load-balancing loss over the whole micro-batch, on the device: this rank's counts and
+// probability sums, summed over every rank holding the micro-batch's tokens, give aux (added to
+// the stats when training) and its gradient, s.dprobs_all, for backward.
+void MoeLayer::balancing_loss(Kept& s, int n, float aux_weight, bool training) {
+  ops_.moe_balance_sums(balance_sums_, s.probs, s.route_offsets, n, E_);
   for (Comm* g : token_groups_)
-    if (g) g->all_reduce(sums.data(), sums.size());
-  const double tokens = sums[2 * size_t(E)];
-  double aux = 0;
-  std::vector<float> dprobs(static_cast<size_t>(E));
-  for (int e = 0; e < E; e++) {
-    const double f = sums[size_t(e)] / tokens, P = sums[size_t(E + e)] / tokens;
-    aux += E * f * P;
-    dprobs[size_t(e)] = static_cast<float>(aux_weight * E * f / tokens);
-  }
-  ops_.upload(s.dprobs_all, dprobs.data(), DType::f32, dprobs.size());
-  if (training) {
-    stats_.aux_sum += aux;
-    stats_.layer_batches += 1;
-    double busiest = 0;
-    for (int e = 0; e < E; e++) busiest = std::max(busiest, sums[size_t(e)]);
-    stats_.max_load_sum += busiest / (tokens * k) * E;
-  }
-  return aux;
+    if (g) g->all_reduce(balance_sums_);
+  ops_.moe_balance_loss(s.dprobs_all, training ? stats_sums_ : Tensor{}, balance_sums_, E_, k_, aux_weight);
+  if (training) stats_.layer_batches += 1;
 }
 
 void MoeLayer::backward(int slot, int layer, Tensor dx, Tensor dout, Tensor x, int n, const MoeParams& p,
@@ -390,7 +371,13 @@ void MoeLayer::backward(int slot, int layer, Tensor dx, Tensor dout, Tensor x, i
 }
 
 MoeStats MoeLayer::take_stats() {
+  // The device's sums since the last take: one download a step, not one a layer.
+  float sums[2];
+  ops_.download(sums, DType::f32, stats_sums_, 2);
+  ops_.zero(stats_sums_);
   MoeStats s = stats_;
+  s.aux_sum = sums[0];
+  s.max_load_sum = sums[1];
   stats_ = {};
   return s;
 }

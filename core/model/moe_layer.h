@@ -12,6 +12,12 @@
 // buffers are sized for every choice (rows x top_k rows), which is the layer's whole memory
 // bound (there is no capacity factor to tune).
 //
+// Everything runs where the tensors are: the routing plan (each expert's rows, Ops::moe_route),
+// the balancing loss and the experts, as two grouped products over the device's row offsets
+// (Ops::grouped_matmul_*), so on a GPU a sparse block never waits for the host. Expert parallel
+// (the all-to-all's sizes) and FP8 experts (per-expert scales) read the offsets on the host and
+// run the experts one by one; the stats reach the host once per take_stats.
+//
 // The load-balancing loss (Switch Transformer / Hugging Face's Mixtral): over the micro-batch's
 // tokens, f_i = the share of tokens with expert i among their choices, P_i = the mean router
 // probability of expert i, aux = E sum_i f_i P_i (1 x top_k when perfectly even). Its statistics
@@ -59,19 +65,11 @@
 
 #include "core/dist/comm.h"
 #include "core/model/architecture.h"
+#include "core/ops/moe_routing.h"
 #include "core/ops/ops.h"
 #include "core/parallel/fp8_linear.h"
 
 namespace pt {
-
-// Where each (token, choice) lands when the rows are grouped by expert: slot_of[n k + j]; the
-// rows of expert e are [offsets[e], offsets[e + 1]). A stable counting sort on the host.
-struct MoeRouting {
-  std::vector<int32_t> slot_of;
-  std::vector<int> counts;   // [E]
-  std::vector<int> offsets;  // [E + 1]
-};
-MoeRouting plan_moe_routing(const int32_t* topk_expert, int N, int k, int E);
 
 // A sparse block's router and routed experts (or their gradients): role tensors.
 struct MoeParams {
@@ -107,8 +105,8 @@ class MoeLayer {
 
   // out [n, C] (overwritten) = the routed experts' output for x [n, C], n <= rows, keeping what
   // backward needs in (slot, layer). aux_weight: d(objective)/d(aux), the scale of the balancing
-  // loss's gradient; `training`: count this forward in the step's statistics. Returns aux.
-  double forward(int slot, int layer, Tensor out, Tensor x, int n, const MoeParams& p, float aux_weight, bool training);
+  // loss's gradient; `training`: count this forward (and its aux) in the step's statistics.
+  void forward(int slot, int layer, Tensor out, Tensor x, int n, const MoeParams& p, float aux_weight, bool training);
   // dx [n, C] += the gradient of x; the parameters' gradients g accumulate (+=).
   void backward(int slot, int layer, Tensor dx, Tensor dout, Tensor x, int n, const MoeParams& p, const MoeParams& g);
 
@@ -145,10 +143,12 @@ class MoeLayer {
   };
   struct Kept {
     Tensor probs, topk_expert, topk_weight, slot_of, x_perm, y, dprobs_all;
+    Tensor route_offsets;  // [E + 1] i32, on the device: each expert's rows in x_perm
+    int rows = 0;          // the forward's routed rows, n top_k
     // The experts' side: their input, hidden, activation and output rows, grouped by (this
     // rank's) expert. Without expert parallel ex and ey are x_perm and y.
     Tensor ex, eh, eact, ey;
-    std::vector<int> offsets;  // host: each of this rank's experts' rows in ex
+    std::vector<int> offsets;  // host, per-expert path only: each of this rank's experts' rows in ex
     Exchange xchg;
   };
   Kept& kept(int slot, int layer);
@@ -162,9 +162,12 @@ class MoeLayer {
   // exchange, and the rows of each of this rank's experts on the experts' side (offsets).
   Exchange plan_exchange(const std::vector<float>& all, const std::vector<int>& route_offsets,
                          std::vector<int>& offsets) const;
-  // aux for the routing `route` of n rows (whose probabilities s.probs holds), summed over the
-  // token groups; writes its gradient to s.dprobs_all and, when training, adds to the stats.
-  double balancing_loss(Kept& s, const MoeRouting& route, int n, float aux_weight, bool training);
+  // aux for the routing of n rows (s.route_offsets, s.probs), its statistics summed over the token
+  // groups; writes its gradient to s.dprobs_all and, when training, adds aux to the stats.
+  void balancing_loss(Kept& s, int n, float aux_weight, bool training);
+  // The experts as grouped products over the device's offsets (no host round trip): without
+  // expert parallel (whose all-to-all is sized on the host) and FP8 (whose products are per expert).
+  bool grouped() const { return !ep_ && !fp8_; }
   // This rank's experts on their rows, and their backward (dx_rows overwritten, grads +=).
   void run_experts(int layer, const Kept& s, const MoeParams& p);
   void experts_backward(int layer, const Kept& s, Tensor dy_rows, Tensor dx_rows, const MoeParams& p,
@@ -188,6 +191,9 @@ class MoeLayer {
   int layers_;
   // scratch
   Tensor logits_, dlogits_, dy_, dact_, dh_, dx_perm_, dweight_, dx_router_, grad_sum_;
+  // the balancing loss's statistics [2 E + 1], and the stats' device sums (aux, max load) since
+  // the last take_stats
+  Tensor balance_sums_, stats_sums_;
   // expert parallel: the all-to-all's padded send and receive buffers, the counts' exchange, and
   // the experts' side of the gradients
   Tensor send_, recv_, counts_, all_counts_, edy_, edx_;

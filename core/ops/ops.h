@@ -318,7 +318,8 @@ class Ops {
   // index), and their weights are their probabilities renormalised to sum to 1 (the softmax over
   // the chosen k). slot_of[n k + j] is the row of token n's j-th choice in the permuted buffer,
   // where rows are grouped by expert (expert 0's first) and, within an expert, in (n, j) order;
-  // plan_moe_routing (core/model/moe_layer.h) computes it on the host from topk_expert.
+  // moe_route computes it on the backend's own memory (plan_moe_routing, core/ops/moe_routing.h,
+  // is its host reference), so routing needs no host round trip.
   //
   // logits [N, E] (compute dtype, the router matmul's output) -> probs [N, E] (f32),
   // topk_expert [N, k] (i32, in descending probability), topk_weight [N, k] (f32).
@@ -344,6 +345,35 @@ class Ops {
   // be null (not needed), and then what only it reads (topk_weight, expert_out) too.
   virtual void moe_combine_backward(Tensor dexpert_out, Tensor dtopk_weight, Tensor dy, Tensor expert_out,
                                     Tensor topk_weight, Tensor slot_of, int N, int C, int k) = 0;
+  // The routing plan from topk_expert [N k] (i32): slot_of [N k] (as above) and offsets [E + 1]
+  // (i32): expert e's rows of the permuted buffer are [offsets[e], offsets[e + 1]). Both
+  // OVERWRITTEN. An expert id outside [0, E) is an error on the CPU; the GPU counts it nowhere
+  // (its slot is -1, which the permutation kernels skip).
+  virtual void moe_route(Tensor slot_of, Tensor offsets, Tensor topk_expert, int N, int k, int E) = 0;
+  // The load-balancing loss's statistics of N routed tokens, sums [2 E + 1] (f32) OVERWRITTEN:
+  // sums[e] = offsets[e + 1] - offsets[e] (expert e's rows), sums[E + e] = the sum over the rows of
+  // probs [N, E] (f32) column e, sums[2 E] = N. Summed over ranks, they give the loss's terms.
+  virtual void moe_balance_sums(Tensor sums, Tensor probs, Tensor offsets, int N, int E) = 0;
+  // The loss from sums (tokens = sums[2 E], f_e = sums[e] / tokens, P_e = sums[E + e] / tokens):
+  // aux = E sum_e f_e P_e and its gradient, every token's alike, dprobs_all [E] (f32) OVERWRITTEN
+  // with aux_weight E f_e / tokens. With a non-null stats [2] (f32), stats[0] += aux and stats[1]
+  // += the busiest expert's load over an even share, max_e f_e E / k.
+  virtual void moe_balance_loss(Tensor dprobs_all, Tensor stats, Tensor sums, int E, int k, float aux_weight) = 0;
+
+  // ---- grouped products (the routed experts) ---------------------------------------------------
+  // G products over the row groups of offsets [G + 1] (i32, in the backend's memory; offsets[0] =
+  // 0, non-decreasing, offsets[G] <= rows, the rows the tensors hold): for group g with rows
+  // [r0, r1) = [offsets[g], offsets[g + 1]) and weight_g = weight[g] ([G, OC, IC]),
+  //   out[r0:r1] = inp[r0:r1] @ weight_g^T                   (out [rows, OC] OVERWRITTEN there)
+  // exactly as matmul_forward on those rows would (no bias); rows past offsets[G] are untouched.
+  virtual void grouped_matmul_forward(Tensor out, Tensor inp, Tensor weight, Tensor offsets, int G, int rows, int IC,
+                                      int OC) = 0;
+  // Its backward, as matmul_backward on each group: dinp[r0:r1] = dout[r0:r1] @ weight_g
+  // (OVERWRITTEN there) and dweight[g] += dout[r0:r1]^T @ inp[r0:r1] (a group without rows adds
+  // nothing). dweight may be the compute dtype or f32, like matmul_backward's dw; either output
+  // may be null.
+  virtual void grouped_matmul_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tensor weight,
+                                       Tensor offsets, int G, int rows, int IC, int OC) = 0;
 
   // ---- loss ----------------------------------------------------------------------------
   // Fused softmax + cross-entropy over the first V of Vp columns (padded columns are never
