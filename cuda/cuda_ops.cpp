@@ -75,6 +75,8 @@ CudaOps::CudaOps(DType compute_dtype) : compute_(compute_dtype) {
   }
   const char* streams = std::getenv("PICOTRAIN_MATMUL_STREAMS");
   dw_beside_dinp_ = !(streams && std::string(streams) == "1");
+  const char* grouped = std::getenv("PICOTRAIN_GROUPED_MATMUL");
+  grouped_kernels_ = !(grouped && std::string(grouped) == "0");
 }
 
 void CudaOps::release_handles() noexcept {

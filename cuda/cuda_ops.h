@@ -184,6 +184,9 @@ class CudaOps final : public Ops {
   void* fork_ = nullptr;
   void* join_ = nullptr;
   bool dw_beside_dinp_ = true;
+  // The experts' grouped products on the tensor-core kernels where they apply (cuda_ops_moe.cpp);
+  // PICOTRAIN_GROUPED_MATMUL=0 runs one matmul per group instead, for comparison.
+  bool grouped_kernels_ = true;
   gpu::MatmulContext* matmul_ = nullptr;
   void* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;

@@ -145,7 +145,7 @@ void CudaOps::moe_balance_loss(Tensor dprobs_all, Tensor stats, Tensor sums, int
 // ---- grouped products ------------------------------------------------------------------------------
 // bf16 with IC and OC multiples of 8 and aligned operands: the tensor-core kernels, which read the
 // offsets on the device. Otherwise (f32, the reference dtype; odd widths) the groups run one by
-// one as matmuls, after one copy of the offsets to the host.
+// one as matmuls, after one copy of the offsets to the host; so too with PICOTRAIN_GROUPED_MATMUL=0.
 
 namespace {
 // Whether the tensor-core kernels take the product: its shape (gpu::grouped_matmul_fits) and every
@@ -172,7 +172,7 @@ void CudaOps::grouped_matmul_forward(Tensor out, Tensor inp, Tensor weight, Tens
   need(out, size_t(rows) * OC, dt, op, "out");
   need(weight, size_t(G) * OC * IC, dt, op, "weight");
   need(offsets, size_t(G) + 1, DType::i32, op, "offsets");
-  if (tensor_cores_take(dt, G, IC, OC, {out, inp, weight})) {
+  if (grouped_kernels_ && tensor_cores_take(dt, G, IC, OC, {out, inp, weight})) {
     gpu::grouped_matmul_forward(out.data, inp.data, weight.data, static_cast<const int32_t*>(offsets.data), G, rows,
                                 IC, OC, stream_);
     return;
@@ -197,7 +197,7 @@ void CudaOps::grouped_matmul_backward(Tensor dinp, Tensor dweight, Tensor dout, 
     check(wt == dt || wt == DType::f32, where(op) + ": dweight must be " + std::string(dtype_name(dt)) + " or f32");
     need(inp, size_t(rows) * IC, dt, op, "inp");
   }
-  if (tensor_cores_take(dt, G, IC, OC, {dinp, dweight, dout, inp, weight})) {
+  if (grouped_kernels_ && tensor_cores_take(dt, G, IC, OC, {dinp, dweight, dout, inp, weight})) {
     const auto* off = static_cast<const int32_t*>(offsets.data);
     if (dinp) gpu::grouped_matmul_backward_input(dinp.data, dout.data, weight.data, off, G, rows, IC, OC, stream_);
     if (dweight) gpu::grouped_matmul_backward_weight(wt, dweight.data, dout.data, inp.data, off, G, IC, OC, stream_);
