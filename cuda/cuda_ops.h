@@ -21,6 +21,7 @@
 //
 // No CUDA headers here: g++-compiled code can include it.
 #pragma once
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -167,6 +168,11 @@ class CudaOps final : public Ops {
   // Throws, naming `op` and what is missing, unless FP8 attention runs here at head size HS.
   void require_fp8_attention(const char* op, int HS) const;
   double reduce(Tensor x, size_t n, bool square, const char* op);
+  // A backward's two independent products: first() on stream_, second(stream, lane) beside it on
+  // the side stream with cuBLASLt lane 1 when `beside` (and PICOTRAIN_MATMUL_STREAMS is not 1),
+  // else after it on stream_ with lane 0; stream_'s next op waits for both.
+  void run_beside(bool beside, const std::function<void()>& first,
+                  const std::function<void(void* stream, int lane)>& second);
   // The grouped products' offsets [G + 1] on the host, checked (the per-group fallback's).
   std::vector<int> host_group_offsets(Tensor offsets, int G, int rows, const char* op);
   // The matmul context, the streams and their events (what the constructor made); no throw.

@@ -4,6 +4,7 @@
 // Host code only, compiled by g++ against the CUDA runtime headers.
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <string>
 
 #include "cuda/adamw.h"
@@ -194,23 +195,36 @@ void CudaOps::matmul_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout,
   // (m = IC, n = OC, k = N: 108 at GPT-2 124M's qkv for 132 SMs); beside dinp the idle SMs work.
   // Each product's bits are what they are alone. Not while matmul algorithms are timed (a
   // candidate's time would include the other product's), nor with PICOTRAIN_MATMUL_STREAMS=1.
-  const bool beside = dinp && dw && dw_beside_dinp_ && !gpu::matmul_timing(matmul_);
-  void* dw_stream = beside ? side_stream_ : stream_;
-  if (beside) {
-    CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(fork_), as_stream(stream_)));
-    CUDA_CHECK(cudaStreamWaitEvent(as_stream(side_stream_), static_cast<cudaEvent_t>(fork_), 0));
+  const bool beside = dinp && dw && !gpu::matmul_timing(matmul_);
+  run_beside(
+      beside,
+      [&] {
+        if (dinp) gpu::matmul_backward_input(matmul_, dt, it, dinp.data, dout.data, w.data, N, IC, OC, stream_);
+      },
+      [&](void* dw_stream, int lane) {
+        if (dw) {  // dbias (if wanted) comes with dW, from the same product where cuBLASLt can
+          gpu::matmul_backward_weight(matmul_, dt, wt, dw.data, dbias.dtype, dbias.data, dout.data, inp.data, N, IC,
+                                      OC, db_scratch, dw_stream, lane);
+        } else if (dbias) {
+          gpu::bias_backward(dt, dbias.dtype, dbias.data, dout.data, N, OC, db_scratch, dw_stream);
+        }
+      });
+}
+
+void CudaOps::run_beside(bool beside, const std::function<void()>& first,
+                         const std::function<void(void* stream, int lane)>& second) {
+  beside = beside && dw_beside_dinp_;
+  if (!beside) {
+    first();
+    second(stream_, 0);
+    return;
   }
-  if (dinp) gpu::matmul_backward_input(matmul_, dt, it, dinp.data, dout.data, w.data, N, IC, OC, stream_);
-  if (dw) {  // dbias (if wanted) comes with dW, from the same product where cuBLASLt can
-    gpu::matmul_backward_weight(matmul_, dt, wt, dw.data, dbias.dtype, dbias.data, dout.data, inp.data, N, IC, OC,
-                                db_scratch, dw_stream, beside ? 1 : 0);
-  } else if (dbias) {
-    gpu::bias_backward(dt, dbias.dtype, dbias.data, dout.data, N, OC, db_scratch, stream_);
-  }
-  if (beside) {
-    CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(join_), as_stream(side_stream_)));
-    CUDA_CHECK(cudaStreamWaitEvent(as_stream(stream_), static_cast<cudaEvent_t>(join_), 0));
-  }
+  CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(fork_), as_stream(stream_)));
+  CUDA_CHECK(cudaStreamWaitEvent(as_stream(side_stream_), static_cast<cudaEvent_t>(fork_), 0));
+  first();
+  second(side_stream_, 1);
+  CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(join_), as_stream(side_stream_)));
+  CUDA_CHECK(cudaStreamWaitEvent(as_stream(stream_), static_cast<cudaEvent_t>(join_), 0));
 }
 
 // The GELU-fused pair (gpu::matmul_gelu_forward, matmul_backward_input_dgelu): one dtype for

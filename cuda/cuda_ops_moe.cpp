@@ -198,9 +198,18 @@ void CudaOps::grouped_matmul_backward(Tensor dinp, Tensor dweight, Tensor dout, 
     need(inp, size_t(rows) * IC, dt, op, "inp");
   }
   if (grouped_kernels_ && tensor_cores_take(dt, G, IC, OC, {dinp, dweight, dout, inp, weight})) {
+    // dinp and dW on two streams, as matmul_backward's (each kernel's bits are what they are alone).
     const auto* off = static_cast<const int32_t*>(offsets.data);
-    if (dinp) gpu::grouped_matmul_backward_input(dinp.data, dout.data, weight.data, off, G, rows, IC, OC, stream_);
-    if (dweight) gpu::grouped_matmul_backward_weight(wt, dweight.data, dout.data, inp.data, off, G, IC, OC, stream_);
+    run_beside(
+        dinp && dweight,
+        [&] {
+          if (dinp)
+            gpu::grouped_matmul_backward_input(dinp.data, dout.data, weight.data, off, G, rows, IC, OC, stream_);
+        },
+        [&](void* dw_stream, int) {
+          if (dweight)
+            gpu::grouped_matmul_backward_weight(wt, dweight.data, dout.data, inp.data, off, G, IC, OC, dw_stream);
+        });
     return;
   }
   grouped_backward_by_group(*this, host_group_offsets(offsets, G, rows, op), dinp, dweight, dout, inp, weight, IC,

@@ -154,13 +154,17 @@ __global__ void __launch_bounds__(kThreads, 2) grouped_gemm_kernel(Problem p) {
       uint32_t af[kMFrags][4], bfr[kNFrags / 2][4];
 #pragma unroll
       for (int i = 0; i < kMFrags; ++i) {
-        if constexpr (kAKMajor) flash::ldmatrix_x4(af[i], tA + (wm + i * 16) * lda_s + kk + flash::lane_offset_x(lane, lda_s));
-        else flash::ldmatrix_x4_trans(af[i], tA + kk * lda_s + wm + i * 16 + flash::lane_offset_y(lane, lda_s));
+        if constexpr (kAKMajor)
+          flash::ldmatrix_x4(af[i], tA + (wm + i * 16) * lda_s + kk + flash::lane_offset_x(lane, lda_s));
+        else
+          flash::ldmatrix_x4_trans(af[i], tA + kk * lda_s + wm + i * 16 + flash::lane_offset_y(lane, lda_s));
       }
 #pragma unroll
       for (int j = 0; j < kNFrags / 2; ++j) {
-        if constexpr (kBKMajor) flash::ldmatrix_x4(bfr[j], tB + (wn + j * 16) * ldb_s + kk + flash::lane_offset_y(lane, ldb_s));
-        else flash::ldmatrix_x4_trans(bfr[j], tB + kk * ldb_s + wn + j * 16 + flash::lane_offset_x(lane, ldb_s));
+        if constexpr (kBKMajor)
+          flash::ldmatrix_x4(bfr[j], tB + (wn + j * 16) * ldb_s + kk + flash::lane_offset_y(lane, ldb_s));
+        else
+          flash::ldmatrix_x4_trans(bfr[j], tB + kk * ldb_s + wn + j * 16 + flash::lane_offset_x(lane, ldb_s));
       }
 #pragma unroll
       for (int i = 0; i < kMFrags; ++i)

@@ -305,9 +305,10 @@ TEST_CASE("grouped matmuls: each group is the matmul of its rows, rows past the 
   for (size_t i = size_t(9) * OC; i < o.size(); i++) CHECK(o[i] == 7.0f);
   for (size_t i = size_t(9) * IC; i < dxg.size(); i++) CHECK(dxg[i] == 7.0f);
   // Offsets that break the contract are refused.
-  CHECK_THROWS_WITH(ops.grouped_matmul_forward(out, bufs.f32(x), bufs.f32(w), bufs.i32({0, 3, 2, 7, 9}), G, rows, IC, OC),
+  Tensor tx = bufs.f32(x), tw = bufs.f32(w);
+  CHECK_THROWS_WITH(ops.grouped_matmul_forward(out, tx, tw, bufs.i32({0, 3, 2, 7, 9}), G, rows, IC, OC),
                     Catch::Contains("must not decrease"));
-  CHECK_THROWS_WITH(ops.grouped_matmul_forward(out, bufs.f32(x), bufs.f32(w), bufs.i32({0, 3, 3, 7, 12}), G, rows, IC, OC),
+  CHECK_THROWS_WITH(ops.grouped_matmul_forward(out, tx, tw, bufs.i32({0, 3, 3, 7, 12}), G, rows, IC, OC),
                     Catch::Contains("at most 11 rows"));
 }
 
