@@ -13,8 +13,9 @@
 //
 // How:
 //  - route: one block per expert e reads all N k ids twice: once to count the ids below e (its
-//    offset), once in chunks of 256 in order, where a warp ballot and a prefix over the block's 8
-//    warps give each of e's choices its rank. Each slot is written by exactly one block (block 0
+//    offset), once in chunks of 4096 in order, 16 consecutive ids a thread, where a scan of the
+//    threads' counts (warp shuffles, then the block's 8 warp totals) gives each of e's choices
+//    its rank: two barriers a chunk, so N k = 32k ids take 8 chunks. Each slot is written by exactly one block (block 0
 //    also writes the -1s); no atomics, so the same ids give the same plan on every run.
 //  - balance sums: one block per expert sums its probs column in a fixed order (per-thread
 //    strided sums, then a fixed tree), fp32.
@@ -36,6 +37,8 @@ namespace {
 
 constexpr int kBlock = 256;
 constexpr int kWarps = kBlock / kWarpSize;
+constexpr int kPerThread = 16;                  // route: consecutive ids per thread and chunk
+constexpr int kChunk = kBlock * kPerThread;     // route: ids per chunk
 
 // The sum of v over the block, returned to every thread (fixed order: deterministic).
 template <typename T>
@@ -63,27 +66,40 @@ __global__ void __launch_bounds__(kBlock) moe_route_kernel(int32_t* slot_of, int
     below += x >= 0 && x < e;
   }
   const int first = block_sum(below, scratch);
-  // In chunks of kBlock ids, in order: each of e's ids gets first + the ids of e before it.
-  __shared__ int warp_counts[kWarps];
+  // In chunks of kChunk ids, in order, each thread taking kPerThread consecutive ones: each of e's
+  // ids gets first + e's ids before it (earlier chunks, earlier threads by a block scan, earlier
+  // ids of its own thread).
+  __shared__ int warp_totals[kWarps];
   int seen = 0;  // e's ids in earlier chunks
-  for (int base = 0; base < NK; base += kBlock) {
-    const int i = base + static_cast<int>(threadIdx.x);
-    const int x = i < NK ? topk_expert[i] : -1;
-    const bool mine = x == e;
-    const unsigned ballot = __ballot_sync(0xffffffffu, mine);
-    __syncthreads();  // the previous chunk's warp_counts are read
-    if (lane == 0) warp_counts[warp] = __popc(ballot);
+  for (int base = 0; base < NK; base += kChunk) {
+    const int i0 = base + static_cast<int>(threadIdx.x) * kPerThread;
+    int x[kPerThread], mine = 0;
+#pragma unroll
+    for (int u = 0; u < kPerThread; ++u) {
+      x[u] = i0 + u < NK ? topk_expert[i0 + u] : -1;
+      mine += x[u] == e;
+    }
+    int inclusive = mine;  // the warp's inclusive scan of `mine`
+#pragma unroll
+    for (int offset = 1; offset < kWarpSize; offset *= 2) {
+      const int v = __shfl_up_sync(0xffffffffu, inclusive, offset);
+      if (lane >= offset) inclusive += v;
+    }
+    if (lane == kWarpSize - 1) warp_totals[warp] = inclusive;
     __syncthreads();
-    int before = seen + __popc(ballot & ((1u << lane) - 1u));
-    int chunk = 0;
+    int before = seen + inclusive - mine, chunk = 0;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) {
-      before += w < warp ? warp_counts[w] : 0;
-      chunk += warp_counts[w];
+      before += w < warp ? warp_totals[w] : 0;
+      chunk += warp_totals[w];
     }
-    if (mine) slot_of[i] = first + before;
-    if (e == 0 && i < NK && (x < 0 || x >= E)) slot_of[i] = -1;
+#pragma unroll
+    for (int u = 0; u < kPerThread; ++u) {
+      if (x[u] == e) slot_of[i0 + u] = first + before++;
+      if (e == 0 && i0 + u < NK && (x[u] < 0 || x[u] >= E)) slot_of[i0 + u] = -1;
+    }
     seen += chunk;
+    __syncthreads();  // warp_totals are read before the next chunk writes them
   }
   if (threadIdx.x == 0) {
     offsets[e] = first;
