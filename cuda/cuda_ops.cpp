@@ -1,6 +1,6 @@
 // CudaOps (see cuda_ops.h): its lifetime, memory, transfers and time marks. The ops are in
-// cuda_ops_layers.cpp, cuda_ops_attention.cpp and cuda_ops_fp8.cpp, their argument checks in
-// cuda_ops_args.h.
+// cuda_ops_layers.cpp, cuda_ops_attention.cpp, cuda_ops_moe.cpp and cuda_ops_fp8.cpp, their
+// argument checks in cuda_ops_args.h.
 // Host code only, compiled by g++ against the CUDA runtime headers.
 #include "cuda/cuda_ops.h"
 
