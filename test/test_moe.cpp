@@ -3,7 +3,8 @@
 // routed-experts layer (MoeLayer) against a double-precision reference written here from the
 // definitions (Mixtral's routing and Switch Transformer's balancing loss), backward against
 // central finite differences of that reference (L = sum(out * R) + aux_weight * aux), ties,
-// the sequence-parallel split of the balancing statistics, and thread-count independence.
+// the sequence-parallel split of the balancing statistics, thread-count independence, and that a
+// sparse block's forward and backward make no host transfer (a counting CpuOps).
 #include <catch2/catch.hpp>
 #include <algorithm>
 #include <cmath>
@@ -264,6 +265,51 @@ TEST_CASE("moe_route, moe_balance_sums and moe_balance_loss: the plan and the lo
   for (int e = 0; e < 4; e++) CHECK(dp[size_t(e)] == Approx(0.5 * 4 * (want.counts[size_t(e)] / 3.0) / 3.0));
   ops.moe_balance_loss(dprobs, Tensor{}, sums, 4, 2, 0.5f);  // no stats: only the gradient
   CHECK(bufs.read(stats) == st);
+}
+
+namespace {
+// CpuOps that counts the host transfers: a GPU backend would wait for the device at each download.
+class CountingOps : public CpuOps {
+ public:
+  void upload(Tensor dst, const void* host_src, DType host_dtype, size_t n) override {
+    uploads++;
+    CpuOps::upload(dst, host_src, host_dtype, n);
+  }
+  void download(void* host_dst, DType host_dtype, Tensor src, size_t n) override {
+    downloads++;
+    CpuOps::download(host_dst, host_dtype, src, n);
+  }
+  int uploads = 0, downloads = 0;
+};
+}  // namespace
+
+TEST_CASE("moe layer: a sparse block's forward and backward never copy to or from the host", "[cpu][moe]") {
+  CountingOps ops;
+  Buffers bufs(ops);
+  Architecture a;
+  a.d_model = 8;
+  a.n_experts = 4;
+  a.top_k = 2;
+  a.expert_hidden = 8;
+  const int n = 6;
+  auto alloc = [&](size_t count, DType t) { return bufs.zeros(count, t); };
+  MoeLayer moe(ops, a, n, 1, 1, {}, nullptr, alloc);
+  const size_t C = size_t(a.d_model), E = size_t(a.n_experts), H = size_t(a.expert_hidden);
+  MoeParams p{bufs.f32(random_floats(E * C, 331)), bufs.f32(random_floats(E * 2 * H * C, 332)),
+              bufs.f32(random_floats(E * C * H, 333))};
+  MoeParams g{bufs.zeros(E * C), bufs.zeros(E * 2 * H * C), bufs.zeros(E * C * H)};
+  Tensor x = bufs.f32(random_floats(n * C, 334)), out = bufs.zeros(n * C), dx = bufs.zeros(n * C);
+  Tensor dout = bufs.f32(random_floats(n * C, 335));
+  ops.uploads = ops.downloads = 0;
+  moe.forward(0, 0, out, x, n, p, 0.01f, true);
+  moe.backward(0, 0, dx, dout, x, n, p, g);
+  CHECK(ops.uploads == 0);
+  CHECK(ops.downloads == 0);
+  // The statistics come back when taken: one download for the step.
+  const MoeStats st = moe.take_stats();
+  CHECK(ops.downloads == 1);
+  CHECK(st.layer_batches == 1);
+  CHECK(st.aux_sum > 0);
 }
 
 TEST_CASE("grouped matmuls: each group is the matmul of its rows, rows past the groups untouched", "[cpu][moe]") {
