@@ -173,8 +173,6 @@ class CudaOps final : public Ops {
   // else after it on stream_ with lane 0; stream_'s next op waits for both.
   void run_beside(bool beside, const std::function<void()>& first,
                   const std::function<void(void* stream, int lane)>& second);
-  // The grouped products' offsets [G + 1] on the host, checked (the per-group fallback's).
-  std::vector<int> host_group_offsets(Tensor offsets, int G, int rows, const char* op);
   // The matmul context, the streams and their events (what the constructor made); no throw.
   void release_handles() noexcept;
 

@@ -156,13 +156,14 @@ bool tensor_cores_take(DType dt, int G, int IC, int OC, std::initializer_list<Te
     if (t && !is_aligned(t.data, 16)) return false;
   return true;
 }
-}  // namespace
 
-std::vector<int> CudaOps::host_group_offsets(Tensor offsets, int G, int rows, const char* op) {
+// The offsets [G + 1] on the host, checked: the per-group path's (one synchronising copy).
+std::vector<int> host_group_offsets(Ops& ops, Tensor offsets, int G, int rows, const char* op) {
   std::vector<int32_t> host(size_t(G) + 1);
-  download(host.data(), DType::i32, offsets, host.size());
+  ops.download(host.data(), DType::i32, offsets, host.size());
   return checked_group_offsets(host.data(), G, rows, where(op));
 }
+}  // namespace
 
 void CudaOps::grouped_matmul_forward(Tensor out, Tensor inp, Tensor weight, Tensor offsets, int G, int rows, int IC,
                                      int OC) {
@@ -177,7 +178,7 @@ void CudaOps::grouped_matmul_forward(Tensor out, Tensor inp, Tensor weight, Tens
                                 IC, OC, stream_);
     return;
   }
-  grouped_forward_by_group(*this, host_group_offsets(offsets, G, rows, op), out, inp, weight, IC, OC);
+  grouped_forward_by_group(*this, host_group_offsets(*this, offsets, G, rows, op), out, inp, weight, IC, OC);
 }
 
 void CudaOps::grouped_matmul_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tensor weight,
@@ -212,7 +213,7 @@ void CudaOps::grouped_matmul_backward(Tensor dinp, Tensor dweight, Tensor dout, 
         });
     return;
   }
-  grouped_backward_by_group(*this, host_group_offsets(offsets, G, rows, op), dinp, dweight, dout, inp, weight, IC,
+  grouped_backward_by_group(*this, host_group_offsets(*this, offsets, G, rows, op), dinp, dweight, dout, inp, weight, IC,
                             OC);
 }
 

@@ -114,14 +114,22 @@ TEST_CASE("moe router: top-k of the softmax with ties to the lower expert, renor
   CHECK(pg[0] + pg[1] + pg[2] + pg[3] == Approx(1.0f));
 }
 
+namespace {
+// The routed experts' part of an architecture: d_model C, E experts of width H, top-k.
+Architecture experts_arch(int C, int E, int k, int H) {
+  Architecture a;
+  a.d_model = C;
+  a.n_experts = E;
+  a.top_k = k;
+  a.expert_hidden = H;
+  return a;
+}
+}  // namespace
+
 TEST_CASE("moe layer: forward and aux match the reference, backward matches finite differences", "[cpu][moe]") {
   CpuOps ops;
   Buffers bufs(ops);
-  Architecture a;
-  a.d_model = 5;
-  a.n_experts = 4;
-  a.top_k = 2;
-  a.expert_hidden = 3;
+  const Architecture a = experts_arch(5, 4, 2, 3);
   const Shape s{7, a.d_model, a.n_experts, a.top_k, a.expert_hidden};
   const std::vector<float> x = random_floats(size_t(s.n) * s.C, 301, -1.0f, 1.0f);
   const std::vector<float> router = random_floats(size_t(s.E) * s.C, 302, -1.5f, 1.5f);
@@ -286,11 +294,7 @@ class CountingOps : public CpuOps {
 TEST_CASE("moe layer: a sparse block's forward and backward never copy to or from the host", "[cpu][moe]") {
   CountingOps ops;
   Buffers bufs(ops);
-  Architecture a;
-  a.d_model = 8;
-  a.n_experts = 4;
-  a.top_k = 2;
-  a.expert_hidden = 8;
+  const Architecture a = experts_arch(8, 4, 2, 8);
   const int n = 6;
   auto alloc = [&](size_t count, DType t) { return bufs.zeros(count, t); };
   MoeLayer moe(ops, a, n, 1, 1, {}, nullptr, alloc);

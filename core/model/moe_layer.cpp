@@ -305,7 +305,7 @@ void MoeLayer::forward(int slot, int layer, Tensor out, Tensor x, int n, const M
   balancing_loss(s, n, aux_weight, training);
   ops_.moe_permute(s.x_perm, x, s.slot_of, n, C, k);
 
-  if (ep_ || !grouped()) {  // the per-expert products and the all-to-all are sized on the host
+  if (!grouped()) {  // the per-expert products and the all-to-all are sized on the host
     std::vector<int> route(size_t(E) + 1);
     ops_.download(route.data(), DType::i32, s.route_offsets, route.size());
     if (!ep_) {
