@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "bench/kernel_bench.h"
+#include "core/ops/grouped_by_group.h"
 
 namespace pt::kernel_bench {
 
@@ -36,20 +37,14 @@ void bench_moe_ops(Bench& b, Ops& ops, int tokens, int C, int H, int E, int k) {
   const double flops = 2.0 * R * C * OC;
   const std::string mshape = "rows=" + std::to_string(R) + " C=" + std::to_string(C) + " 2H=" + std::to_string(OC) +
                              " E=" + std::to_string(E);
-  // The per-expert path: one host copy of the offsets, then a matmul on each expert's rows.
+  // The per-expert path (CudaOps's fallback, core/ops/grouped_by_group.h): one host copy of the
+  // offsets, then a matmul on each expert's rows.
   auto per_expert = [&](bool backward) {
     std::vector<int32_t> host(size_t(E) + 1);
     ops.download(host.data(), i32, off, host.size());
-    for (int e = 0; e < E; e++) {
-      const size_t r0 = size_t(host[size_t(e)]), m = size_t(host[size_t(e) + 1]) - r0, we = size_t(e) * OC * C;
-      if (m == 0) continue;
-      const Tensor we_t = w.slice(we, size_t(OC) * C);
-      if (!backward)
-        ops.matmul_forward(h.slice(r0 * OC, m * OC), x.slice(r0 * C, m * C), we_t, Tensor{}, int(m), C, OC);
-      else
-        ops.matmul_backward(dx.slice(r0 * C, m * C), dw.slice(we, size_t(OC) * C), Tensor{}, dh.slice(r0 * OC, m * OC),
-                            x.slice(r0 * C, m * C), we_t, int(m), C, OC);
-    }
+    const std::vector<int> rows(host.begin(), host.end());
+    if (!backward) grouped_forward_by_group(ops, rows, h, x, w, C, OC);
+    else grouped_backward_by_group(ops, rows, dx, dw, dh, x, w, C, OC);
   };
   b.run({sec, "expert up forward (grouped)", mshape, true, flops, "2*N*k*C*2H"},
         [&] { ops.grouped_matmul_forward(h, x, w, off, E, R, C, OC); });

@@ -18,6 +18,7 @@
 #include "core/model/expert_split.h"
 #include "core/model/moe_layer.h"
 #include "core/model/param_table.h"
+#include "core/ops/moe_routing.h"
 #include "core/plan/stage_memory.h"
 #include "cpu_test_support.h"
 

@@ -65,7 +65,6 @@
 
 #include "core/dist/comm.h"
 #include "core/model/architecture.h"
-#include "core/ops/moe_routing.h"
 #include "core/ops/ops.h"
 #include "core/parallel/fp8_linear.h"
 
