@@ -10,6 +10,8 @@ Reads what gpu_bench.sh left in its output folder and writes bench_summary.md th
   picotrain_124m.jsonl, picotrain_1.5b.jsonl,  picotrain's metrics.jsonl of the training runs
   picotrain_llama1b.jsonl                        (GPT-2 124M and 1.5B, a Llama of Llama 3.2 1B's shape)
   picotrain_mixtral_small.jsonl                  (gpu_bench.sh MOE=1: configs/mixtral-small.json)
+  picotrain_124m_graphs.jsonl,                   (gpu_bench.sh GRAPHS=1: the 124M and Llama 1B runs
+  picotrain_llama1b_graphs.jsonl                  again with run.cuda_graphs=true)
   torch_124m.json (torch_1.5b.json)            bench/torch_gpt2.py at the same shapes
 Any of them may be missing (a step failed or was skipped): its rows then say "n/a".
 
@@ -317,6 +319,8 @@ def main(argv=None):
     t15 = load_json(path("torch_1.5b.json"))
     p124 = picotrain_run(path("picotrain_124m.jsonl"), args.skip_124m)
     p124_timed = picotrain_run(path("picotrain_124m_timed.jsonl"), args.skip_124m)
+    p124_graphs = picotrain_run(path("picotrain_124m_graphs.jsonl"), args.skip_124m)
+    pl1_graphs = picotrain_run(path("picotrain_llama1b_graphs.jsonl"), args.skip_1b)
     p15 = picotrain_run(path("picotrain_1.5b.jsonl"), args.skip_15b)
     pl1 = picotrain_run(path("picotrain_llama1b.jsonl"), args.skip_1b)
     p15_fp8 = picotrain_run(path("picotrain_1.5b_fp8.jsonl"), args.skip_15b)
@@ -441,6 +445,10 @@ def main(argv=None):
     runs = [("picotrain 124M", p124), ("picotrain 1.5B", p15), ("picotrain Llama 1B", pl1)]
     if p124_timed:  # gpu_bench.sh's TIMED_ALGOS=1
         runs.insert(1, ("picotrain 124M, precision.matmul_algos=timed", p124_timed))
+    if p124_graphs:  # gpu_bench.sh's GRAPHS=1
+        runs.insert(1, ("picotrain 124M, run.cuda_graphs=true", p124_graphs))
+    if pl1_graphs:
+        runs.append(("picotrain Llama 1B, run.cuda_graphs=true", pl1_graphs))
     if pmx:  # gpu_bench.sh's MOE=1
         runs.append(("picotrain small Mixtral (configs/mixtral-small.json)", pmx))
     for name, run in runs:

@@ -39,6 +39,7 @@
 # RUN_124M (1; 0 leaves out steps 6-7, the 124M runs, to give a short call's time to the others),
 # TIMED_ALGOS (0; 1 also runs the 124M training run with precision.matmul_algos=timed, as long again),
 # MOE (0; 1 also runs a small Mixtral, configs/mixtral-small.json, at the Llama 1B's batch and steps),
+# GRAPHS (0; 1 also runs the 124M and Llama 1B runs with run.cuda_graphs=true, as long again),
 # FP8 (0; 1 also runs step 9, about as long again as the 1.5B and 1B runs: run it where the budget
 # allows, e.g. a second call with a larger BUDGET_S),
 # NSYS (0; 1 also profiles 6 steps of 124M at 2 micro-batches under `nsys profile --stats=true`;
@@ -238,6 +239,20 @@ if [ "${TIMED_ALGOS:-0}" = 1 ] && [ "$RUN_124M" = 1 ]; then
       "$ACCUM_124M" "$STEPS_124M" 150
   else
     record picotrain_124m_timed skip 0 "no build"
+  fi
+fi
+# Optional (GRAPHS=1): the 124M and Llama 1B runs again with their forwards and backwards replayed as
+# CUDA graphs (the log's `graphs` line says when they were recorded, or why not).
+if [ "${GRAPHS:-0}" = 1 ]; then
+  if [ $BUILT -eq 0 ]; then
+    if [ "$RUN_124M" = 1 ]; then
+      RUN_SET=run.cuda_graphs=true picotrain_run picotrain_124m_graphs configs/gpt2-124m.json "$B_124M" \
+        "$ACCUM_124M" "$STEPS_124M" 150
+    fi
+    RUN_SET=run.cuda_graphs=true RUN_T=$T_1B picotrain_run picotrain_llama1b_graphs configs/llama3-1b.json "$B_1B" \
+      "$ACCUM_1B" "$STEPS_1B" 150
+  else
+    record picotrain_graphs skip 0 "no build"
   fi
 fi
 # Optional (FP8=1): the 1.5B and 1B runs again with every block layer's product in FP8.

@@ -1,6 +1,6 @@
 // CudaOps (see cuda_ops.h): its lifetime, memory, transfers and time marks. The ops are in
 // cuda_ops_layers.cpp, cuda_ops_attention.cpp, cuda_ops_moe.cpp and cuda_ops_fp8.cpp, their
-// argument checks in cuda_ops_args.h.
+// argument checks in cuda_ops_args.h; recorded work (CUDA graphs) in cuda_ops_graphs.cpp.
 // Host code only, compiled by g++ against the CUDA runtime headers.
 #include "cuda/cuda_ops.h"
 
@@ -93,6 +93,7 @@ CudaOps::~CudaOps() {
   // No throwing here: a failure would have surfaced at an earlier synchronising call.
   cudaStreamSynchronize(as_stream(stream_));
   cudaFree(scratch_);
+  for (void* p : retired_scratch_) cudaFree(p);
   cudaFree(result_);
   for (void* e : mark_events_) cudaEventDestroy(static_cast<cudaEvent_t>(e));
   release_handles();
@@ -100,10 +101,12 @@ CudaOps::~CudaOps() {
 
 void* CudaOps::scratch(size_t bytes) {
   if (bytes <= scratch_bytes_) return scratch_;
-  // Growing frees the old buffer; cudaFree waits for the kernels that may still use it.
+  // Growing frees the old buffer (cudaFree waits for the kernels that may still use it), unless
+  // a recording holds its address: then it stays until the last recording goes.
   const size_t grown = std::max(bytes, scratch_bytes_ + scratch_bytes_ / 2);
   const size_t rounded = (grown + (size_t(1) << 20) - 1) >> 20 << 20;  // whole MiB
-  cudaFree(scratch_);
+  if (recordings_ > 0 && scratch_) retired_scratch_.push_back(scratch_);
+  else cudaFree(scratch_);
   scratch_ = nullptr;
   scratch_bytes_ = 0;
   scratch_ = device_alloc(rounded, "kernel scratch space");

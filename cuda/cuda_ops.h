@@ -1,7 +1,7 @@
 // CudaOps: the Ops interface on one NVIDIA GPU. Host code that checks each call's tensors
 // (dtype, size, null) and launches the kernels of cuda/*.cu on the backend's own stream, in
 // order, so consecutive ops need no synchronisation; only download, sum, sum_squares and
-// synchronize wait for the GPU.
+// synchronize wait for the GPU. record() captures a piece of work as a CUDA graph to replay.
 //
 // Dtypes: the compute dtype (f32 or bf16, chosen at construction) is what the model allocates
 // for weights and activations. Each op takes its activation dtype from its input tensors, so an
@@ -60,6 +60,10 @@ class CudaOps final : public Ops {
   void copy(Tensor dst, Tensor src, size_t n) override;
   void copy_2d(Tensor dst, size_t dst_ld, Tensor src, size_t src_ld, size_t rows, size_t cols) override;
   void synchronize() override;
+  // CUDA graphs (cuda_ops_graphs.cpp): a stream capture of the compute stream, and of the side
+  // stream where the work forks to it. While a recording lives the scratch buffer is never freed
+  // (a larger request retires it until the last recording goes): the graphs hold its address.
+  std::unique_ptr<RecordedWork> record(const std::function<void()>& work, std::string* why) override;
   // Marks are CUDA events (timing enabled) recorded on the compute stream, made once and reused
   // after clear_time_marks(), so a step's dozen marks cost a record each and no allocation.
   int record_time_mark() override;
@@ -147,6 +151,7 @@ class CudaOps final : public Ops {
                     float beta2, float eps, float weight_decay, int t, float grad_scale) override;
   double sum_squares(Tensor x, size_t n) override;
   double sum(Tensor x, size_t n) override;
+  void sum_to(Tensor out, Tensor x, size_t n) override;
   // FP8 (cuda_ops_fp8.cpp): the casts run on any GPU; fp8_matmul needs compute capability 8.9+.
   void fp8_amax(Tensor amax, Tensor x, int rows, int cols, Fp8Amax over) override;
   void fp8_quantize(Tensor q, Tensor scale_inv, Tensor x, Tensor amaxes, int n_amax, int rows, int cols,
@@ -159,6 +164,7 @@ class CudaOps final : public Ops {
   bool supports_fp8_rowwise() const override { return fp8_rowwise_; }
 
  private:
+  class Graph;
   // At least `bytes` of device memory for the current op's temporaries (valid until the next call).
   void* scratch(size_t bytes);
   // attention_backward's work, and attention_fp8_backward's on qkv dequantised (`fp8`) into the
@@ -194,6 +200,8 @@ class CudaOps final : public Ops {
   gpu::MatmulContext* matmul_ = nullptr;
   void* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;
+  int recordings_ = 0;                  // live RecordedWork (record())
+  std::vector<void*> retired_scratch_;  // scratch buffers outgrown while recordings_ > 0
   double* result_ = nullptr;  // one device double for the reductions
   size_t live_bytes_ = 0, peak_bytes_ = 0;  // memory_use()
   std::vector<void*> mark_events_;  // cudaEvent_t, record_time_mark()

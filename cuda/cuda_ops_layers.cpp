@@ -433,4 +433,10 @@ double CudaOps::sum_squares(Tensor x, size_t n) { return reduce(x, n, true, "sum
 
 double CudaOps::sum(Tensor x, size_t n) { return reduce(x, n, false, "sum"); }
 
+void CudaOps::sum_to(Tensor out, Tensor x, size_t n) {
+  need(out, 1, DType::f32, "sum_to", "out");
+  const DType dt = need_act(x, n, "sum_to", "x");
+  gpu::reduce_sum_to_float(dt, static_cast<float*>(out.data), x.data, n, scratch(gpu::reduce_scratch_bytes()), stream_);
+}
+
 }  // namespace pt

@@ -1,5 +1,6 @@
-// Deterministic sums in double: sum(x) (the losses of a step) and sum(x^2) (the global
-// gradient norm), over f32 or bf16 input.
+// Deterministic sums in double: sum(x) (a micro-batch's losses) and sum(x^2) (the global
+// gradient norm), over f32 or bf16 input; the result a double, or rounded once to a float left on
+// the device (reduce_sum_to_float: the losses, read by the host once a step).
 //
 // Algorithm: two passes, both with a split fixed by n alone, so the result is bitwise the
 // same on every run and every GPU:
@@ -48,12 +49,14 @@ __global__ void __launch_bounds__(kBlock) partial_sums_kernel(double* partial, c
   if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
 
-__global__ void __launch_bounds__(kBlock) final_sum_kernel(double* result, const double* partial, int count) {
+// R: double (the sum itself) or float (the sum rounded once, left on the device for later).
+template <typename R>
+__global__ void __launch_bounds__(kBlock) final_sum_kernel(R* result, const double* partial, int count) {
   __shared__ double shared[kBlock / kWarpSize];
   double acc = 0.0;
   for (int i = threadIdx.x; i < count; i += kBlock) acc += partial[i];
   acc = block_sum<kBlock>(acc, shared);
-  if (threadIdx.x == 0) *result = acc;
+  if (threadIdx.x == 0) *result = static_cast<R>(acc);
 }
 
 template <typename T, bool kSquare>
@@ -65,8 +68,8 @@ void launch_partials(double* partial, const T* x, size_t n, unsigned blocks, cud
   CUDA_CHECK_LAUNCH();
 }
 
-template <typename T>
-void launch(double* result, const void* x, size_t n, bool square, double* partial, cudaStream_t stream) {
+template <typename T, typename R>
+void launch(R* result, const void* x, size_t n, bool square, double* partial, cudaStream_t stream) {
   const unsigned blocks = grid_stride_blocks(n / (16 / sizeof(T)), size_t(kBlock) * kUnroll, kPartials);
   const T* p = static_cast<const T*>(x);
   if (square)
@@ -77,11 +80,8 @@ void launch(double* result, const void* x, size_t n, bool square, double* partia
   CUDA_CHECK_LAUNCH();
 }
 
-}  // namespace
-
-size_t reduce_scratch_bytes() { return kPartials * sizeof(double); }
-
-void reduce_sum(DType dtype, double* result, const void* x, size_t n, bool square, void* scratch, void* stream) {
+template <typename R>
+void reduce_into(DType dtype, R* result, const void* x, size_t n, bool square, void* scratch, void* stream) {
   double* partial = static_cast<double*>(scratch);
   switch (dtype) {
     case DType::f32: return launch<float>(result, x, n, square, partial, as_stream(stream));
@@ -89,6 +89,18 @@ void reduce_sum(DType dtype, double* result, const void* x, size_t n, bool squar
     default:
       throw RuntimeError(std::string("reduce_sum: dtype ") + dtype_name(dtype) + " is not supported (f32 or bf16)");
   }
+}
+
+}  // namespace
+
+size_t reduce_scratch_bytes() { return kPartials * sizeof(double); }
+
+void reduce_sum(DType dtype, double* result, const void* x, size_t n, bool square, void* scratch, void* stream) {
+  reduce_into(dtype, result, x, n, square, scratch, stream);
+}
+
+void reduce_sum_to_float(DType dtype, float* result, const void* x, size_t n, void* scratch, void* stream) {
+  reduce_into(dtype, result, x, n, false, scratch, stream);
 }
 
 }  // namespace pt::gpu

@@ -13,5 +13,7 @@ size_t reduce_scratch_bytes();
 // *result = sum_i x[i]^2 (square = true) or sum_i x[i] (square = false), accumulated in double.
 void reduce_sum(DType dtype, double* result, const void* x, size_t n, bool square, void* scratch,
                 void* stream = nullptr);
+// *result = (float) sum_i x[i], the sum accumulated in double as above and rounded once.
+void reduce_sum_to_float(DType dtype, float* result, const void* x, size_t n, void* scratch, void* stream = nullptr);
 
 }  // namespace pt::gpu

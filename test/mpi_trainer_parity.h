@@ -290,7 +290,7 @@ inline void check_activation_memory(Layout l, const World& world, const std::fil
     const auto& b = cfg.batch;
     const StageDims dims = StageDims::make(cfg.model, b.micro_batch_size, b.seq_len, l.tp, l.sp, l.cp, l.ep, l.dp * l.cp);
     PipelineExecutor& ex = t.pipeline();
-    size_t want = 0;
+    size_t want = pipeline_step_buffer_bytes(ex.chunks(), b.grad_accum_steps, size_t(b.micro_batch_size) * (b.seq_len / l.cp));
     for (size_t c = 0; c < ex.chunks().size(); c++)
       want += decoder_activation_bytes(dims, parse_cp_impl(l.cp_impl), DType::f32, ex.chunks()[c], ex.slots()[c],
                                        parse_recompute(mode),

@@ -286,7 +286,8 @@ std::vector<ConfigKey> build_table() {
       .add("spike_skip_steps", &RunSection::spike_skip_steps, at_least(0))
       .add("spike_max_rollbacks", &RunSection::spike_max_rollbacks, at_least(1))
       .add("replay_every_steps", &RunSection::replay_every_steps, at_least(0))
-      .add("replay_mismatch", &RunSection::replay_mismatch, one_of({"stop", "warn"}));
+      .add("replay_mismatch", &RunSection::replay_mismatch, one_of({"stop", "warn"}))
+      .add("cuda_graphs", &RunSection::cuda_graphs);
 
   SectionKeys(k, "model", &RunConfig::model)
       .add("arch", &ModelSection::arch, one_of({"gpt2", "llama"}))

@@ -85,6 +85,13 @@ const std::vector<KeyMeaning>& key_meanings() {
       {"run.replay_mismatch",
        "What a corruption-check mismatch does: `stop` ends the run before the step is applied; `warn` logs it, "
        "counts it in the report and trains on."},
+      {"run.cuda_graphs",
+       "CUDA graphs: from the session's second step on (after `precision.matmul_algos=timed` has chosen), each "
+       "micro-batch's forward and backward is recorded once and then replayed with one launch instead of one per "
+       "kernel, with the same bits; the optimizer and the step's reductions stay op by op. Runs on one GPU; a "
+       "layout over several GPUs, the CPU backend and `precision.fp8=delayed` run op by op and the `graphs` line "
+       "says why, as it does if a recording fails (the step then runs op by op, nothing lost). `false` by "
+       "default until measured on a GPU (docs/gpu.md)."},
       // ---- model
       {"model.arch",
        "Architecture: `gpt2` (OpenAI GPT-2 / llm.c exactly) or `llama` (Hugging Face's `LlamaForCausalLM` "

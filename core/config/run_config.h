@@ -39,6 +39,9 @@ struct RunSection {
   // logged and counted ("warn").
   int replay_every_steps = 0;
   std::string replay_mismatch = "stop";
+  // Record each micro-batch's forward and backward as CUDA graphs once and replay them
+  // (PipelineExecutor::use_graphs; core/train/cuda_graphs.h says which layouts can).
+  bool cuda_graphs = false;
 };
 
 // arch "gpt2" (OpenAI GPT-2 exactly) or "llama" (Hugging Face's LlamaForCausalLM exactly). The

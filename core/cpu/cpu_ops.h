@@ -82,6 +82,7 @@ class CpuOps : public Ops {
   void adamw_update(Tensor params, Tensor master, Tensor grad, Tensor m, Tensor v, size_t n, float lr, float beta1, float beta2, float eps, float weight_decay, int t, float grad_scale) override;
   double sum_squares(Tensor x, size_t n) override;
   double sum(Tensor x, size_t n) override;
+  void sum_to(Tensor out, Tensor x, size_t n) override;
 
  private:
   size_t live_bytes_ = 0, peak_bytes_ = 0;  // memory_use()

@@ -76,4 +76,9 @@ double CpuOps::sum(Tensor x, size_t n) {
   return chunked_sum(p, n, [](double a) { return a; });
 }
 
+void CpuOps::sum_to(Tensor out, Tensor x, size_t n) {
+  float* o = cpu::f32_arg(out, 1, "sum_to", "out");
+  *o = static_cast<float>(sum(x, n));
+}
+
 }  // namespace pt

@@ -135,6 +135,7 @@ DecoderStage::DecoderStage(const ModelSection& model, ParamStore& store, Ops& op
     head_rows_ = head_chunk_rows(static_cast<int>(N), d.Vl, act);  // one chunk's logits, not N rows'
     logits_ = alloc_act(size_t(head_rows_) * d.Vl, act);
     losses_ = alloc_act(N, f32);
+    loss_sum_ = alloc_act(1, f32);
   }
   dbtc_ = alloc_act(std::max(RC, AC), act);  // a residual-row gradient, or the attention output's
   dqkv_ = alloc_act(QKV, act);
@@ -403,6 +404,19 @@ void DecoderStage::norm_backward(Tensor dinp, Tensor dw, Tensor db, Tensor dout,
 
 double DecoderStage::forward(MicroSlot at, const int32_t* tokens, const int32_t* targets, float dloss) {
   check_slots(at);
+  const size_t N = static_cast<size_t>(d_.N);
+  ActSlot& s = acts_[static_cast<size_t>(at.activations)];
+  if (layers_.embedding) ops_.upload(s.tokens, tokens, DType::i32, N);
+  if (layers_.head) ops_.upload(targets_, targets, DType::i32, N);
+  forward(at, layers_.embedding ? s.tokens : Tensor{}, layers_.head ? targets_ : Tensor{}, dloss, loss_sum_);
+  if (!layers_.head) return 0.0;
+  float sum = 0;
+  ops_.download(&sum, DType::f32, loss_sum_, 1);
+  return sum;
+}
+
+void DecoderStage::forward(MicroSlot at, Tensor tokens, Tensor targets, float dloss, Tensor loss_sum) {
+  check_slots(at);
   ActSlot& s = acts_[static_cast<size_t>(at.activations)];
   const IoSlot& in = io_[static_cast<size_t>(at.io)];
   check(!s.backward_due, "DecoderStage: activation slot " + std::to_string(at.activations) +
@@ -419,7 +433,9 @@ double DecoderStage::forward(MicroSlot at, const int32_t* tokens, const int32_t*
                                           : 0.0f;
 
   if (layers_.embedding) {
-    ops_.upload(s.tokens, tokens, DType::i32, N);
+    check(tokens.numel >= size_t(N) && tokens.dtype == DType::i32,
+          "DecoderStage::forward: the embedding needs " + std::to_string(N) + " i32 token ids on the device");
+    ops_.copy(s.tokens, tokens, N);  // kept for the embedding's backward (a no-op from the host form)
     hooks_->acquire_params(embeddings);
     embed(in.input, s.tokens);
     hooks_->release_params(embeddings);
@@ -454,9 +470,11 @@ double DecoderStage::forward(MicroSlot at, const int32_t* tokens, const int32_t*
     x = a.res3;
   }
   s.backward_due = dloss != 0.0f;
-  if (!layers_.head) return 0.0;
+  if (!layers_.head) return;
 
-  ops_.upload(targets_, targets, DType::i32, N);
+  check(targets.numel >= size_t(N) && targets.dtype == DType::i32 && loss_sum.numel >= 1,
+        "DecoderStage::forward: the head needs " + std::to_string(N) + " i32 targets and a loss sum on the device");
+  ops_.copy(targets_, targets, N);
   // The LM head, logits = lnf @ W^T over this rank's vocabulary rows: W is the token embedding
   // when tied (an embeddings-layer tensor), else the head's own (the final norm's layer, acquired).
   const bool tied = arch_.tied_head;
@@ -496,7 +514,7 @@ double DecoderStage::forward(MicroSlot at, const int32_t* tokens, const int32_t*
     // micro-batch.
     if (tied && !layers_.embedding) hooks_->grads_ready(embeddings);
   }
-  return ops_.sum(losses_, N);
+  ops_.sum_to(loss_sum, losses_, N);
 }
 
 void DecoderStage::backward(MicroSlot at) {
@@ -559,6 +577,32 @@ void DecoderStage::backward(MicroSlot at) {
     hooks_->grads_ready(embeddings);
   }
   s.backward_due = false;
+}
+
+DecoderStage::HostMarks DecoderStage::host_marks() const {
+  HostMarks m;
+  for (const ActSlot& s : acts_) m.backward_due.push_back(s.backward_due);
+  m.moe_batches = moe_ ? moe_->counted_batches() : 0.0;
+  return m;
+}
+
+void DecoderStage::restore(const HostMarks& m) {
+  check(m.backward_due.size() == acts_.size(), "internal error: DecoderStage::restore of another stage's marks");
+  for (size_t i = 0; i < acts_.size(); i++) acts_[i].backward_due = m.backward_due[i];
+  if (moe_) moe_->set_counted_batches(m.moe_batches);
+}
+
+void DecoderStage::after_replay(bool forward, MicroSlot at, float dloss) {
+  check_slots(at);
+  ActSlot& s = acts_[static_cast<size_t>(at.activations)];
+  check(s.backward_due != forward, std::string("internal error: a replayed ") + (forward ? "forward" : "backward") +
+                                       " of activation slot " + std::to_string(at.activations) + " out of order");
+  s.backward_due = forward && dloss != 0.0f;
+  if (!moe_ || !s.backward_due) return;
+  check(!moe_->records_routing(), "DecoderStage: a replayed forward cannot record the routing choices");
+  int sparse = 0;  // each sparse block's training forward counts one (MoeLayer::balancing_loss)
+  for (int l = layers_.first_layer; l < layers_.end_layer; l++) sparse += arch_.sparse_block(l) ? 1 : 0;
+  moe_->set_counted_batches(moe_->counted_batches() + sparse);
 }
 
 }  // namespace pt

@@ -143,13 +143,17 @@ class DecoderStage {
   DecoderStage(const DecoderStage&) = delete;
   DecoderStage& operator=(const DecoderStage&) = delete;
 
-  // Forward of one micro-batch into the slots `at`. tokens (B*T host ids; under context
-  // parallel this rank's B x T/cp) are read with the embedding, else input(at.io) must hold the
-  // received activation; targets (host, the same shape; < 0: ignored) with the head, which
-  // returns the SUM of the per-token losses (0 without a head; under tensor parallel every tp
-  // rank returns the same sum).
+  // Forward of one micro-batch into the slots `at`. tokens (B*T i32 ids on the device; under
+  // context parallel this rank's B x T/cp) are read with the embedding, else input(at.io) must
+  // hold the received activation; targets (the same shape; < 0: ignored) with the head, which
+  // writes the SUM of the per-token losses to loss_sum[0] (f32, on the device; under tensor
+  // parallel every tp rank the same sum). Stages without them take null tensors. Nothing waits
+  // for the device, so the work can be recorded (Ops::record).
   // dloss != 0: training; the loss gradient per token is dloss and backward(at) must follow.
   // dloss == 0: evaluation; nothing is kept and backward(at) must not be called.
+  void forward(MicroSlot at, Tensor tokens, Tensor targets, float dloss, Tensor loss_sum);
+  // The same from host ids: uploads them, and returns the loss sum (0 without a head; waits for
+  // the device).
   double forward(MicroSlot at, const int32_t* tokens, const int32_t* targets, float dloss);
   // Backpropagates the micro-batch in `at`, accumulating into the parameter gradients.
   // Without the head, grad_output(at.io) must hold the gradient of the output.
@@ -170,6 +174,21 @@ class DecoderStage {
   // After backward, the gradient of the input to send back (no embedding); valid until the I/O
   // slot is used again.
   Tensor grad_input(int io_slot) const;
+
+  // What forward and backward leave on the host besides their device work: whether each
+  // activation set waits for its backward, and the sparse blocks' count of training forwards
+  // (MoeStats::layer_batches). A recorded forward or backward (Ops::record: the pipeline
+  // executor's CUDA graphs) runs its host code once; each replay is followed by after_replay,
+  // which leaves the marks as the host code would have, and a recording that failed is undone
+  // with restore before the work runs for real.
+  struct HostMarks {
+    std::vector<bool> backward_due;
+    double moe_batches = 0;
+    bool operator==(const HostMarks&) const = default;
+  };
+  HostMarks host_marks() const;
+  void restore(const HostMarks& marks);
+  void after_replay(bool forward, MicroSlot at, float dloss);
 
   // The data-parallel runtime's hooks (not owned; nullptr: everything is resident).
   void set_hooks(LayerHooks* hooks) { hooks_ = hooks ? hooks : &no_hooks_; }
@@ -285,6 +304,7 @@ class DecoderStage {
   LayerActs shared_;  // everything no slot keeps (and the projections before their residual add)
   Tensor output_;     // the last block's output
   Tensor pos_, pos_rows_, targets_, lnf_, lnf_mean_, lnf_rstd_, logits_, losses_;
+  Tensor loss_sum_;  // the host form's loss sum (f32 [1])
   int head_rows_ = 0;  // rows of logits the head computes at once (core/model/head_chunks.h)
   // backward scratch
   Tensor dbtc_, dqkv_, dfch_, dfch_gelu_;

@@ -123,6 +123,11 @@ class MoeLayer {
   // Keep every training forward's choices in the stats (off: a training step's choices would be
   // rows x top_k x sparse layers of host memory for no one).
   void record_routing(bool on) { record_routing_ = on; }
+  bool records_routing() const { return record_routing_; }
+  // The training forwards counted since the last take_stats (MoeStats::layer_batches): what a
+  // replayed recording of a forward adds to and a failed one restores (DecoderStage::HostMarks).
+  double counted_batches() const { return stats_.layer_batches; }
+  void set_counted_batches(double n) { stats_.layer_batches = n; }
   // Bytes one (slot, layer) keeps, and the shared scratch (with `grad_group`: the partial
   // gradients' buffer), for E experts of hidden width H, top_k k, d_model C: the memory plan
   // counts them (core/train/memory_plan.cpp).

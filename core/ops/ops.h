@@ -24,6 +24,7 @@
 //    implement them without linking core.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -43,6 +44,14 @@ struct MemoryUse {
   size_t peak = 0;          // the most held at once
   size_t device_used = 0;   // the whole device: total - free (0: unknown)
   size_t device_total = 0;  // 0: unknown
+};
+
+// Device work recorded once (Ops::record) and replayed: each replay issues the same ops on the same
+// buffers, with the same arguments, after everything issued before it.
+class RecordedWork {
+ public:
+  virtual ~RecordedWork() = default;
+  virtual void replay() = 0;
 };
 
 class Ops {
@@ -78,6 +87,17 @@ class Ops {
   virtual void copy_2d(Tensor dst, size_t dst_ld, Tensor src, size_t src_ld, size_t rows, size_t cols) = 0;
   // Waits for all queued work (a no-op on the CPU). Used before timing and host reads.
   virtual void synchronize() = 0;
+  // Records the device work `work` issues, without running it, for replays that skip the host's
+  // side (CUDA graphs: one launch instead of one per op). The host code in `work` runs once, now:
+  // what it computes on the host is baked in, so the work must read every changing input from
+  // device memory. Returns null and says why in *why where the backend cannot record (the CPU
+  // runs each op as it is called) or the work did what a recording cannot hold (waited for the
+  // device, allocated memory); nothing was run then either.
+  virtual std::unique_ptr<RecordedWork> record(const std::function<void()>& work, std::string* why) {
+    (void)work;
+    if (why) *why = std::string("the ") + device_name(device()) + " backend runs each op as it is called";
+    return nullptr;
+  }
 
   // ---- time marks (the step's phase breakdown, core/metrics/step_timeline.h) ------------------
   // record_time_mark() puts a mark in the op stream and returns its number (0, 1, ... since the
@@ -413,6 +433,9 @@ class Ops {
   virtual double sum_squares(Tensor x, size_t n) = 0;
   // sum of n f32 elements, accumulated in double, returned to the host (losses).
   virtual double sum(Tensor x, size_t n) = 0;
+  // out[0] = that sum rounded to f32, left on the device (f32 out): the host reads a step's
+  // losses once, after the step, instead of waiting for each micro-batch's.
+  virtual void sum_to(Tensor out, Tensor x, size_t n) = 0;
 };
 
 // Makes the backend for `device` computing in `compute_dtype` (f32 or bf16; the CPU backend is

@@ -35,7 +35,8 @@ std::vector<StageMemory> plan_stage_memory(const RunConfig& cfg, const ParamTabl
                        par.pp_virtual_stages);
     StageMemory s;
     s.pp_rank = r;
-    size_t activations = 0;
+    size_t activations =
+        pipeline_step_buffer_bytes(chunks, b.grad_accum_steps, size_t(b.micro_batch_size) * (b.seq_len / par.cp));
     for (size_t c = 0; c < chunks.size(); c++) {
       activations +=
           decoder_activation_bytes(dims, parse_cp_impl(par.cp_impl), compute, chunks[c], slots[c], recompute, fp8);

@@ -184,10 +184,10 @@ size_t decoder_activation_bytes(const StageDims& d, CpImpl cp_impl, DType comput
     if (d.learned_positions()) shared_i32 += d.T + rows;
     if (d.sp) shared_act += N * d.C;           // every token's embedding before the reduce-scatter
   }
-  if (layers.head) {  // targets; final norm and its statistics; one chunk's logits; per-token losses
+  if (layers.head) {  // targets; final norm and its statistics; one chunk's logits; per-token losses and their sum
     shared_i32 += N;
     shared_act += RC + size_t(head_chunk_rows(static_cast<int>(N), d.Vl, compute)) * d.Vl;
-    shared_f32 += stats * rows + N;
+    shared_f32 += stats * rows + N + 1;
   }
   const size_t S = static_cast<size_t>(slots.activations), IO = static_cast<size_t>(slots.io);
   // Mixture of experts: each sparse block keeps its routing and its experts' activations in every

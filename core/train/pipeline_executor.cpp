@@ -1,6 +1,7 @@
 #include "core/train/pipeline_executor.h"
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 #include <utility>
 
@@ -161,9 +162,58 @@ PipelineExecutor::PipelineExecutor(const RunConfig& cfg, int pp_rank, ParamStore
   tied_hooks_->hold_embeddings = pp_ > 1 && cfg.model.tied() && (has_embedding() || has_head());
   for (auto& ch : chunks_) ch->set_hooks(tied_hooks_.get());
   fingerprints_.assign(chunks_.size(), 0);
+  // The step's micro-batches on the device, uploaded once a step; the head's loss sums, read once.
+  const size_t step_ids = static_cast<size_t>(m_) * B_ * T_;
+  if (has_embedding()) step_tokens_ = ops_.alloc(step_ids, DType::i32);
+  if (has_head()) {
+    step_targets_ = ops_.alloc(step_ids, DType::i32);
+    loss_sums_ = ops_.alloc(static_cast<size_t>(m_), DType::f32);
+  }
+  graphs_.resize(actions_.size());
 }
 
-PipelineExecutor::~PipelineExecutor() = default;
+PipelineExecutor::~PipelineExecutor() {
+  graphs_.clear();  // before the buffers they read
+  for (Tensor* t : {&step_tokens_, &step_targets_, &loss_sums_})
+    if (*t) ops_.release(*t);
+}
+
+void PipelineExecutor::use_graphs(bool on) {
+  if (!on) {
+    graphs_.clear();
+    graphs_.resize(actions_.size());
+    graph_dloss_.reset();
+  }
+  graphs_on_ = on;
+}
+
+int PipelineExecutor::graphs_recorded() const {
+  return static_cast<int>(std::count_if(graphs_.begin(), graphs_.end(), [](const auto& g) { return g != nullptr; }));
+}
+
+void PipelineExecutor::run_compute(size_t action, DecoderStage& ch, MicroSlot at, float dloss,
+                                   const std::function<void()>& work) {
+  const bool forward = actions_[action].op == PipeOp::forward;
+  // Replays bake the loss gradient in: a step with another (the NaN-gradient fault) runs op by op.
+  if (!graphs_on_ || !std::isfinite(dloss) || (graph_dloss_ && *graph_dloss_ != dloss)) return work();
+  std::unique_ptr<RecordedWork>& g = graphs_[action];
+  if (!g) {
+    const DecoderStage::HostMarks before = ch.host_marks();
+    std::string why;
+    g = ops_.record(work, &why);
+    ch.restore(before);  // the recording ran the host code once; the replay's marks follow below
+    if (!g) {
+      graph_fallback_ = "the " + std::string(forward ? "forward" : "backward") + " of micro-batch " +
+                        std::to_string(actions_[action].micro_batch) + " could not be recorded: " + why;
+      use_graphs(false);
+      return work();
+    }
+    graph_dloss_ = dloss;
+  }
+  g->replay();
+  ch.after_replay(forward, at, dloss);
+  graph_replays_++;
+}
 
 void PipelineExecutor::connect(Comm& pp_group, Comm* embedding_group) {
   check(pp_group.size() == pp_ && pp_group.rank() == rank_,
@@ -189,8 +239,16 @@ bool PipelineExecutor::has_head() const {
   return std::any_of(chunk_layers_.begin(), chunk_layers_.end(), [](const StageLayers& s) { return s.head; });
 }
 
+size_t pipeline_step_buffer_bytes(const std::vector<StageLayers>& chunks, int micro_batches, size_t micro_tokens) {
+  const auto any = [&](bool StageLayers::*part) {
+    return std::any_of(chunks.begin(), chunks.end(), [&](const StageLayers& s) { return s.*part; });
+  };
+  const size_t m = static_cast<size_t>(micro_batches), ids = m * micro_tokens * sizeof(int32_t);
+  return (any(&StageLayers::embedding) ? ids : 0) + (any(&StageLayers::head) ? ids + m * sizeof(float) : 0);
+}
+
 size_t PipelineExecutor::activation_bytes() const {
-  size_t n = 0;
+  size_t n = pipeline_step_buffer_bytes(chunk_layers_, m_, static_cast<size_t>(B_) * T_);
   for (const auto& ch : chunks_) n += ch->activation_bytes();
   return n;
 }
@@ -217,6 +275,11 @@ PipelineStepStats PipelineExecutor::train_step(const int32_t* inputs, const int3
   check(pp_group_ != nullptr, "PipelineExecutor: train_step before connect");
   const size_t N = static_cast<size_t>(B_) * T_;
   PipelineStepStats st;
+  if (has_embedding()) ops_.upload(step_tokens_, inputs, DType::i32, m_ * N);
+  if (has_head()) {
+    ops_.upload(step_targets_, targets, DType::i32, m_ * N);
+    st.tokens = static_cast<double>(std::count_if(targets, targets + m_ * N, [](int32_t t) { return t >= 0; }));
+  }
   SlotTable slots(actions_, v_);
   size_t first_compute = 0;
   while (first_compute < actions_.size() && !is_compute(actions_[first_compute])) first_compute++;
@@ -247,18 +310,22 @@ PipelineStepStats PipelineExecutor::train_step(const int32_t* inputs, const int3
       case PipeOp::forward: {
         check(!output_unsent, "internal error: a pipeline computation before the previous output was sent");
         const StageLayers& layers = ch.layers();
-        const int32_t* tgt = layers.head ? targets + mb * N : nullptr;
-        st.loss_sum += ch.forward(slots.forward(a.chunk, mb), layers.embedding ? inputs + mb * N : nullptr, tgt, dloss);
+        const MicroSlot at = slots.forward(a.chunk, mb);
+        const Tensor tok = layers.embedding ? step_tokens_.slice(mb * N, N) : Tensor{};
+        const Tensor tgt = layers.head ? step_targets_.slice(mb * N, N) : Tensor{};
+        const Tensor loss = layers.head ? loss_sums_.slice(size_t(mb), 1) : Tensor{};
+        run_compute(i, ch, at, dloss, [&] { ch.forward(at, tok, tgt, dloss, loss); });
         if (record_ && mb == 0) fingerprints_[static_cast<size_t>(a.chunk)] = forward_fingerprint(ops_, ch);
-        if (tgt) st.tokens += static_cast<double>(std::count_if(tgt, tgt + N, [](int32_t t) { return t >= 0; }));
         output_unsent = !layers.head;
         break;
       }
-      case PipeOp::backward:
+      case PipeOp::backward: {
         check(!output_unsent, "internal error: a pipeline computation before the previous output was sent");
-        ch.backward(slots.backward(a.chunk, mb));
+        const MicroSlot at = slots.backward(a.chunk, mb);
+        run_compute(i, ch, at, dloss, [&] { ch.backward(at); });
         slots.backward_done(a.chunk, mb);
         break;
+      }
     }
   }
   // The tied embedding: both copies' gradients, each accumulated over every micro-batch, summed
@@ -272,6 +339,11 @@ PipelineStepStats PipelineExecutor::train_step(const int32_t* inputs, const int3
     tied_hooks_->embeddings_held = false;
     if (tied_hooks_->inner) tied_hooks_->inner->grads_ready(-1);
   }
+  if (has_head()) {  // the micro-batches' loss sums, read once and added in their order
+    std::vector<float> sums(static_cast<size_t>(m_));
+    ops_.download(sums.data(), DType::f32, loss_sums_, sums.size());
+    for (float x : sums) st.loss_sum += x;
+  }
   return st;
 }
 
@@ -279,13 +351,27 @@ double PipelineExecutor::forward_only(const int32_t* inputs, const int32_t* targ
                                       std::vector<uint64_t>* fingerprints) {
   check(pp_group_ != nullptr, "PipelineExecutor: forward_only before connect");
   const int stages = pp_ * v_;
+  const size_t N = static_cast<size_t>(B_) * T_;
+  // The first micro-batch's places on the device (a step uploads its own before it reads them).
+  const Tensor tok = has_embedding() ? step_tokens_.slice(0, N) : Tensor{};
+  const Tensor tgt = has_head() ? step_targets_.slice(0, N) : Tensor{};
+  const Tensor loss_sum = has_head() ? loss_sums_.slice(0, 1) : Tensor{};
+  if (tok) ops_.upload(tok, inputs, DType::i32, N);
+  if (tgt) ops_.upload(tgt, targets, DType::i32, N);
   double loss = 0;
   if (fingerprints) fingerprints->clear();
   for (int c = 0; c < v_; c++) {
     DecoderStage& ch = *chunks_[static_cast<size_t>(c)];
     const int vs = c * pp_ + rank_;
     if (vs > 0) pp_group_->recv(ch.input(0), (vs - 1) % pp_);
-    loss += ch.forward(MicroSlot{}, inputs, targets, 0.0f);
+    const StageLayers& layers = ch.layers();
+    ch.forward(MicroSlot{}, layers.embedding ? tok : Tensor{}, layers.head ? tgt : Tensor{}, 0.0f,
+               layers.head ? loss_sum : Tensor{});
+    if (layers.head) {
+      float sum = 0;
+      ops_.download(&sum, DType::f32, loss_sum, 1);
+      loss += sum;
+    }
     if (fingerprints) fingerprints->push_back(forward_fingerprint(ops_, ch));
     if (vs + 1 < stages) pp_group_->send(ch.output(), (vs + 1) % pp_);
   }

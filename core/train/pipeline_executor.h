@@ -33,7 +33,11 @@
 // GradSync. Collectives inside computations (ZeRO) involve the same stage of every dp replica,
 // which runs the identical list, so they cannot deadlock with the pipeline's messages.
 #pragma once
+#include <functional>
 #include <memory>
+#include <optional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "core/config/run_config.h"
@@ -62,6 +66,10 @@ double pipeline_bubble_of(const PhaseTimes& t);
 // The slots each of this rank's chunks needs for `actions` (its pipeline_schedule list): the most
 // micro-batches a chunk holds at once in each kind of slot (decoder_stage.h), at least one.
 std::vector<StageSlots> pipeline_slots(const std::vector<PipeAction>& actions, int virtual_stages);
+
+// The executor's own device memory for one rank's `chunks`: the step's ids where a chunk has the
+// embedding (inputs) or the head (targets), m x micro_tokens i32 each, and the head's m loss sums.
+size_t pipeline_step_buffer_bytes(const std::vector<StageLayers>& chunks, int micro_batches, size_t micro_tokens);
 
 class PipelineExecutor {
  public:
@@ -95,6 +103,21 @@ class PipelineExecutor {
   // After forward_only, on the head's rank: each token's loss (B x T/cp, 0 where the target is < 0).
   std::vector<float> head_token_losses();
 
+  // CUDA graphs (run.cuda_graphs). While on, each forward and backward of the schedule is
+  // recorded (Ops::record) the first time it runs and replayed in later steps with one launch;
+  // the pipeline's sends and receives, the tied embedding's sum and the time marks stay outside,
+  // between the replays. The micro-batches' ids come from device buffers the step fills first, and
+  // the losses go to device sums read after the schedule, so a recording reads nothing from the
+  // host that changes. A step whose loss gradient differs from the recorded one runs op by op.
+  // A recording the backend refuses turns graphs off (graph_fallback() says why) and the work
+  // runs op by op, in the same step.
+  void use_graphs(bool on);
+  bool graphs_on() const { return graphs_on_; }
+  int graphs_recorded() const;
+  long long graph_replays() const { return graph_replays_; }
+  // Why graphs went off during a step ("" while they have not); cleared by take.
+  std::string take_graph_fallback() { return std::exchange(graph_fallback_, std::string()); }
+
   // The corruption check (run.replay_every_steps). While on, train_step keeps the
   // forward_fingerprint of each chunk's forward of micro-batch 0 (recorded_fingerprints(), in
   // chunk order); forward_only of the same micro-batch with the same weights must give the same.
@@ -106,11 +129,15 @@ class PipelineExecutor {
   const std::vector<StageLayers>& chunks() const { return chunk_layers_; }
   const std::vector<PipeAction>& actions() const { return actions_; }
   const std::vector<StageSlots>& slots() const { return slots_; }
+  // The chunks' activation memory and the executor's step buffers (pipeline_step_buffer_bytes).
   size_t activation_bytes() const;
   DecoderStage& chunk(int c) { return *chunks_[static_cast<size_t>(c)]; }
 
  private:
   class TiedEmbeddingHooks;
+  // Runs schedule entry `action` (a forward or backward of `ch` in the slots `at`): `work` as it
+  // is, or its recording (use_graphs).
+  void run_compute(size_t action, DecoderStage& ch, MicroSlot at, float dloss, const std::function<void()>& work);
   PipeSchedule kind_;
   int pp_, v_, m_, rank_, B_, T_;
   ParamStore& store_;
@@ -126,6 +153,15 @@ class PipelineExecutor {
   std::unique_ptr<TiedEmbeddingHooks> tied_hooks_;
   bool record_ = false;
   std::vector<uint64_t> fingerprints_;  // per chunk, of micro-batch 0's forward
+  // The step's micro-batches' ids (embedding: inputs; head: targets, m x B x T i32) and the
+  // head's loss sum of each micro-batch (f32 [m]), on the device.
+  Tensor step_tokens_, step_targets_, loss_sums_;
+  // use_graphs: per schedule entry, its recording (null until recorded; never for messages).
+  std::vector<std::unique_ptr<RecordedWork>> graphs_;
+  bool graphs_on_ = false;
+  std::optional<float> graph_dloss_;  // the loss gradient the recordings hold
+  long long graph_replays_ = 0;
+  std::string graph_fallback_;
 };
 
 // The checksum of the bits of a chunk's last_hidden() after a forward (read back from the

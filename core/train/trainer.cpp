@@ -93,7 +93,9 @@ StepResult Trainer::step() {
   const int chunks = static_cast<int>(executor_->chunks().size());
   for (int c = 0; c < chunks; c++) executor_->chunk(c).fp8_begin_step();
   const float step_dloss = faults_.nan_gradient.erase(this_step) ? std::nanf("") : dloss;
+  prepare_graphs();
   PipelineStepStats ps = executor_->train_step(inputs_.data(), targets_.data(), step_dloss, &timeline_);
+  report_graphs();
   if (faults_.inf_loss.erase(this_step)) ps.loss_sum = std::numeric_limits<double>::infinity();
   if (const auto f = faults_.loss_scale.find(this_step); f != faults_.loss_scale.end()) {
     ps.loss_sum *= f->second;
@@ -156,7 +158,30 @@ StepResult Trainer::step() {
     r.moe_max_load = sums[3] / sums[4];
   }
   step_++;
+  session_steps_++;
   return r;
+}
+
+void Trainer::prepare_graphs() {
+  // From the session's second step: the first grows every buffer that grows and, with
+  // precision.matmul_algos=timed, times the products (which waits for the device).
+  if (!cfg_.run.cuda_graphs || !graphs_blocker_.empty() || graphs_failed_ || executor_->graphs_on()) return;
+  if (session_steps_ >= 1 && !matmul_commit_due_) executor_->use_graphs(true);
+}
+
+void Trainer::report_graphs() {
+  const std::string why = executor_->take_graph_fallback();
+  const bool lead = world_.rank == 0;
+  if (!why.empty()) {
+    graphs_failed_ = true;
+    if (lead) print_warning("run.cuda_graphs: " + why + "; the run goes on op by op (the step lost nothing)");
+    return;
+  }
+  if (graphs_logged_ || executor_->graphs_recorded() == 0) return;
+  graphs_logged_ = true;
+  if (lead)
+    print_linef(Stream::out, "graphs    | step %d recorded %d forwards and backwards as CUDA graphs; each replays "
+                "with one launch from now on", step_ + 1, executor_->graphs_recorded());
 }
 
 std::vector<float> Trainer::gather_master() {

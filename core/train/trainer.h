@@ -240,6 +240,16 @@ class Trainer {
   void start_matmul_algos();
   void commit_matmul_algos();
   bool matmul_commit_due_ = false;
+  // run.cuda_graphs (core/train/cuda_graphs.h): what rules them out for this run ("" if nothing),
+  // whether a recording failed (the run then stays op by op), the session's steps so far (graphs
+  // start from its second) and whether the log has said they are in use.
+  std::string graphs_blocker_;
+  bool graphs_failed_ = false;
+  bool graphs_logged_ = false;
+  int session_steps_ = 0;
+  // Before a step: graphs on when they are wanted and may be; after it: the log's word on them.
+  void prepare_graphs();
+  void report_graphs();
   // The log's sample at the end of the run (logging.sample_every > 0; rank 0), which the report
   // shows rather than sampling the same weights again.
   std::optional<TrainingSample> final_sample_;

@@ -10,6 +10,7 @@
 #include "core/model/expert_split.h"
 #include "core/model/model_tokenizer.h"
 #include "core/plan/stage_memory.h"
+#include "core/train/cuda_graphs.h"
 #include "core/train/memory_plan.h"
 #include "core/train/pp_bubble.h"
 #include "core/train/trainer.h"
@@ -28,6 +29,7 @@ void Trainer::startup_lap(const char* part, std::chrono::steady_clock::time_poin
 
 Trainer::Trainer(const RunConfig& cfg, const World& world, Ops& ops)
     : cfg_(cfg), world_(world), ops_(ops), table_(build_param_table(cfg.model)), timeline_(ops) {
+  if (cfg.run.cuda_graphs) graphs_blocker_ = cuda_graphs_blocker(cfg, ops.device());
   // Everything a rank can check and set up alone comes first. If it fails on any rank, every
   // rank throws here, before a first collective could leave the others waiting.
   std::exception_ptr failure;
@@ -241,6 +243,11 @@ void Trainer::print_startup() const {
                 E / ep, E, first, first + E / ep - 1, expert_table_->total_numel() / 1e6, groups_.expert_dp_cp->size(),
                 expert_store_->layout().shard_count());
   }
+  if (cfg_.run.cuda_graphs)
+    print_line(out, graphs_blocker_.empty()
+                        ? std::string("graphs    | run.cuda_graphs: each micro-batch's forward and backward recorded in "
+                                      "the session's second step and replayed after")
+                        : "graphs    | run.cuda_graphs is set, but " + graphs_blocker_);
   const auto& par = cfg_.parallel;
   const Recompute recompute = parse_recompute(cfg_.recompute.mode);
   if (par.pp > 1) {

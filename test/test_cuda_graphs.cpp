@@ -1,0 +1,170 @@
+// run.cuda_graphs on the CPU: which runs may record their work (cuda_graphs_blocker), the host
+// bookkeeping a replay stands in for (DecoderStage::HostMarks), and a refused recording (the CPU
+// backend's Ops::record) leaving the step as if graphs had never been asked for. The recordings
+// and their replays run on a GPU: test/gpu_graphs.cpp.
+#include <catch2/catch.hpp>
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/cpu/cpu_ops.h"
+#include "core/dist/local_comm.h"
+#include "core/model/decoder_stage.h"
+#include "core/model/param_store.h"
+#include "core/model/param_table.h"
+#include "core/train/cuda_graphs.h"
+#include "core/train/pipeline_executor.h"
+#include "test/ckpt_test_support.h"
+
+using namespace pt;
+using namespace pt::test;
+
+namespace {
+
+// A Llama whose every block is sparse (kTinyMoe) or a GPT-2, 2 x 16 tokens per micro-batch,
+// 3 micro-batches a step.
+RunConfig tiny(const CkptFixture& fx, bool experts) {
+  std::vector<std::string> sets = {"batch.global_batch_tokens=96", "run.cuda_graphs=true"};
+  if (experts) sets = with(with(sets, {"model.arch=llama", "model.n_kv_heads=1"}), kTinyMoe);
+  return fx.config(sets);
+}
+
+std::vector<int32_t> random_ids(size_t n, int vocab, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> ids(n);
+  for (auto& t : ids) t = static_cast<int32_t>(rng() % vocab);
+  return ids;
+}
+
+}  // namespace
+
+TEST_CASE("run.cuda_graphs records only where nothing stands in the way", "[graphs]") {
+  CkptFixture fx("graphs_blocker");
+  RunConfig c = tiny(fx, false);
+  CHECK(cuda_graphs_blocker(c, Device::cuda).empty());
+  CHECK_THAT(cuda_graphs_blocker(c, Device::cpu), Catch::Contains("cpu backend runs each op"));
+  c.precision.fp8 = "tensorwise";  // no state from step to step
+  CHECK(cuda_graphs_blocker(c, Device::cuda).empty());
+  c.precision.fp8 = "delayed";
+  CHECK_THAT(cuda_graphs_blocker(c, Device::cuda), Catch::Contains("precision.fp8=delayed"));
+  c.precision.fp8 = "off";
+  for (const char* degree : {"dp", "tp", "pp", "cp"}) {
+    INFO(degree);
+    RunConfig l = c;
+    ParallelSection& p = l.parallel;
+    (std::string(degree) == "dp" ? p.dp : std::string(degree) == "tp" ? p.tp : std::string(degree) == "pp" ? p.pp : p.cp) = 2;
+    CHECK_THAT(cuda_graphs_blocker(l, Device::cuda), Catch::Contains("spans 2 GPUs"));
+  }
+
+  // On the CPU backend the trainer never turns them on, and trains as without the key.
+  CpuOps ops_a, ops_b;
+  Trainer with_key(c, World{}, ops_a);
+  RunConfig plain_cfg = c;
+  plain_cfg.run.cuda_graphs = false;
+  plain_cfg.run.out_dir = (fx.dir / "plain").string();
+  Trainer plain(plain_cfg, World{}, ops_b);
+  for (int s = 0; s < 3; s++) {
+    const StepResult a = with_key.step(), b = plain.step();
+    CHECK(a.loss == b.loss);
+    CHECK(a.grad_norm == b.grad_norm);
+  }
+  CHECK_FALSE(with_key.pipeline().graphs_on());
+  CHECK(with_key.pipeline().graphs_recorded() == 0);
+  CHECK(master_weights(with_key) == master_weights(plain));
+}
+
+TEST_CASE("a replay's host marks are those its work's host code leaves", "[graphs]") {
+  CkptFixture fx("graphs_marks");
+  for (const bool experts : {false, true}) {
+    DYNAMIC_SECTION((experts ? "llama with experts" : "gpt-2")) {
+      const RunConfig c = tiny(fx, experts);
+      const ModelSection& m = c.model;
+      CpuOps ops;
+      const ParamTable table = build_param_table(m);
+      std::vector<float> init(table.total_numel());
+      init_params(table, 5, init.data());
+      ParamStore store(table, ops);
+      store.load_master(init.data());
+      const int B = c.batch.micro_batch_size, T = c.batch.seq_len, N = B * T;
+      DecoderStage stage(m, store, ops, B, T, pipeline_chunks(m, c.parallel, 0)[0], StageSlots{2, 2},
+                         Recompute::none);
+      const std::vector<int32_t> tok = random_ids(N, m.vocab_size, 1), tgt = random_ids(N, m.vocab_size, 2);
+      const float dloss = 1.0f / N;
+      const MicroSlot at{1, 1};
+
+      const DecoderStage::HostMarks m0 = stage.host_marks();
+      stage.forward(at, tok.data(), tgt.data(), dloss);
+      const DecoderStage::HostMarks m1 = stage.host_marks();
+      CHECK(m1.backward_due == std::vector<bool>{false, true});
+      CHECK(m1.moe_batches == (experts ? m.n_layers : 0));
+      stage.restore(m0);
+      CHECK(stage.host_marks() == m0);
+      stage.after_replay(true, at, dloss);
+      CHECK(stage.host_marks() == m1);
+
+      stage.backward(at);
+      const DecoderStage::HostMarks m2 = stage.host_marks();
+      CHECK(m2.backward_due == std::vector<bool>{false, false});
+      stage.restore(m1);
+      stage.after_replay(false, at, dloss);
+      CHECK(stage.host_marks() == m2);
+
+      // An evaluation forward leaves nothing due and counts no training forward.
+      stage.forward(at, tok.data(), tgt.data(), 0.0f);
+      CHECK(stage.host_marks() == m2);
+      stage.after_replay(true, at, 0.0f);
+      CHECK(stage.host_marks() == m2);
+      // A replayed backward with nothing due is a bookkeeping error, not silently accepted.
+      CHECK_THROWS_WITH(stage.after_replay(false, at, dloss), Catch::Contains("out of order"));
+    }
+  }
+}
+
+TEST_CASE("a recording the backend refuses leaves the step as it would have been", "[graphs]") {
+  CkptFixture fx("graphs_refused");
+  const RunConfig c = tiny(fx, true);
+  const ParamTable table = build_param_table(c.model);
+  std::vector<float> init(table.total_numel());
+  init_params(table, 9, init.data());
+  const int m = c.batch.grad_accum_steps;
+  REQUIRE(m == 3);
+  const size_t N = size_t(c.batch.micro_batch_size) * c.batch.seq_len;
+  const std::vector<int32_t> tok = random_ids(m * N, c.model.vocab_size, 3),
+                             tgt = random_ids(m * N, c.model.vocab_size, 4);
+  struct Run {
+    PipelineStepStats stats;
+    std::vector<float> grads;
+    std::string fallback;
+    bool still_on = false;
+  };
+  auto run = [&](bool graphs) {
+    CpuOps ops;
+    ParamStore store(table, ops);
+    store.load_master(init.data());
+    PipelineExecutor ex(c, 0, store, ops);
+    LocalComm pp(0, ops);
+    ex.connect(pp, nullptr);
+    ex.use_graphs(graphs);
+    Run r;
+    r.stats = ex.train_step(tok.data(), tgt.data(), 1.0f / (m * N));
+    r.grads.resize(table.total_numel());
+    ops.download(r.grads.data(), DType::f32, store.all_grads(), r.grads.size());
+    r.fallback = ex.take_graph_fallback();
+    r.still_on = ex.graphs_on();
+    CHECK(ex.graphs_recorded() == 0);
+    CHECK(ex.graph_replays() == 0);
+    return r;
+  };
+  const Run plain = run(false), refused = run(true);
+  CHECK(plain.fallback.empty());
+  CHECK_THAT(refused.fallback, Catch::Contains("the forward of micro-batch 0 could not be recorded: the cpu backend"));
+  CHECK_FALSE(refused.still_on);
+  CHECK(refused.stats.loss_sum == plain.stats.loss_sum);
+  CHECK(refused.stats.tokens == plain.stats.tokens);
+  CHECK(refused.stats.tokens == double(m * N));
+  CHECK(plain.stats.loss_sum > 0);
+  CHECK(refused.grads == plain.grads);
+}
