@@ -148,7 +148,7 @@ class CudaOps final : public Ops {
   void cross_entropy_shard_finish(Tensor losses, Tensor logits, Tensor targets, Tensor all_stats, int shards, int N,
                                   int Vl, int V, int vocab_start, float dloss) override;
   void adamw_update(Tensor params, Tensor master, Tensor grad, Tensor m, Tensor v, size_t n, float lr, float beta1,
-                    float beta2, float eps, float weight_decay, int t, float grad_scale) override;
+                    float beta2, float eps, float weight_decay, int t, float grad_scale, Tensor step = {}) override;
   double sum_squares(Tensor x, size_t n) override;
   double sum(Tensor x, size_t n) override;
   void sum_to(Tensor out, Tensor x, size_t n) override;

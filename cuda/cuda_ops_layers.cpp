@@ -405,19 +405,19 @@ void CudaOps::cross_entropy_shard_finish(Tensor losses, Tensor logits, Tensor ta
 }
 
 void CudaOps::adamw_update(Tensor params, Tensor master, Tensor grad, Tensor m, Tensor v, size_t n, float lr,
-                           float beta1, float beta2, float eps, float weight_decay, int t, float grad_scale) {
-  check(t >= 1, "CudaOps::adamw_update: step t=" + std::to_string(t) + " must be >= 1 (bias correction)");
+                           float beta1, float beta2, float eps, float weight_decay, int t, float grad_scale, Tensor step) {
+  check(step || t >= 1, "CudaOps::adamw_update: step t=" + std::to_string(t) + " must be >= 1 (bias correction)");
+  if (step) need(step, 4, DType::f32, "adamw_update", "step");
   need(master, n, DType::f32, "adamw_update", "master");
   need(grad, n, DType::f32, "adamw_update", "grad");
   need(m, n, DType::f32, "adamw_update", "m");
   need(v, n, DType::f32, "adamw_update", "v");
   if (params) need_act(params, n, "adamw_update", "params");
-  // The same bias corrections as CpuOps: in double, then rounded once.
-  const float c1 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta1), t));
-  const float c2 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta2), t));
+  // The same scalars as CpuOps (unused when the kernel reads them from `step`).
+  const AdamwStepScalars s = step ? AdamwStepScalars{} : adamw_step_scalars(lr, beta1, beta2, t, grad_scale);
   gpu::adamw_update(params.dtype, params.data, static_cast<float*>(master.data), static_cast<const float*>(grad.data),
-                    static_cast<float*>(m.data), static_cast<float*>(v.data), n, lr, beta1, beta2, eps, weight_decay,
-                    c1, c2, grad_scale, stream_);
+                    static_cast<float*>(m.data), static_cast<float*>(v.data), n, s.lr, beta1, beta2, eps, weight_decay,
+                    s.correction1, s.correction2, s.grad_scale, static_cast<const float*>(step.data), stream_);
 }
 
 double CudaOps::reduce(Tensor x, size_t n, bool square, const char* op) {

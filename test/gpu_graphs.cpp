@@ -1,5 +1,6 @@
-// run.cuda_graphs on the GPU (PipelineExecutor::use_graphs, CudaOps::record): a run whose
-// forwards and backwards are recorded in its second step and replayed after trains to the same
+// run.cuda_graphs on the GPU (PipelineExecutor::use_graphs, OptimizerGraphs, CudaOps::record): a
+// run whose forwards, backwards and optimizer updates are recorded in its second step and
+// replayed after (the update reading its step's scalars from the device) trains to the same
 // bits as the run that launches every kernel: every step's loss, gradient norm and learning
 // rate, and the master weights and both Adam moments at the end. Each model is run twice on
 // fresh backends, once each way:
@@ -40,6 +41,8 @@ struct Run {
   bool graphs_on = false;
   int recorded = 0;
   long long replays = 0;
+  int optimizer_recorded = 0;
+  long long optimizer_replays = 0;
 };
 
 Run train(const CkptFixture& fx, const std::vector<std::string>& sets, DType mode, bool graphs, const std::string& name) {
@@ -57,6 +60,8 @@ Run train(const CkptFixture& fx, const std::vector<std::string>& sets, DType mod
   r.graphs_on = t.pipeline().graphs_on();
   r.recorded = t.pipeline().graphs_recorded();
   r.replays = t.pipeline().graph_replays();
+  r.optimizer_recorded = t.optimizer_graphs().recorded();
+  r.optimizer_replays = t.optimizer_graphs().replays();
   return r;
 }
 
@@ -111,8 +116,13 @@ TEST_CASE("a run replaying CUDA graphs trains to the bits of one launching every
       CHECK(graphs.graphs_on);
       CHECK(graphs.recorded == 2 * m);
       CHECK(graphs.replays == 2LL * m * (kSteps - 2));
+      // The optimizer's update: one recording (the one store), replayed in the same steps (the
+      // NaN step's update is skipped by the guard).
+      CHECK(graphs.optimizer_recorded == 1);
+      CHECK(graphs.optimizer_replays == kSteps - 2);
       CHECK_FALSE(plain.graphs_on);
       CHECK(plain.replays == 0);
+      CHECK(plain.optimizer_replays == 0);
     }
   }
 }
@@ -125,4 +135,5 @@ TEST_CASE("a recording the GPU refuses leaves the run op by op, with the same bi
   CHECK_FALSE(refused.graphs_on);
   CHECK(refused.recorded == 0);
   CHECK(refused.replays == 0);
+  CHECK(refused.optimizer_replays == 0);  // the trainer turned both off
 }

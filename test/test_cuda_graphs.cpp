@@ -1,9 +1,12 @@
 // run.cuda_graphs on the CPU: which runs may record their work (cuda_graphs_blocker), the host
-// bookkeeping a replay stands in for (DecoderStage::HostMarks), and a refused recording (the CPU
-// backend's Ops::record) leaving the step as if graphs had never been asked for. The recordings
+// bookkeeping a replay stands in for (DecoderStage::HostMarks), AdamW's step scalars read from
+// memory (what a recorded update replays with), and a refused recording (the CPU backend's
+// Ops::record) leaving the step, and the optimizer's update, as if graphs had never been asked for. The recordings
 // and their replays run on a GPU: test/gpu_graphs.cpp.
 #include <catch2/catch.hpp>
 
+#include <array>
+#include <cmath>
 #include <random>
 #include <string>
 #include <vector>
@@ -16,6 +19,7 @@
 #include "core/model/param_store.h"
 #include "core/model/param_table.h"
 #include "core/train/cuda_graphs.h"
+#include "core/train/optimizer.h"
 #include "core/train/pipeline_executor.h"
 #include "test/ckpt_test_support.h"
 
@@ -30,6 +34,18 @@ RunConfig tiny(const CkptFixture& fx, bool experts) {
   std::vector<std::string> sets = {"batch.global_batch_tokens=96", "run.cuda_graphs=true"};
   if (experts) sets = with(with(sets, {"model.arch=llama", "model.n_kv_heads=1"}), kTinyMoe);
   return fx.config(sets);
+}
+
+std::vector<float> initial_params(const ParamTable& table, uint64_t seed) {
+  std::vector<float> init(table.total_numel());
+  init_params(table, seed, init.data());
+  return init;
+}
+
+std::vector<float> master_weights_of(const ParamStore& store) {
+  std::vector<float> w(store.table().total_numel());
+  store.save_master(w.data());
+  return w;
 }
 
 std::vector<int32_t> random_ids(size_t n, int vocab, unsigned seed) {
@@ -84,8 +100,7 @@ TEST_CASE("a replay's host marks are those its work's host code leaves", "[graph
       const ModelSection& m = c.model;
       CpuOps ops;
       const ParamTable table = build_param_table(m);
-      std::vector<float> init(table.total_numel());
-      init_params(table, 5, init.data());
+      const std::vector<float> init = initial_params(table, 5);
       ParamStore store(table, ops);
       store.load_master(init.data());
       const int B = c.batch.micro_batch_size, T = c.batch.seq_len, N = B * T;
@@ -127,8 +142,7 @@ TEST_CASE("a recording the backend refuses leaves the step as it would have been
   CkptFixture fx("graphs_refused");
   const RunConfig c = tiny(fx, true);
   const ParamTable table = build_param_table(c.model);
-  std::vector<float> init(table.total_numel());
-  init_params(table, 9, init.data());
+  const std::vector<float> init = initial_params(table, 9);
   const int m = c.batch.grad_accum_steps;
   REQUIRE(m == 3);
   const size_t N = size_t(c.batch.micro_batch_size) * c.batch.seq_len;
@@ -167,4 +181,70 @@ TEST_CASE("a recording the backend refuses leaves the step as it would have been
   CHECK(refused.stats.tokens == double(m * N));
   CHECK(plain.stats.loss_sum > 0);
   CHECK(refused.grads == plain.grads);
+}
+
+TEST_CASE("AdamW reads its step's scalars from memory as it would take them as arguments", "[graphs]") {
+  // Ops::adamw_update's `step`: what a recorded update replays with. Two identical states, one
+  // updated with the scalars as arguments, the other from an AdamwStepScalars in a tensor.
+  CpuOps ops;
+  const size_t n = 1000;
+  std::mt19937 rng(8);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> init(5 * n);
+  for (auto& x : init) x = normal(rng);
+  for (size_t i = 3 * n; i < 5 * n; i++) init[i] = std::fabs(init[i]);  // v >= 0
+  auto state = [&] {
+    Tensor t = ops.alloc(5 * n, DType::f32);
+    ops.upload(t, init.data(), DType::f32, t.numel);
+    return t;
+  };
+  Tensor a = state(), b = state();
+  const float lr = 3e-4f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f, scale = 0.5f;
+  const int t = 7;
+  auto parts = [&](Tensor s) { return std::array<Tensor, 4>{s.slice(0, n), s.slice(n, n), s.slice(2 * n, n), s.slice(3 * n, n)}; };
+  const auto pa = parts(a), pb = parts(b);
+  // master, grad, m, v; the CPU's params are the master (an empty params tensor: none to write)
+  ops.adamw_update(Tensor{}, pa[0], pa[1], pa[2], pa[3], n, lr, b1, b2, eps, wd, t, scale);
+  Tensor step = ops.alloc(4, DType::f32);
+  const AdamwStepScalars s = adamw_step_scalars(lr, b1, b2, t, scale);
+  ops.upload(step, &s, DType::f32, 4);
+  // The arguments are ignored when `step` is given (here deliberately wrong).
+  ops.adamw_update(Tensor{}, pb[0], pb[1], pb[2], pb[3], n, 1.0f, b1, b2, eps, wd, 0, 9.0f, step);
+  std::vector<float> ha(5 * n), hb(5 * n);
+  ops.download(ha.data(), DType::f32, a, ha.size());
+  ops.download(hb.data(), DType::f32, b, hb.size());
+  CHECK(ha == hb);
+  CHECK(ha != init);  // the update moved the master weights and moments
+  for (Tensor* x : {&a, &b, &step}) ops.release(*x);
+}
+
+TEST_CASE("an optimizer update the backend refuses to record runs op by op, the same bits", "[graphs]") {
+  CkptFixture fx("graphs_optimizer");
+  const RunConfig c = tiny(fx, false);
+  const ParamTable table = build_param_table(c.model);
+  const std::vector<float> init = initial_params(table, 4);
+  auto run = [&](bool graphs) {
+    CpuOps ops;
+    ParamStore store(table, ops);
+    store.load_master(init.data());
+    std::vector<float> grads(table.total_numel());
+    std::mt19937 rng(6);
+    std::normal_distribution<float> normal(0.0f, 1e-2f);
+    for (auto& g : grads) g = normal(rng);
+    ops.upload(store.all_grads(), grads.data(), DType::f32, grads.size());
+    OptimizerGraphs recorded(ops);
+    recorded.use(graphs);
+    const OptimizerStats s = adamw_step(ops, store, c.optim, 1e-3, 1, nullptr, {}, nullptr, {}, &recorded);
+    CHECK(s.updated);
+    CHECK_FALSE(recorded.on());
+    CHECK(recorded.recorded() == 0);
+    CHECK(recorded.replays() == 0);
+    const std::string why = recorded.take_fallback();
+    if (graphs) CHECK_THAT(why, Catch::Contains("the optimizer's update could not be recorded: the cpu backend"));
+    else CHECK(why.empty());
+    return master_weights_of(store);
+  };
+  const std::vector<float> plain = run(false), refused = run(true);
+  CHECK(refused == plain);
+  CHECK(plain != init);
 }

@@ -87,8 +87,8 @@ const std::vector<KeyMeaning>& key_meanings() {
        "counts it in the report and trains on."},
       {"run.cuda_graphs",
        "CUDA graphs: from the session's second step on (after `precision.matmul_algos=timed` has chosen), each "
-       "micro-batch's forward and backward is recorded once and then replayed with one launch instead of one per "
-       "kernel, with the same bits; the optimizer and the step's reductions stay op by op. Runs on one GPU; a "
+       "micro-batch's forward and backward, and the optimizer's update, is recorded once and then replayed with one "
+       "launch instead of one per kernel, with the same bits. Runs on one GPU; a "
        "layout over several GPUs, the CPU backend and `precision.fp8=delayed` run op by op and the `graphs` line "
        "says why, as it does if a recording fails (the step then runs op by op, nothing lost). `false` by "
        "default until measured on a GPU (docs/gpu.md)."},

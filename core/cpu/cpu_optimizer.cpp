@@ -8,6 +8,7 @@
 // then added in order: the result is bitwise the same for any thread count.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -41,16 +42,19 @@ double chunked_sum(const float* x, size_t n, F f) {
 }  // namespace
 
 void CpuOps::adamw_update(Tensor params, Tensor master, Tensor grad, Tensor m, Tensor v, size_t n, float lr,
-                          float beta1, float beta2, float eps, float weight_decay, int t, float grad_scale) {
-  check(t >= 1, "CpuOps::adamw_update: step t=" + std::to_string(t) + " must be >= 1 (bias correction)");
+                          float beta1, float beta2, float eps, float weight_decay, int t, float grad_scale, Tensor step) {
+  check(step || t >= 1, "CpuOps::adamw_update: step t=" + std::to_string(t) + " must be >= 1 (bias correction)");
+  AdamwStepScalars s{};
+  if (step) std::memcpy(&s, cpu::f32_arg(step, 4, "adamw_update", "step"), sizeof s);
+  else s = adamw_step_scalars(lr, beta1, beta2, t, grad_scale);
   float* w = cpu::f32_arg(master, n, "adamw_update", "master");
   float* p = cpu::optional_f32_arg(params, n, "adamw_update", "params");
   const float* g = cpu::f32_arg(grad, n, "adamw_update", "grad");
   float* mm = cpu::f32_arg(m, n, "adamw_update", "m");
   float* vv = cpu::f32_arg(v, n, "adamw_update", "v");
-  // Bias corrections in double: 1 - b2^t is tiny for small t and b2 near 1.
-  float correction1 = float(1.0 - std::pow(double(beta1), t));
-  float correction2 = float(1.0 - std::pow(double(beta2), t));
+  const float correction1 = s.correction1, correction2 = s.correction2;
+  lr = s.lr;
+  grad_scale = s.grad_scale;
   bool copy_out = p && p != w;  // on the CPU params may alias master
 #pragma omp parallel for schedule(static) if (n >= kParallelMin)
   for (size_t i = 0; i < n; i++) {

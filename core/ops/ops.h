@@ -23,6 +23,7 @@
 //  - Interfaces are header-only (no key function in a .cpp) so the CUDA library can
 //    implement them without linking core.
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -53,6 +54,17 @@ class RecordedWork {
   virtual ~RecordedWork() = default;
   virtual void replay() = 0;
 };
+
+// The scalars of one AdamW step that change from step to step: the learning rate, the bias
+// corrections 1 - beta^t (in double, rounded once: 1 - b2^t is tiny for small t and b2 near 1) and
+// the gradient's scale (clipping). Both backends compute them here.
+struct AdamwStepScalars {
+  float lr, correction1, correction2, grad_scale;
+};
+inline AdamwStepScalars adamw_step_scalars(float lr, float beta1, float beta2, int t, float grad_scale) {
+  return {lr, static_cast<float>(1.0 - std::pow(static_cast<double>(beta1), t)),
+          static_cast<float>(1.0 - std::pow(static_cast<double>(beta2), t)), grad_scale};
+}
 
 class Ops {
  public:
@@ -425,10 +437,12 @@ class Ops {
   //   g = grad * grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2
   //   master -= lr * (mhat / (sqrt(vhat) + eps) + weight_decay * master)
   // then params = master (cast to the compute dtype). On the CPU params and master may be the
-  // same buffer.
+  // same buffer. `step` (optional): an AdamwStepScalars (f32 [4]) in the backend's memory, read
+  // when the update runs instead of lr, t and grad_scale, so that a recorded update (record())
+  // replays with each step's values.
   virtual void adamw_update(Tensor params, Tensor master, Tensor grad, Tensor m, Tensor v, size_t n, float lr,
-                            float beta1, float beta2, float eps, float weight_decay, int t,
-                            float grad_scale) = 0;
+                            float beta1, float beta2, float eps, float weight_decay, int t, float grad_scale,
+                            Tensor step = {}) = 0;
   // sum of squares of n elements, accumulated in double, returned to the host.
   virtual double sum_squares(Tensor x, size_t n) = 0;
   // sum of n f32 elements, accumulated in double, returned to the host (losses).

@@ -1,5 +1,6 @@
 #include "core/train/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace pt {
@@ -24,8 +25,10 @@ double shard_sum_squares(Ops& ops, const ParamStore& store, Comm* shard_group, c
   return sum_sq;
 }
 
-// AdamW on every piece of `store`'s shard, its gradient scaled by clip_scale.
-void update_shard(Ops& ops, ParamStore& store, const OptimSection& o, double lr, int t, double clip_scale) {
+// AdamW on every piece of `store`'s shard, its gradient scaled by clip_scale (or with the step's
+// scalars read from `step` when given: Ops::adamw_update).
+void update_shard(Ops& ops, ParamStore& store, const OptimSection& o, double lr, int t, double clip_scale,
+                  Tensor step = {}) {
   const auto& specs = store.table().specs();
   const Tensor grads = store.grad_shard();
   for (const ShardPiece& piece : store.layout().my_pieces()) {
@@ -34,14 +37,47 @@ void update_shard(Ops& ops, ParamStore& store, const OptimSection& o, double lr,
     ops.adamw_update(store.param_piece(piece), store.master_shard().slice(off, n), grads.slice(off, n),
                      store.adam_m_shard().slice(off, n), store.adam_v_shard().slice(off, n), n,
                      static_cast<float>(lr), static_cast<float>(o.betas[0]), static_cast<float>(o.betas[1]),
-                     static_cast<float>(o.eps), wd, t, static_cast<float>(clip_scale));
+                     static_cast<float>(o.eps), wd, t, static_cast<float>(clip_scale), step);
   }
 }
 
 }  // namespace
 
+OptimizerGraphs::~OptimizerGraphs() {
+  graphs_.clear();  // before the buffer they read
+  if (step_) ops_.release(step_);
+}
+
+void OptimizerGraphs::use(bool on) {
+  if (!on) graphs_.clear();
+  if (on && !step_) step_ = ops_.alloc(4, DType::f32);
+  on_ = on;
+}
+
+void OptimizerGraphs::update(ParamStore& store, const OptimSection& o, double lr, int t, double clip_scale) {
+  if (!on_) return update_shard(ops_, store, o, lr, t, clip_scale);
+  const AdamwStepScalars s = adamw_step_scalars(static_cast<float>(lr), static_cast<float>(o.betas[0]),
+                                                static_cast<float>(o.betas[1]), t, static_cast<float>(clip_scale));
+  static_assert(sizeof s == 4 * sizeof(float), "AdamwStepScalars is four floats");
+  ops_.upload(step_, &s, DType::f32, 4);
+  auto it = std::find_if(graphs_.begin(), graphs_.end(), [&](const auto& g) { return g.first == &store; });
+  if (it == graphs_.end()) {
+    std::string why;
+    std::unique_ptr<RecordedWork> g = ops_.record([&] { update_shard(ops_, store, o, lr, t, clip_scale, step_); }, &why);
+    if (!g) {
+      fallback_ = "the optimizer's update could not be recorded: " + why;
+      use(false);
+      return update_shard(ops_, store, o, lr, t, clip_scale);
+    }
+    it = graphs_.insert(graphs_.end(), {&store, std::move(g)});
+  }
+  it->second->replay();
+  replays_++;
+}
+
 OptimizerStats adamw_step(Ops& ops, ParamStore& store, const OptimSection& o, double lr, int t, Comm* shard_group,
-                          const NormScope& scope, const ExpertOptimizerPart* experts, NonFiniteGuard guard) {
+                          const NormScope& scope, const ExpertOptimizerPart* experts, NonFiniteGuard guard,
+                          OptimizerGraphs* graphs) {
   OptimizerStats s;
   // A stage's parameters lie in that stage only, except a tied copy, which is left out here and
   // counted where its original lives.
@@ -60,8 +96,10 @@ OptimizerStats adamw_step(Ops& ops, ParamStore& store, const OptimSection& o, do
     return s;
   }
   if (o.grad_clip > 0 && s.grad_norm > o.grad_clip) s.clip_scale = o.grad_clip / s.grad_norm;
-  update_shard(ops, store, o, lr, t, s.clip_scale);
-  if (experts) update_shard(ops, *experts->store, o, lr, t, s.clip_scale);
+  OptimizerGraphs op_by_op(ops);  // off: allocates nothing
+  OptimizerGraphs& updates = graphs ? *graphs : op_by_op;
+  updates.update(store, o, lr, t, s.clip_scale);
+  if (experts) updates.update(*experts->store, o, lr, t, s.clip_scale);
   return s;
 }
 

@@ -2,6 +2,9 @@
 // ZeRO-0): the global gradient norm (each element counted once whatever the sharding),
 // clipping to optim.grad_clip, and AdamW with decoupled weight decay on matrices only.
 #pragma once
+#include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "core/config/run_config.h"
@@ -50,12 +53,43 @@ struct ExpertOptimizerPart {
   std::vector<bool> not_counted;  // like NormScope's, by index into the experts' table
 };
 
+// The update's kernels (one AdamW launch per parameter piece: about 150 for GPT-2 124M) as CUDA
+// graphs (run.cuda_graphs): each store's launches recorded at its first update and replayed
+// after, one launch a step. What changes from step to step (the learning rate, the bias
+// corrections, the clip scale) goes to a device buffer before each replay (Ops::adamw_update's
+// `step`); the norm and the guard's decision stay on the host, before. A recording the backend
+// refuses turns them off, says why (take_fallback) and the update runs op by op.
+class OptimizerGraphs {
+ public:
+  explicit OptimizerGraphs(Ops& ops) : ops_(ops) {}
+  ~OptimizerGraphs();
+  OptimizerGraphs(const OptimizerGraphs&) = delete;
+  OptimizerGraphs& operator=(const OptimizerGraphs&) = delete;
+  void use(bool on);  // off: the recordings are dropped
+  bool on() const { return on_; }
+  int recorded() const { return static_cast<int>(graphs_.size()); }
+  long long replays() const { return replays_; }
+  std::string take_fallback() { return std::exchange(fallback_, std::string()); }
+  // AdamW over `store`'s shard, its gradient scaled by clip_scale.
+  void update(ParamStore& store, const OptimSection& o, double lr, int t, double clip_scale);
+
+ private:
+  Ops& ops_;
+  bool on_ = false;
+  Tensor step_;  // AdamwStepScalars (f32 [4]), made when first turned on
+  std::vector<std::pair<const ParamStore*, std::unique_ptr<RecordedWork>>> graphs_;
+  long long replays_ = 0;
+  std::string fallback_;
+};
+
 // t: the 1-based AdamW step (bias correction: the updates done so far, plus one). Reads
 // store.grad_shard() (reduced by GradSync).
 // shard_group: the ranks the shard is split over, whose squared norms add up to the global one
 // (nullptr, or any group when the store holds one shard: nothing to add).
+// graphs (optional): runs the updates (OptimizerGraphs::update).
 OptimizerStats adamw_step(Ops& ops, ParamStore& store, const OptimSection& optim, double lr, int t,
                           Comm* shard_group = nullptr, const NormScope& scope = {},
-                          const ExpertOptimizerPart* experts = nullptr, NonFiniteGuard guard = {});
+                          const ExpertOptimizerPart* experts = nullptr, NonFiniteGuard guard = {},
+                          OptimizerGraphs* graphs = nullptr);
 
 }  // namespace pt

@@ -95,7 +95,7 @@ StepResult Trainer::step() {
   const float step_dloss = faults_.nan_gradient.erase(this_step) ? std::nanf("") : dloss;
   prepare_graphs();
   PipelineStepStats ps = executor_->train_step(inputs_.data(), targets_.data(), step_dloss, &timeline_);
-  report_graphs();
+  report_graphs(false);  // a failed recording turns the optimizer's off too, before it runs
   if (faults_.inf_loss.erase(this_step)) ps.loss_sum = std::numeric_limits<double>::infinity();
   if (const auto f = faults_.loss_scale.find(this_step); f != faults_.loss_scale.end()) {
     ps.loss_sum *= f->second;
@@ -127,7 +127,8 @@ StepResult Trainer::step() {
   nonfinite.enabled = guard_->guards_nonfinite();
   nonfinite.loss_nonfinite = nonfinite.enabled && !std::isfinite(sums[0]);
   const OptimizerStats s = adamw_step(ops_, *store_, cfg_.optim, r.lr, guard_->updates(step_) + 1, groups_.shard.get(),
-                                      norm_scope_, expert_store_ ? &expert_optim_ : nullptr, nonfinite);
+                                      norm_scope_, expert_store_ ? &expert_optim_ : nullptr, nonfinite, &optim_graphs_);
+  report_graphs(true);
   r.skipped = !s.updated;
   if (r.skipped) {
     r.skip_ends_run = guard_->record_skip();
@@ -166,22 +167,28 @@ void Trainer::prepare_graphs() {
   // From the session's second step: the first grows every buffer that grows and, with
   // precision.matmul_algos=timed, times the products (which waits for the device).
   if (!cfg_.run.cuda_graphs || !graphs_blocker_.empty() || graphs_failed_ || executor_->graphs_on()) return;
-  if (session_steps_ >= 1 && !matmul_commit_due_) executor_->use_graphs(true);
+  if (session_steps_ < 1 || matmul_commit_due_) return;
+  executor_->use_graphs(true);
+  optim_graphs_.use(true);
 }
 
-void Trainer::report_graphs() {
-  const std::string why = executor_->take_graph_fallback();
+void Trainer::report_graphs(bool step_done) {
+  std::string why = executor_->take_graph_fallback();
+  if (why.empty()) why = optim_graphs_.take_fallback();
   const bool lead = world_.rank == 0;
   if (!why.empty()) {
     graphs_failed_ = true;
+    executor_->use_graphs(false);
+    optim_graphs_.use(false);
     if (lead) print_warning("run.cuda_graphs: " + why + "; the run goes on op by op (the step lost nothing)");
     return;
   }
-  if (graphs_logged_ || executor_->graphs_recorded() == 0) return;
+  if (!step_done || graphs_logged_ || executor_->graphs_recorded() == 0) return;
   graphs_logged_ = true;
   if (lead)
-    print_linef(Stream::out, "graphs    | step %d recorded %d forwards and backwards as CUDA graphs; each replays "
-                "with one launch from now on", step_ + 1, executor_->graphs_recorded());
+    print_linef(Stream::out, "graphs    | step %d recorded %d forwards and backwards%s as CUDA graphs; each replays "
+                "with one launch from now on", step_ + 1, executor_->graphs_recorded(),
+                optim_graphs_.recorded() > 0 ? " and the optimizer's update" : "");
 }
 
 std::vector<float> Trainer::gather_master() {

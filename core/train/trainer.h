@@ -137,6 +137,7 @@ class Trainer {
   // this rank's tensor-parallel piece (ParamSpec::shape; global_shape is the whole one).
   const ParamTable& stage_table() const { return *stage_table_; }
   PipelineExecutor& pipeline() { return *executor_; }
+  const OptimizerGraphs& optimizer_graphs() const { return optim_graphs_; }
   // Every call, byte and second of this rank's communication so far (the groups' TimedComms).
   const CommStats& comm_stats() const { return *groups_.comm_stats; }
   const Grid& grid() const { return *grid_; }
@@ -214,6 +215,7 @@ class Trainer {
   std::unique_ptr<ZeroHooks> hooks_;
   NormScope norm_scope_;  // the gradient norm over the pipeline's stages
   StepTimeline timeline_;  // step()'s device time by phase
+  OptimizerGraphs optim_graphs_;  // run.cuda_graphs: the optimizer's update
   BatchObserver batch_observer_;
   InjectedFaults faults_;
   std::unique_ptr<RunGuard> guard_;  // made in setup_local, restored with the checkpoint
@@ -247,9 +249,11 @@ class Trainer {
   bool graphs_failed_ = false;
   bool graphs_logged_ = false;
   int session_steps_ = 0;
-  // Before a step: graphs on when they are wanted and may be; after it: the log's word on them.
+  // Before a step: graphs on when they are wanted and may be. After its schedule and after its
+  // update (`step_done`): a failed recording turns them off with a warning; the first step
+  // that recorded them says so once it is done.
   void prepare_graphs();
-  void report_graphs();
+  void report_graphs(bool step_done);
   // The log's sample at the end of the run (logging.sample_every > 0; rank 0), which the report
   // shows rather than sampling the same weights again.
   std::optional<TrainingSample> final_sample_;

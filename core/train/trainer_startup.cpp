@@ -28,7 +28,7 @@ void Trainer::startup_lap(const char* part, std::chrono::steady_clock::time_poin
 }
 
 Trainer::Trainer(const RunConfig& cfg, const World& world, Ops& ops)
-    : cfg_(cfg), world_(world), ops_(ops), table_(build_param_table(cfg.model)), timeline_(ops) {
+    : cfg_(cfg), world_(world), ops_(ops), table_(build_param_table(cfg.model)), timeline_(ops), optim_graphs_(ops) {
   if (cfg.run.cuda_graphs) graphs_blocker_ = cuda_graphs_blocker(cfg, ops.device());
   // Everything a rank can check and set up alone comes first. If it fails on any rank, every
   // rank throws here, before a first collective could leave the others waiting.
@@ -245,8 +245,8 @@ void Trainer::print_startup() const {
   }
   if (cfg_.run.cuda_graphs)
     print_line(out, graphs_blocker_.empty()
-                        ? std::string("graphs    | run.cuda_graphs: each micro-batch's forward and backward recorded in "
-                                      "the session's second step and replayed after")
+                        ? std::string("graphs    | run.cuda_graphs: each micro-batch's forward and backward, and the "
+                                      "optimizer's update, recorded in the session's second step and replayed after")
                         : "graphs    | run.cuda_graphs is set, but " + graphs_blocker_);
   const auto& par = cfg_.parallel;
   const Recompute recompute = parse_recompute(cfg_.recompute.mode);
