@@ -7,7 +7,8 @@
 // and the Llama family (mpi_llama.cpp's and mpi_moe.cpp's tiny models): 2 ranks: a Llama under
 // tp2 (one K/V head each), a Mixtral under tp2 + SP and under expert parallel 2 (its routed rows
 // exchanged all-to-all); 4 ranks: a Mixtral under ep2 x dp4 with ZeRO-1 and under ep2 x cp2.
-// It also checks that `auto` picks the staged MpiComm when ranks share a GPU.
+// It also checks that `auto` picks the staged MpiComm when ranks share a GPU, and that dp and pp
+// layouts replaying CUDA graphs (run.cuda_graphs) train to the bits of the same layouts op by op.
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstdlib>
@@ -97,6 +98,34 @@ TEST_CASE("the Llama family's layouts on one GPU train like one rank", "[mpi][gp
     INFO(l.describe());
     const RunResult r = run_on_gpu(l, w);
     check_parity(r, reference, true, kGpuBounds);
+  }
+}
+
+// run.cuda_graphs under data and pipeline parallel: each rank records its computations but the
+// last micro-batch's under dp (the gradient reductions start inside them) and replays them from
+// the second step, the messages and reductions op by op between; the run must be the same layout's
+// op-by-op run bit for bit (one GPU, the same kernels, the same order of every sum).
+TEST_CASE("layouts replaying CUDA graphs train to the bits of the same layouts op by op", "[mpi][gpu][graphs]") {
+  REQUIRE(kHasGpu);
+  const World w = whole_world();
+  std::vector<Layout> layouts;
+  if (w.size == 2) layouts = {layout(2, 1, 1, 1, 1), layout(1, 1, 2, 1)};
+  if (w.size == 4) layouts = {layout(2, 1, 2, 1, 1), layout(4, 1, 1, 1)};
+  REQUIRE(!layouts.empty());
+  for (const Layout& l : layouts) {
+    INFO(l.describe());
+    const RunResult plain = run_on_gpu(l, w);
+    const RunResult graphs = run_on_gpu(l.with([](Layout& g) { g.cuda_graphs = true; }), w);
+    REQUIRE(graphs.steps.size() == plain.steps.size());
+    for (size_t i = 0; i < plain.steps.size(); i++) {
+      INFO("step " << i + 1);
+      CHECK(graphs.steps[i].loss == plain.steps[i].loss);
+      CHECK(graphs.steps[i].grad_norm == plain.steps[i].grad_norm);
+    }
+    CHECK(graphs.weights == plain.weights);
+    CHECK(graphs.val_loss == plain.val_loss);
+    CHECK(graphs.graph_replays > 0);  // every rank replayed
+    CHECK(plain.graph_replays == 0);
   }
 }
 

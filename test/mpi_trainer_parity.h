@@ -60,6 +60,7 @@ struct Layout {
   std::string fp8_layers = "all";  // precision.fp8_layers (with fp8 on)
   int fp8_history = 16;     // precision.fp8_amax_history (fp8 "delayed")
   bool fp8_gather = true;   // precision.fp8_weight_gather (ZeRO-3)
+  bool cuda_graphs = false;  // run.cuda_graphs
   int ranks() const { return pp * dp * tp * cp; }
 
   // Variations, so that a test names each layout in one expression:
@@ -118,7 +119,7 @@ inline Layout grid(int dp, int tp, int cp, int pp = 1) {
 
 inline RunConfig parity_config(const Layout& l, const std::filesystem::path& dir) {
   nlohmann::json j = {
-      {"run", {{"name", "parity"}, {"out_dir", (dir / "run").string()}, {"seed", 11}}},
+      {"run", {{"name", "parity"}, {"out_dir", (dir / "run").string()}, {"seed", 11}, {"cuda_graphs", l.cuda_graphs}}},
       {"model", {{"n_layers", 8}, {"d_model", 16}, {"n_heads", 4}, {"vocab_size", kVocab}, {"pad_vocab_multiple", 64},
                  {"max_seq_len", 16}}},
       {"parallel", {{"pp", l.pp}, {"dp", l.dp}, {"tp", l.tp}, {"cp", l.cp}, {"sequence_parallel", l.sp},
@@ -150,12 +151,14 @@ struct RunResult {
   std::map<std::string, std::vector<float>> weights;  // this rank's stage's fp32 master weights, whole
   double val_loss = 0;
   int first_step = 0;  // > 0 when resumed
+  long long graph_replays = 0;  // run.cuda_graphs: this rank's replayed forwards and backwards
 };
 
 inline RunResult collect(Trainer& t, int steps, bool evaluate = true) {
   RunResult r;
   r.first_step = t.steps_done();
   for (int s = 0; s < steps; s++) r.steps.push_back(t.step());
+  r.graph_replays = t.pipeline().graph_replays();
   // gather_master: whole parameters (global shapes) in stage_table() order.
   const std::vector<float> w = t.gather_master();
   size_t at = 0;

@@ -67,13 +67,37 @@ TEST_CASE("run.cuda_graphs records only where nothing stands in the way", "[grap
   c.precision.fp8 = "delayed";
   CHECK_THAT(cuda_graphs_blocker(c, Device::cuda), Catch::Contains("precision.fp8=delayed"));
   c.precision.fp8 = "off";
-  for (const char* degree : {"dp", "tp", "pp", "cp"}) {
+  // Collectives inside forward and backward.
+  for (const char* degree : {"tp", "cp", "ep"}) {
     INFO(degree);
     RunConfig l = c;
     ParallelSection& p = l.parallel;
-    (std::string(degree) == "dp" ? p.dp : std::string(degree) == "tp" ? p.tp : std::string(degree) == "pp" ? p.pp : p.cp) = 2;
-    CHECK_THAT(cuda_graphs_blocker(l, Device::cuda), Catch::Contains("spans 2 GPUs"));
+    (std::string(degree) == "tp" ? p.tp : std::string(degree) == "cp" ? p.cp : p.ep) = 2;
+    CHECK_THAT(cuda_graphs_blocker(l, Device::cuda), Catch::Contains("talk to other ranks inside forward and backward"));
   }
+  // Data parallel: ZeRO 0-1 with several micro-batches records all but the last one's work;
+  // ZeRO 2-3 over several ranks, or a single micro-batch, reduce inside every recordable backward.
+  RunConfig dp = c;
+  dp.parallel.dp = 2;
+  REQUIRE(dp.batch.grad_accum_steps == 3);
+  for (int zero : {0, 1}) {
+    dp.parallel.zero_stage = zero;
+    CHECK(cuda_graphs_blocker(dp, Device::cuda).empty());
+  }
+  for (int zero : {2, 3}) {
+    dp.parallel.zero_stage = zero;
+    CHECK_THAT(cuda_graphs_blocker(dp, Device::cuda), Catch::Contains("over 2 ranks reduces"));
+  }
+  dp.parallel.dp_replicate = 2;  // HSDP, one shard a replica: ZeRO-3 uses each whole layer in place
+  CHECK(cuda_graphs_blocker(dp, Device::cuda).empty());
+  dp.parallel.zero_stage = 1;
+  dp.parallel.dp_replicate = 1;
+  dp.batch.grad_accum_steps = 1;
+  CHECK_THAT(cuda_graphs_blocker(dp, Device::cuda), Catch::Contains("one micro-batch a step"));
+  // Pipeline parallel: each stage's computations are recorded, its messages run between them.
+  RunConfig pp = c;
+  pp.parallel.pp = 2;
+  CHECK(cuda_graphs_blocker(pp, Device::cuda).empty());
 
   // On the CPU backend the trainer never turns them on, and trains as without the key.
   CpuOps ops_a, ops_b;

@@ -88,10 +88,12 @@ const std::vector<KeyMeaning>& key_meanings() {
       {"run.cuda_graphs",
        "CUDA graphs: from the session's second step on (after `precision.matmul_algos=timed` has chosen), each "
        "micro-batch's forward and backward, and the optimizer's update, is recorded once and then replayed with one "
-       "launch instead of one per kernel, with the same bits. Runs on one GPU; a "
-       "layout over several GPUs, the CPU backend and `precision.fp8=delayed` run op by op and the `graphs` line "
-       "says why, as it does if a recording fails (the step then runs op by op, nothing lost). `false` by "
-       "default until measured on a GPU (docs/gpu.md)."},
+       "launch instead of one per kernel, with the same bits. Under data parallel (ZeRO 0-1) the last "
+       "micro-batch's work runs op by op (the gradient reductions start inside it); pipeline stages record theirs "
+       "and exchange messages between. Tensor, context and expert parallel, ZeRO-2/3 over several ranks, dp with "
+       "one micro-batch, `precision.fp8=delayed` and the CPU backend run op by op and the `graphs` line says why, "
+       "as it does if a recording fails (the step then runs op by op, nothing lost). `false` by default until "
+       "measured on a GPU (docs/gpu.md)."},
       // ---- model
       {"model.arch",
        "Architecture: `gpt2` (OpenAI GPT-2 / llm.c exactly) or `llama` (Hugging Face's `LlamaForCausalLM` "

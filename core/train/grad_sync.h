@@ -51,6 +51,10 @@ class GradSync {
   // After the last backward of the step: completes whatever is outstanding. From here on
   // store.grad_shard() holds the reduced gradient of this rank's shard.
   void finish_step();
+  // Whether its reductions reach other ranks (a group of more than one): then the micro-steps
+  // in which grads_ready reduces (the last one under ZeRO 0-1, every one under ZeRO 2-3) issue
+  // collectives from inside backward.
+  bool reduces_across_ranks() const { return dp_cp_.size() > 1 || shard_.size() > 1 || replicate_.size() > 1; }
 
  private:
   void reduce_bucket(size_t b);  // ZeRO 0-1

@@ -157,6 +157,7 @@ PipelineExecutor::PipelineExecutor(const RunConfig& cfg, int pp_rank, ParamStore
     if (actions_[i].micro_batch != m_ - 1) break;
     last_micro_start_ = i;
   }
+  recordable_end_ = actions_.size();
   // A tied head: the first and the last stage each hold the token embedding (an untied head is
   // the last stage's own, like the final norm).
   tied_hooks_->hold_embeddings = pp_ > 1 && cfg.model.tied() && (has_embedding() || has_head());
@@ -195,7 +196,8 @@ void PipelineExecutor::run_compute(size_t action, DecoderStage& ch, MicroSlot at
                                    const std::function<void()>& work) {
   const bool forward = actions_[action].op == PipeOp::forward;
   // Replays bake the loss gradient in: a step with another (the NaN-gradient fault) runs op by op.
-  if (!graphs_on_ || !std::isfinite(dloss) || (graph_dloss_ && *graph_dloss_ != dloss)) return work();
+  if (!graphs_on_ || action >= recordable_end_ || !std::isfinite(dloss) || (graph_dloss_ && *graph_dloss_ != dloss))
+    return work();
   std::unique_ptr<RecordedWork>& g = graphs_[action];
   if (!g) {
     const DecoderStage::HostMarks before = ch.host_marks();
@@ -212,6 +214,11 @@ void PipelineExecutor::run_compute(size_t action, DecoderStage& ch, MicroSlot at
   }
   g->replay();
   ch.after_replay(forward, at, dloss);
+  // The tied embedding's hold (TiedEmbeddingHooks): the work's host code reports the embeddings'
+  // gradient through grads_ready(-1) in the embedding's backward and the head's forward.
+  const StageLayers& layers = ch.layers();
+  if (tied_hooks_->hold_embeddings && ((layers.embedding && !forward) || (layers.head && forward && dloss != 0.0f)))
+    tied_hooks_->embeddings_held = true;
   graph_replays_++;
 }
 
@@ -229,6 +236,11 @@ void PipelineExecutor::connect(Comm& pp_group, Comm* embedding_group) {
 void PipelineExecutor::set_grad_runtime(LayerHooks* hooks, std::vector<GradSync*> syncs) {
   tied_hooks_->inner = hooks;
   syncs_ = std::move(syncs);
+  // Gradient reductions over other ranks start inside the last micro-step's backward passes
+  // (ZeRO 0-1; cuda_graphs_blocker rules out ZeRO 2-3 over several ranks): those computations
+  // run op by op, the earlier ones may be recorded.
+  const bool collective = std::any_of(syncs_.begin(), syncs_.end(), [](GradSync* s) { return s && s->reduces_across_ranks(); });
+  recordable_end_ = collective ? last_micro_start_ : actions_.size();
 }
 
 bool PipelineExecutor::has_embedding() const {

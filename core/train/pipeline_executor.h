@@ -104,7 +104,9 @@ class PipelineExecutor {
   std::vector<float> head_token_losses();
 
   // CUDA graphs (run.cuda_graphs). While on, each forward and backward of the schedule is
-  // recorded (Ops::record) the first time it runs and replayed in later steps with one launch;
+  // recorded (Ops::record) the first time it runs and replayed in later steps with one launch
+  // (but for the last micro-batch's computations when gradient reductions over other ranks
+  // start inside them: set_grad_runtime's GradSyncs say so; those run op by op);
   // the pipeline's sends and receives, the tied embedding's sum and the time marks stay outside,
   // between the replays. The micro-batches' ids come from device buffers the step fills first, and
   // the losses go to device sums read after the schedule, so a recording reads nothing from the
@@ -158,6 +160,7 @@ class PipelineExecutor {
   Tensor step_tokens_, step_targets_, loss_sums_;
   // use_graphs: per schedule entry, its recording (null until recorded; never for messages).
   std::vector<std::unique_ptr<RecordedWork>> graphs_;
+  size_t recordable_end_ = 0;  // schedule entries from here on are never recorded (set_grad_runtime)
   bool graphs_on_ = false;
   std::optional<float> graph_dloss_;  // the loss gradient the recordings hold
   long long graph_replays_ = 0;

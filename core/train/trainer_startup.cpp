@@ -246,7 +246,10 @@ void Trainer::print_startup() const {
   if (cfg_.run.cuda_graphs)
     print_line(out, graphs_blocker_.empty()
                         ? std::string("graphs    | run.cuda_graphs: each micro-batch's forward and backward, and the "
-                                      "optimizer's update, recorded in the session's second step and replayed after")
+                                      "optimizer's update, recorded in the session's second step and replayed after") +
+                              (cfg_.parallel.dp > 1 ? " (the last micro-batch's op by op: the gradient reductions "
+                                                      "start inside its backward)"
+                                                    : "")
                         : "graphs    | run.cuda_graphs is set, but " + graphs_blocker_);
   const auto& par = cfg_.parallel;
   const Recompute recompute = parse_recompute(cfg_.recompute.mode);
