@@ -1,9 +1,9 @@
 // CudaOps::record: work recorded as a CUDA graph and replayed with one launch.
 //
-// Why: a training step of GPT-2 124M issues about 600 kernels per micro-batch; launched one by one
-// the host spends a few microseconds on each, and the GPU idles wherever the host falls behind
-// (short kernels, the head's chunks, the first kernels after a wait). A graph launch hands the
-// GPU the whole recorded sequence at once.
+// Why: a training step issues hundreds of kernels per micro-batch (GPT-2 124M: about 25 per block
+// forward and backward, and the head's chunks); launched one by one the host spends a few
+// microseconds on each, and the GPU idles wherever the host falls behind (short kernels, the first
+// kernels after a wait). A graph launch hands the GPU the whole recorded sequence at once.
 //
 // How: a stream capture of the compute stream in thread-local mode: the ops issued by `work`
 // are recorded, not run, and any call of this thread that a capture cannot hold (a synchronising

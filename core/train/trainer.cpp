@@ -175,17 +175,18 @@ void Trainer::prepare_graphs() {
 void Trainer::report_graphs(bool step_done) {
   std::string why = executor_->take_graph_fallback();
   if (why.empty()) why = optim_graphs_.take_fallback();
-  const bool lead = world_.rank == 0;
   if (!why.empty()) {
+    // Said by the rank it happened on (each rank records its own work; the others may go on).
     graphs_failed_ = true;
     executor_->use_graphs(false);
     optim_graphs_.use(false);
-    if (lead) print_warning("run.cuda_graphs: " + why + "; the run goes on op by op (the step lost nothing)");
+    print_warning(format("run.cuda_graphs%s: %s; the run goes on op by op (the step lost nothing)",
+                         world_.size > 1 ? format(" on rank %d", world_.rank).c_str() : "", why.c_str()));
     return;
   }
   if (!step_done || graphs_logged_ || executor_->graphs_recorded() == 0) return;
   graphs_logged_ = true;
-  if (lead)
+  if (world_.rank == 0)
     print_linef(Stream::out, "graphs    | step %d recorded %d forwards and backwards%s as CUDA graphs; each replays "
                 "with one launch from now on", step_ + 1, executor_->graphs_recorded(),
                 optim_graphs_.recorded() > 0 ? " and the optimizer's update" : "");
