@@ -24,6 +24,14 @@ inline std::vector<float> random_floats(size_t n, uint32_t seed, float lo = -1.0
   return v;
 }
 
+// n token ids in [0, vocab).
+inline std::vector<int32_t> random_tokens(size_t n, int vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> t(n);
+  for (auto& x : t) x = static_cast<int32_t>(rng() % vocab);
+  return t;
+}
+
 inline std::vector<double> to_double(const std::vector<float>& v) { return {v.begin(), v.end()}; }
 
 // Rows [r0, r0 + n) of a row-major matrix with `cols` columns.

@@ -22,6 +22,7 @@
 #include "core/train/optimizer.h"
 #include "core/train/pipeline_executor.h"
 #include "test/ckpt_test_support.h"
+#include "test/cpu_test_support.h"
 
 using namespace pt;
 using namespace pt::test;
@@ -46,13 +47,6 @@ std::vector<float> master_weights_of(const ParamStore& store) {
   std::vector<float> w(store.table().total_numel());
   store.save_master(w.data());
   return w;
-}
-
-std::vector<int32_t> random_ids(size_t n, int vocab, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> ids(n);
-  for (auto& t : ids) t = static_cast<int32_t>(rng() % vocab);
-  return ids;
 }
 
 }  // namespace
@@ -130,7 +124,7 @@ TEST_CASE("a replay's host marks are those its work's host code leaves", "[graph
       const int B = c.batch.micro_batch_size, T = c.batch.seq_len, N = B * T;
       DecoderStage stage(m, store, ops, B, T, pipeline_chunks(m, c.parallel, 0)[0], StageSlots{2, 2},
                          Recompute::none);
-      const std::vector<int32_t> tok = random_ids(N, m.vocab_size, 1), tgt = random_ids(N, m.vocab_size, 2);
+      const std::vector<int32_t> tok = random_tokens(N, m.vocab_size, 1), tgt = random_tokens(N, m.vocab_size, 2);
       const float dloss = 1.0f / N;
       const MicroSlot at{1, 1};
 
@@ -170,8 +164,8 @@ TEST_CASE("a recording the backend refuses leaves the step as it would have been
   const int m = c.batch.grad_accum_steps;
   REQUIRE(m == 3);
   const size_t N = size_t(c.batch.micro_batch_size) * c.batch.seq_len;
-  const std::vector<int32_t> tok = random_ids(m * N, c.model.vocab_size, 3),
-                             tgt = random_ids(m * N, c.model.vocab_size, 4);
+  const std::vector<int32_t> tok = random_tokens(m * N, c.model.vocab_size, 3),
+                             tgt = random_tokens(m * N, c.model.vocab_size, 4);
   struct Run {
     PipelineStepStats stats;
     std::vector<float> grads;

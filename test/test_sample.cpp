@@ -21,6 +21,7 @@
 #include "cpu_test_support.h"
 
 using namespace pt;
+using pt::test::random_tokens;
 using pt::test::require_close;
 
 namespace {
@@ -76,13 +77,6 @@ std::vector<float> random_weights(const ParamTable& table, const ModelSection& m
     if (p.role == ParamRole::token_embedding || p.role == ParamRole::head)
       std::fill(w.begin() + p.offset + size_t(m.vocab_size) * m.d_model, w.begin() + p.offset + p.numel, 0.0f);
   return w;
-}
-
-std::vector<int32_t> random_tokens(size_t n, int vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> t(n);
-  for (auto& x : t) x = static_cast<int32_t>(rng() % vocab);
-  return t;
 }
 
 // A one-rank model on the CPU and its full, cache-free forward.

@@ -52,20 +52,17 @@ void CpuOps::adamw_update(Tensor params, Tensor master, Tensor grad, Tensor m, T
   const float* g = cpu::f32_arg(grad, n, "adamw_update", "grad");
   float* mm = cpu::f32_arg(m, n, "adamw_update", "m");
   float* vv = cpu::f32_arg(v, n, "adamw_update", "v");
-  const float correction1 = s.correction1, correction2 = s.correction2;
-  lr = s.lr;
-  grad_scale = s.grad_scale;
   bool copy_out = p && p != w;  // on the CPU params may alias master
 #pragma omp parallel for schedule(static) if (n >= kParallelMin)
   for (size_t i = 0; i < n; i++) {
-    float gi = g[i] * grad_scale;
+    float gi = g[i] * s.grad_scale;
     float mi = beta1 * mm[i] + (1.0f - beta1) * gi;
     float vi = beta2 * vv[i] + (1.0f - beta2) * gi * gi;
     mm[i] = mi;
     vv[i] = vi;
-    float mhat = mi / correction1;
-    float vhat = vi / correction2;
-    w[i] -= lr * (mhat / (std::sqrt(vhat) + eps) + weight_decay * w[i]);
+    float mhat = mi / s.correction1;
+    float vhat = vi / s.correction2;
+    w[i] -= s.lr * (mhat / (std::sqrt(vhat) + eps) + weight_decay * w[i]);
     if (copy_out) p[i] = w[i];
   }
 }

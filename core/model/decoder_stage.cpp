@@ -600,9 +600,9 @@ void DecoderStage::after_replay(bool forward, MicroSlot at, float dloss) {
   s.backward_due = forward && dloss != 0.0f;
   if (!moe_ || !s.backward_due) return;
   check(!moe_->records_routing(), "DecoderStage: a replayed forward cannot record the routing choices");
-  int sparse = 0;  // each sparse block's training forward counts one (MoeLayer::balancing_loss)
-  for (int l = layers_.first_layer; l < layers_.end_layer; l++) sparse += arch_.sparse_block(l) ? 1 : 0;
-  moe_->set_counted_batches(moe_->counted_batches() + sparse);
+  // Each sparse block's training forward counts one (MoeLayer::balancing_loss).
+  const auto sparse = std::count_if(sparse_index_.begin(), sparse_index_.end(), [](int i) { return i >= 0; });
+  moe_->set_counted_batches(moe_->counted_batches() + static_cast<double>(sparse));
 }
 
 }  // namespace pt

@@ -171,6 +171,7 @@ PipelineExecutor::PipelineExecutor(const RunConfig& cfg, int pp_rank, ParamStore
     loss_sums_ = ops_.alloc(static_cast<size_t>(m_), DType::f32);
   }
   graphs_.resize(actions_.size());
+  reports_embeddings_.assign(actions_.size(), false);
 }
 
 PipelineExecutor::~PipelineExecutor() {
@@ -201,8 +202,13 @@ void PipelineExecutor::run_compute(size_t action, DecoderStage& ch, MicroSlot at
   std::unique_ptr<RecordedWork>& g = graphs_[action];
   if (!g) {
     const DecoderStage::HostMarks before = ch.host_marks();
+    // Whether the work's host code reports the tied embeddings' gradient (TiedEmbeddingHooks),
+    // seen from a clear flag; each replay reports it again.
+    const bool held = std::exchange(tied_hooks_->embeddings_held, false);
     std::string why;
     g = ops_.record(work, &why);
+    reports_embeddings_[action] = tied_hooks_->embeddings_held;
+    tied_hooks_->embeddings_held = held;
     ch.restore(before);  // the recording ran the host code once; the replay's marks follow below
     if (!g) {
       graph_fallback_ = "the " + std::string(forward ? "forward" : "backward") + " of micro-batch " +
@@ -214,11 +220,7 @@ void PipelineExecutor::run_compute(size_t action, DecoderStage& ch, MicroSlot at
   }
   g->replay();
   ch.after_replay(forward, at, dloss);
-  // The tied embedding's hold (TiedEmbeddingHooks): the work's host code reports the embeddings'
-  // gradient through grads_ready(-1) in the embedding's backward and the head's forward.
-  const StageLayers& layers = ch.layers();
-  if (tied_hooks_->hold_embeddings && ((layers.embedding && !forward) || (layers.head && forward && dloss != 0.0f)))
-    tied_hooks_->embeddings_held = true;
+  if (reports_embeddings_[action]) tied_hooks_->embeddings_held = true;
   graph_replays_++;
 }
 
@@ -243,20 +245,21 @@ void PipelineExecutor::set_grad_runtime(LayerHooks* hooks, std::vector<GradSync*
   recordable_end_ = collective ? last_micro_start_ : actions_.size();
 }
 
-bool PipelineExecutor::has_embedding() const {
-  return std::any_of(chunk_layers_.begin(), chunk_layers_.end(), [](const StageLayers& s) { return s.embedding; });
+namespace {
+// Whether any of `chunks` has `part` (its embedding, its head).
+bool any_chunk(const std::vector<StageLayers>& chunks, bool StageLayers::*part) {
+  return std::any_of(chunks.begin(), chunks.end(), [&](const StageLayers& s) { return s.*part; });
 }
+}  // namespace
 
-bool PipelineExecutor::has_head() const {
-  return std::any_of(chunk_layers_.begin(), chunk_layers_.end(), [](const StageLayers& s) { return s.head; });
-}
+bool PipelineExecutor::has_embedding() const { return any_chunk(chunk_layers_, &StageLayers::embedding); }
+
+bool PipelineExecutor::has_head() const { return any_chunk(chunk_layers_, &StageLayers::head); }
 
 size_t pipeline_step_buffer_bytes(const std::vector<StageLayers>& chunks, int micro_batches, size_t micro_tokens) {
-  const auto any = [&](bool StageLayers::*part) {
-    return std::any_of(chunks.begin(), chunks.end(), [&](const StageLayers& s) { return s.*part; });
-  };
   const size_t m = static_cast<size_t>(micro_batches), ids = m * micro_tokens * sizeof(int32_t);
-  return (any(&StageLayers::embedding) ? ids : 0) + (any(&StageLayers::head) ? ids + m * sizeof(float) : 0);
+  return (any_chunk(chunks, &StageLayers::embedding) ? ids : 0) +
+         (any_chunk(chunks, &StageLayers::head) ? ids + m * sizeof(float) : 0);
 }
 
 size_t PipelineExecutor::activation_bytes() const {

@@ -160,6 +160,7 @@ class PipelineExecutor {
   Tensor step_tokens_, step_targets_, loss_sums_;
   // use_graphs: per schedule entry, its recording (null until recorded; never for messages).
   std::vector<std::unique_ptr<RecordedWork>> graphs_;
+  std::vector<bool> reports_embeddings_;  // per entry: its host code reports the tied embeddings' gradient
   size_t recordable_end_ = 0;  // schedule entries from here on are never recorded (set_grad_runtime)
   bool graphs_on_ = false;
   std::optional<float> graph_dloss_;  // the loss gradient the recordings hold
