@@ -140,7 +140,7 @@ void decode_rows(Bench& b, Ops& ops) {
 // per key/value head: 1 is multi-head, 8 grouped-query 8:1 with NKV = NH / 8). The FLOPs do not
 // depend on NKV: every query head still scores and mixes all its visible keys. Multi-head rows keep
 // the shape string of earlier runs ("B= NH= T= hd="), grouped-query rows add "NKV=", which is how
-// bench_summary.py tells them apart. The Hopper forward's rows (where the GPU has it) come in a
+// bench_summary.py tells them apart. The Hopper kernels' rows (where the GPU has them) come in a
 // second pass after every default row: a kernel that faults leaves the process's CUDA context
 // unusable, and must not cost the rows of the kernels the trainer runs. The FP8 rows come last, in
 // a third pass, for the same reason (where the backend runs FP8 attention at both head sizes):
@@ -149,10 +149,11 @@ void decode_rows(Bench& b, Ops& ops) {
 // (block_rows) and decoding's (decode_rows) follow the default rows.
 void bench_attention(Bench& b, Ops& ops, int tokens, int hidden, const std::vector<int>& seq_lens,
                      const std::vector<int>& groups) {
-  // The default rows are the sm_80 forward's (the trainer's default, auto, takes the Hopper kernel
-  // where there is one: its own rows below).
-  const gpu::FlashForwardPath trainer_path = gpu::flash_forward_path();
-  gpu::set_flash_forward_path(gpu::FlashForwardPath::mma);
+  // The default rows are the sm_80 kernels' (the trainer's forward default, auto, takes the Hopper
+  // kernel where there is one: the Hopper kernels' own rows below).
+  const gpu::FlashPath trainer_forward = gpu::flash_forward_path(), trainer_backward = gpu::flash_backward_path();
+  gpu::set_flash_forward_path(gpu::FlashPath::mma);
+  gpu::set_flash_backward_path(gpu::FlashPath::mma);
   each_shape(b, ops, tokens, hidden, seq_lens, groups,
              [&](const std::string& shape, double fl, const auto& fwd, const auto& bwd, const auto&, const auto&) {
                b.run({"attention", "attention_forward", shape, true, fl, "4*B*NH*T^2*hd/2"}, fwd);
@@ -162,21 +163,25 @@ void bench_attention(Bench& b, Ops& ops, int tokens, int hidden, const std::vect
                  bwd();
                });
              });
-  gpu::set_flash_forward_path(trainer_path);
+  gpu::set_flash_forward_path(trainer_forward);
+  gpu::set_flash_backward_path(trainer_backward);
   block_rows(b, ops, tokens, hidden, seq_lens, groups);
   decode_rows(b, ops);
-  if (ops.compute_dtype() == DType::bf16 && ops.device() == Device::cuda && gpu::flash_forward_sm90_available()) {
-    const gpu::FlashForwardPath saved = gpu::flash_forward_path();
-    gpu::set_flash_forward_path(gpu::FlashForwardPath::wgmma);
+  if (ops.compute_dtype() == DType::bf16 && ops.device() == Device::cuda && gpu::flash_sm90_available()) {
+    const gpu::FlashPath saved_forward = gpu::flash_forward_path(), saved_backward = gpu::flash_backward_path();
+    gpu::set_flash_forward_path(gpu::FlashPath::wgmma);
+    gpu::set_flash_backward_path(gpu::FlashPath::wgmma);
     each_shape(b, ops, tokens, hidden, seq_lens, groups,
                [&](const std::string& shape, double fl, const auto& fwd, const auto& bwd, const auto&, const auto&) {
                  b.run({"attention", "attention_forward_sm90", shape, true, fl, "4*B*NH*T^2*hd/2"}, fwd);
+                 b.run({"attention", "attention_backward_sm90", shape, true, 2.5 * fl, "2.5 x fwd"}, bwd);
                  b.run({"attention", "attention_fwd+bwd_sm90", shape, true, 3.5 * fl, "3.5 x fwd"}, [&] {
                    fwd();
                    bwd();
                  });
                });
-    gpu::set_flash_forward_path(saved);
+    gpu::set_flash_forward_path(saved_forward);
+    gpu::set_flash_backward_path(saved_backward);
   }
   if (!ops.supports_fp8_attention(64) || !ops.supports_fp8_attention(128)) return;
   each_shape(b, ops, tokens, hidden, seq_lens, groups,

@@ -27,23 +27,35 @@ namespace pt::gpu {
 // True when the tensor-core kernels handle this call: bf16, HS 64 or 128, 16-byte aligned tensors.
 bool flash_attention_supported(DType dtype, int HS, const void* qkv, const void* out_or_dout, const void* dqkv);
 
-// Runs the Hopper kernel where flash_forward_path() says so, else the sm_80 kernel.
+// Runs the Hopper kernel where flash_forward_path() says so, else the sm_80 kernel (the backward
+// below likewise, by flash_backward_path()).
 void flash_attention_forward_bf16(void* out, float* lse, const void* qkv, int B, int T, int NH, int NKV, int HS,
                                   void* stream = nullptr);
 
-// The forward's Hopper kernel (flash_attention_forward_sm90.cu: wgmma, TMA, warp-specialised),
-// the same contract; it needs flash_forward_sm90_available(): a compute capability 9.0 GPU and a
-// build with sm_90a code. Called by flash_attention_forward_bf16, after its argument checks.
-bool flash_forward_sm90_available();
+// The Hopper kernels (flash_attention_forward_sm90.cu, flash_attention_backward_sm90.cu: wgmma,
+// TMA, warp-specialised), the same contracts as the sm_80 kernels; they need
+// flash_sm90_available(): a compute capability 9.0 GPU and a build with sm_90a code. Called by
+// flash_attention_forward_bf16 and flash_attention_backward_bf16 after their argument checks.
+bool flash_sm90_available();
 void flash_attention_forward_sm90_bf16(void* out, float* lse, const void* qkv, int B, int T, int NH, int NKV, int HS,
                                        void* stream = nullptr);
-// Which forward kernel flash_attention_forward_bf16 runs: mma (the sm_80 kernel everywhere),
-// wgmma (the Hopper kernel; an error where it is not available) or automatic (the Hopper kernel
-// where available). From PICOTRAIN_FLASH_FORWARD=mma|wgmma|auto, read once; auto when unset (the
-// Hopper kernel passed gpu_attention on an H200, 2026-11-28). Tests and benchmarks set it.
-enum class FlashForwardPath { mma, wgmma, automatic };
-FlashForwardPath flash_forward_path();
-void set_flash_forward_path(FlashForwardPath path);
+size_t flash_backward_sm90_workspace_bytes(int B, int T, int NH, int NKV, int HS);
+void flash_attention_backward_sm90_bf16(void* dqkv, const void* dout, const void* qkv, const float* lse,
+                                        const float* D, int B, int T, int NH, int NKV, int HS, void* workspace,
+                                        void* stream = nullptr);
+// Which kernel the flash forward and backward run (flash_attention_paths.cpp): mma (the sm_80
+// kernel everywhere), wgmma (the Hopper kernel; an error where it is not available) or automatic
+// (the Hopper kernel where available). From PICOTRAIN_FLASH_FORWARD and PICOTRAIN_FLASH_BACKWARD
+// = mma|wgmma|auto, each read once. Unset, the forward is auto (the Hopper forward passed
+// gpu_attention on an H200, 2026-11-28) and the backward mma (the Hopper backward has not run on
+// a GPU yet: gpu_attention and kernel_bench force it on). Tests and benchmarks set them.
+enum class FlashPath { mma, wgmma, automatic };
+FlashPath flash_forward_path();
+void set_flash_forward_path(FlashPath path);
+FlashPath flash_backward_path();
+void set_flash_backward_path(FlashPath path);
+// Whether a call on `path` runs the Hopper kernel (wgmma: always, and fails where it is missing).
+bool uses_sm90_kernel(FlashPath path);
 // The backward's workspace (16-byte aligned, its contents don't matter): dQ (and, under GQA, dK
 // and dV) partial sums and the counters that fix the order in which blocks add them
 // (flash_attention_backward.cu).

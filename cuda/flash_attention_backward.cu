@@ -69,6 +69,7 @@
 #include "core/common/flash_schedule.h"
 #include "cuda/attention.h"
 #include "cuda/flash_attention_mma.cuh"
+#include "cuda/flash_backward_order.cuh"
 
 namespace pt::gpu {
 
@@ -97,22 +98,11 @@ constexpr size_t backward_smem_bytes() {
          + 2 * bwd_stages<HS>() * kBwdBlockM * sizeof(float);                                           // lse, D
 }
 
-__device__ __forceinline__ int load_acquire(const int* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void store_release(int* p, int v) {
-  asm volatile("st.release.gpu.global.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
-}
-
 // A fixed-order sum across blocks: block number `pos` of the contributors to one tile waits for its
 // turn (the counter equals pos), then adds its part. Every thread of the block calls it.
 __device__ __forceinline__ void wait_turn(const int* turn, int pos) {
   if (pos > 0) {
-    if (threadIdx.x == 0)
-      while (load_acquire(turn) < pos) {
-      }
+    if (threadIdx.x == 0) spin_until(turn, pos);
     __syncthreads();
   }
 }
@@ -121,34 +111,6 @@ __device__ __forceinline__ void wait_turn(const int* turn, int pos) {
 __device__ __forceinline__ void pass_turn(int* turn, int pos) {
   __syncthreads();
   if (threadIdx.x == 0) store_release(turn, pos + 1);
-}
-
-// out[0..1] = scale (x, y) in bf16, or out += that (accumulate: one rounding of the fp32 sum).
-__device__ __forceinline__ void store_gradient(bf16* out, float x, float y, float scale, bool accumulate) {
-  if (accumulate) {
-    const float2 old = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(out));
-    store_pair(out, fmaf(x, scale, old.x), fmaf(y, scale, old.y));
-  } else {
-    store_pair(out, x * scale, y * scale);
-  }
-}
-
-// acc[i] (+)= v for one thread's pair of fp32 scratch values (first: store, no read), or, for the
-// last contributor, out[i] (+)= scale * (acc + v) in bf16. __ldcg/__stcg go through L2 only:
-// another block's writes are never hidden behind a stale L1 line.
-__device__ __forceinline__ void ordered_add(float* acc, bf16* out, float x, float y, bool first, bool last,
-                                            float scale, bool accumulate) {
-  float2 v = make_float2(x, y);
-  if (!first) {
-    const float2 prev = __ldcg(reinterpret_cast<const float2*>(acc));
-    v.x = prev.x + v.x;
-    v.y = prev.y + v.y;
-  }
-  if (last) {
-    if (out) store_gradient(out, v.x, v.y, scale, accumulate);
-  } else {
-    __stcg(reinterpret_cast<float2*>(acc), v);
-  }
 }
 
 // The kernel body. kBlock: p is a block (its own key count and offset) whose gradients are added
@@ -433,25 +395,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   flash_backward<HS, true>(p, gr, lse, Dvec, dq_acc, dkv_acc, dq_turns, dkv_turns, ticket, scale, scale_log2);
 }
 
-// The workspace's parts (fp32 scratch, then int counters zeroed before every launch):
-//  - dQ partial sums [B*NH][ceil(Tq/128)][128][HS] and their turn counters [B*NH][ceil(Tq/128)];
-//  - under grouped-query attention, dK and dV partial sums [B*NKV][ceil(Tk/128)][2][128][HS] and
-//    their counters [B*NKV][ceil(Tk/128)];
-//  - the ticket.
-struct Workspace {
-  size_t dq_floats, dkv_floats, dq_turns, dkv_turns;
-  size_t counters() const { return dq_turns + dkv_turns + 1; }
-};
-Workspace workspace_layout(int B, int Tq, int Tk, int NH, int NKV, int HS) {
-  const size_t dq_tiles = size_t(B) * NH * ceil_div(Tq, kBwdBlockM);
-  const size_t kv_tiles = NKV < NH ? size_t(B) * NKV * ceil_div(Tk, kBwdBlockN) : 0;
-  return {dq_tiles * kBwdBlockM * HS, kv_tiles * 2 * kBwdBlockN * HS, dq_tiles, kv_tiles};
-}
-
-size_t workspace_bytes(int B, int Tq, int Tk, int NH, int NKV, int HS) {
-  if (B <= 0 || Tq <= 0 || Tk <= 0) return 0;
-  const Workspace ws = workspace_layout(B, Tq, Tk, NH, NKV, HS);
-  return (ws.dq_floats + ws.dkv_floats) * sizeof(float) + ws.counters() * sizeof(int);
+// The workspace (flash_backward_order.cuh) of this kernel's 128-query tiles, one dQ turn each.
+BackwardWorkspace workspace_layout(int B, int Tq, int Tk, int NH, int NKV, int HS) {
+  return backward_workspace(B, Tq, Tk, NH, NKV, HS, kBwdBlockM, kBwdBlockN, 1);
 }
 
 template <int HS, bool kBlock>
@@ -462,23 +408,19 @@ void launch_backward(const FlashProblem& p, const FlashGrads& gr, const float* l
     use_dynamic_shared(flash_block_backward_kernel<HS>, smem, [] { return "flash attention backward (block)"; });
   else
     use_dynamic_shared(flash_backward_kernel<HS>, smem, [] { return "flash attention backward"; });
-  const Workspace ws = workspace_layout(B, p.Tq, p.Tk, p.NH, p.NKV, HS);
-  float* dq_acc = static_cast<float*>(workspace);
-  float* dkv_acc = dq_acc + ws.dq_floats;
-  int* dq_turns = reinterpret_cast<int*>(dkv_acc + ws.dkv_floats);
-  int* dkv_turns = dq_turns + ws.dq_turns;
-  int* ticket = dkv_turns + ws.dkv_turns;
-  CUDA_CHECK(cudaMemsetAsync(dq_turns, 0, ws.counters() * sizeof(int), stream));
+  const BackwardWorkspace ws = workspace_layout(B, p.Tq, p.Tk, p.NH, p.NKV, HS);
+  const BackwardScratch sc = backward_scratch(workspace, ws);
+  CUDA_CHECK(cudaMemsetAsync(sc.dq_turns, 0, ws.counters() * sizeof(int), stream));
   const dim3 grid(static_cast<unsigned>(ceil_div(p.Tk, kBwdBlockN)), static_cast<unsigned>(B * p.NH));
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   if constexpr (kBlock)
     flash_block_backward_kernel<HS><<<grid, kBwdThreads, smem, stream>>>(
-        gr.dq, gr.dk, gr.dv, gr.dout, p.q, p.k, p.v, lse, D, dq_acc, dkv_acc, dq_turns, dkv_turns, ticket, p.Tq, p.Tk,
-        p.NH, p.NKV, p.delta, scale, scale * kLog2e);
+        gr.dq, gr.dk, gr.dv, gr.dout, p.q, p.k, p.v, lse, D, sc.dq_acc, sc.dkv_acc, sc.dq_turns, sc.dkv_turns,
+        sc.ticket, p.Tq, p.Tk, p.NH, p.NKV, p.delta, scale, scale * kLog2e);
   else
-    flash_backward_kernel<HS><<<grid, kBwdThreads, smem, stream>>>(gr.dq, gr.dout, p.q, lse, D, dq_acc, dkv_acc,
-                                                                   dq_turns, dkv_turns, ticket, p.Tq, p.NH, p.NKV,
-                                                                   scale, scale * kLog2e);
+    flash_backward_kernel<HS><<<grid, kBwdThreads, smem, stream>>>(gr.dq, gr.dout, p.q, lse, D, sc.dq_acc,
+                                                                   sc.dkv_acc, sc.dq_turns, sc.dkv_turns, sc.ticket,
+                                                                   p.Tq, p.NH, p.NKV, scale, scale * kLog2e);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -496,11 +438,16 @@ void launch_backward(const FlashProblem& p, const FlashGrads& gr, const float* l
 }  // namespace
 
 size_t flash_attention_backward_workspace_bytes(int B, int T, int NH, int NKV, int HS) {
-  return workspace_bytes(B, T, T, NH, NKV, HS);
+  // Enough for either kernel, whichever flash_backward_path() picks when it runs.
+  const size_t sm80 = workspace_layout(B, T, T, NH, NKV, HS).bytes();
+  const size_t sm90 = flash_backward_sm90_workspace_bytes(B, T, NH, NKV, HS);
+  return sm80 > sm90 ? sm80 : sm90;
 }
 
 void flash_attention_backward_bf16(void* dqkv, const void* dout, const void* qkv, const float* lse, const float* D,
                                    int B, int T, int NH, int NKV, int HS, void* workspace, void* stream) {
+  if (uses_sm90_kernel(flash_backward_path()))
+    return flash_attention_backward_sm90_bf16(dqkv, dout, qkv, lse, D, B, T, NH, NKV, HS, workspace, stream);
   const FlashProblem p = packed_problem(qkv, T, NH, NKV, HS);
   bf16* dq = static_cast<bf16*>(dqkv);
   const FlashGrads gr{static_cast<const bf16*>(dout), dq, nullptr, nullptr};  // (dk and dv are within dqkv's rows)
@@ -508,7 +455,7 @@ void flash_attention_backward_bf16(void* dqkv, const void* dout, const void* qkv
 }
 
 size_t flash_attention_block_backward_workspace_bytes(int B, int Tq, int Tk, int NH, int NKV, int HS) {
-  return workspace_bytes(B, Tq, Tk, NH, NKV, HS);
+  return workspace_layout(B, Tq, Tk, NH, NKV, HS).bytes();
 }
 
 void flash_attention_block_backward_bf16(void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k,

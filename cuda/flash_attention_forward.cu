@@ -310,8 +310,7 @@ bool flash_attention_block_supported(DType dtype, int HS, int Tk, int q_pos0, in
 void flash_attention_forward_bf16(void* out, float* lse, const void* qkv, int B, int T, int NH, int NKV, int HS,
                                   void* stream) {
   if (B <= 0 || T <= 0) return;
-  const FlashForwardPath path = flash_forward_path();
-  if (path == FlashForwardPath::wgmma || (path == FlashForwardPath::automatic && flash_forward_sm90_available()))
+  if (uses_sm90_kernel(flash_forward_path()))
     return flash_attention_forward_sm90_bf16(out, lse, qkv, B, T, NH, NKV, HS, stream);
   launch_forward<false>(out, lse, packed_problem(qkv, T, NH, NKV, HS), B, HS, as_stream(stream));
 }

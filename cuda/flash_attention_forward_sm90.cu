@@ -31,14 +31,8 @@
 // Status: written and checked offline (PTX, ptxas) on 2026-11-27; passed gpu_attention (every
 // shape, bitwise repeats) on an H200 on 2026-11-28, where it ran 244-616 TFLOP/s against the sm_80
 // kernel's 201-326 (bench/RESULTS.md), so it is the default forward wherever it is available
-// (PICOTRAIN_FLASH_FORWARD=auto; flash_forward_path in attention.h).
-#include <cuda.h>
-#include <cudaTypedefs.h>
-
+// (PICOTRAIN_FLASH_FORWARD=auto; flash_attention_paths.cpp).
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
-#include <string>
 
 #include "cuda/attention.h"
 #include "cuda/flash_attention_mma.cuh"
@@ -51,24 +45,19 @@ namespace {
 using namespace flash;
 using namespace hopper;
 
-constexpr int kConsumers = 2;                          // consumer warpgroups
-constexpr int kThreads = (kConsumers + 1) * 128;       // + the producer warpgroup
-constexpr int kWgRows = 64;                            // query rows per consumer (wgmma's M)
+constexpr int kWgRows = 64;                     // query rows per consumer (wgmma's M)
 constexpr int kBlockM = kConsumers * kWgRows;          // 128 queries per block
 constexpr int kBlockN = 128;                           // keys per tile
 constexpr int kStages = 2;                             // K/V tiles in flight
-constexpr int kSubCols = 64;                           // bf16 columns of a 128-byte swizzled sub-tile
-constexpr int kSubRowBytes = 128;
-[[maybe_unused]] constexpr int kProducerRegs = 24, kConsumerRegs = 240;  // 128 x 24 + 256 x 240 <= 65,536
 
 // Shared-memory layout (byte offsets from a 1024-byte aligned base): Q of consumer w at
 // kQ + w * kQWg, as HS/64 sub-tiles of [64 rows][64]; K and V of stage s at kK/kV + s * kTile, as
 // HS/64 sub-tiles of [128 rows][64]; then the barriers.
 template <int HS>
 struct Layout {
-  static constexpr int kSubs = HS / kSubCols;
-  static constexpr uint32_t kQSub = kWgRows * kSubRowBytes;   // 8 KiB
-  static constexpr uint32_t kKVSub = kBlockN * kSubRowBytes;  // 16 KiB
+  static constexpr int kSubs = HS / kSwizzleCols;
+  static constexpr uint32_t kQSub = kWgRows * kSwizzleRowBytes;   // 8 KiB
+  static constexpr uint32_t kKVSub = kBlockN * kSwizzleRowBytes;  // 16 KiB
   static constexpr uint32_t kQWg = kSubs * kQSub;
   static constexpr uint32_t kTile = kSubs * kKVSub;           // one K or V tile: 128 x HS bf16
   static constexpr uint32_t kQ = 0;
@@ -99,7 +88,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if PT_HOPPER_DEVICE
   using L = Layout<HS>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  unsigned char* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+  unsigned char* smem = aligned_1024(smem_raw);
   uint64_t* q_full = reinterpret_cast<uint64_t*>(smem + L::kBars);
   uint64_t* k_full = q_full + 1;
   uint64_t* v_full = k_full + kStages;
@@ -130,7 +119,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_arrive_expect_tx(q_full, kBlockM * HS * sizeof(bf16));
       for (int w = 0; w < kConsumers; ++w)
         for (int c = 0; c < L::kSubs; ++c)
-          tma_load_3d(smem + L::kQ + w * L::kQWg + c * L::kQSub, &map_q, q_full, h * HS + c * kSubCols,
+          tma_load_3d(smem + L::kQ + w * L::kQWg + c * L::kQSub, &map_q, q_full, h * HS + c * kSwizzleCols,
                       q0 + w * kWgRows, b);
       const int k_col = (NH + kvh) * HS, v_col = (NH + NKV + kvh) * HS;
       for (int kt = 0; kt < n_kt; ++kt) {
@@ -138,11 +127,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (use > 0) mbar_wait(kv_empty + s, (use - 1) & 1);  // both consumers are done with it
         mbar_arrive_expect_tx(k_full + s, L::kTile);
         for (int c = 0; c < L::kSubs; ++c)
-          tma_load_3d(smem + L::kK + s * L::kTile + c * L::kKVSub, &map_kv, k_full + s, k_col + c * kSubCols,
+          tma_load_3d(smem + L::kK + s * L::kTile + c * L::kKVSub, &map_kv, k_full + s, k_col + c * kSwizzleCols,
                       kt * kBlockN, b);
         mbar_arrive_expect_tx(v_full + s, L::kTile);
         for (int c = 0; c < L::kSubs; ++c)
-          tma_load_3d(smem + L::kV + s * L::kTile + c * L::kKVSub, &map_kv, v_full + s, v_col + c * kSubCols,
+          tma_load_3d(smem + L::kV + s * L::kTile + c * L::kKVSub, &map_kv, v_full + s, v_col + c * kSwizzleCols,
                       kt * kBlockN, b);
       }
     }
@@ -201,7 +190,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      const uint64_t dv = sw128_desc(v_addr + s * L::kTile + kk * 16 * kSubRowBytes, L::kKVSub, 1024);
+      const uint64_t dv = sw128_desc(v_addr + s * L::kTile + kk * 16 * kSwizzleRowBytes, L::kKVSub, 1024);
       wgmma_pv<HS>(o, p[kk], dv);
     }
     wgmma_commit();
@@ -227,51 +216,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
 #else
-  __trap();  // never launched: flash_forward_sm90_available() is false without sm_90a code
+  __trap();  // never launched: flash_sm90_available() is false without sm_90a code
 #endif
 }
 
 // ---- host side --------------------------------------------------------------------------------
-
-// cuTensorMapEncodeTiled is a driver function: found through the runtime, so that picotrain links
-// no libcuda of its own.
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &found));
-    check(found == cudaDriverEntryPointSuccess && p != nullptr,
-          "flash attention (sm_90a): the driver has no cuTensorMapEncodeTiled");
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
-  }();
-  return fn;
-}
-
-// qkv [B][T][W] bf16 as a 3-D tensor, boxes of 64 columns x box_rows rows x 1 sequence, 128-byte
-// swizzle; outside the tensor (rows >= T) reads zeros.
-CUtensorMap qkv_tensor_map(const void* qkv, int B, int T, size_t W, int box_rows) {
-  CUtensorMap map;
-  std::memset(&map, 0, sizeof(map));
-  const cuuint64_t dims[3] = {W, static_cast<cuuint64_t>(T), static_cast<cuuint64_t>(B)};
-  const cuuint64_t strides[2] = {W * sizeof(bf16), static_cast<cuuint64_t>(T) * W * sizeof(bf16)};
-  const cuuint32_t box[3] = {kSubCols, static_cast<cuuint32_t>(box_rows), 1};
-  const cuuint32_t element_strides[3] = {1, 1, 1};
-  const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(qkv), dims,
-                                          strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                          CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  check(r == CUDA_SUCCESS, "flash attention (sm_90a): cuTensorMapEncodeTiled failed with CUresult " +
-                               std::to_string(static_cast<int>(r)));
-  return map;
-}
 
 template <int HS>
 void launch_forward_sm90(void* out, float* lse, const void* qkv, int B, int T, int NH, int NKV, cudaStream_t stream) {
   const size_t smem = Layout<HS>::kBytes;
   use_dynamic_shared(flash_forward_sm90_kernel<HS>, smem, [] { return "flash attention (sm_90a)"; });
   const size_t W = static_cast<size_t>(NH + 2 * NKV) * HS;
-  const CUtensorMap map_q = qkv_tensor_map(qkv, B, T, W, kWgRows);
-  const CUtensorMap map_kv = qkv_tensor_map(qkv, B, T, W, kBlockN);
+  const CUtensorMap map_q = rows_tensor_map(qkv, B, T, W, kWgRows);
+  const CUtensorMap map_kv = rows_tensor_map(qkv, B, T, W, kBlockN);
   const dim3 grid(static_cast<unsigned>(ceil_div(T, kBlockM)), static_cast<unsigned>(B * NH));
   const float scale_log2 = kLog2e / std::sqrt(static_cast<float>(HS));
   flash_forward_sm90_kernel<HS><<<grid, kThreads, smem, stream>>>(static_cast<bf16*>(out), lse, map_q, map_kv, T,
@@ -281,7 +238,7 @@ void launch_forward_sm90(void* out, float* lse, const void* qkv, int B, int T, i
 
 }  // namespace
 
-bool flash_forward_sm90_available() {
+bool flash_sm90_available() {
   static const bool available = [] {
     int device = 0, major = 0;
     if (cudaGetDevice(&device) != cudaSuccess ||
@@ -304,29 +261,9 @@ bool flash_forward_sm90_available() {
   return available;
 }
 
-namespace {
-
-FlashForwardPath path_from_environment() {
-  const char* v = std::getenv("PICOTRAIN_FLASH_FORWARD");
-  if (v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0) return FlashForwardPath::automatic;
-  if (std::strcmp(v, "mma") == 0) return FlashForwardPath::mma;
-  if (std::strcmp(v, "wgmma") == 0) return FlashForwardPath::wgmma;
-  throw ConfigError(std::string("PICOTRAIN_FLASH_FORWARD is '") + v + "'; it takes mma, wgmma or auto");
-}
-
-FlashForwardPath& chosen_path() {
-  static FlashForwardPath path = path_from_environment();
-  return path;
-}
-
-}  // namespace
-
-FlashForwardPath flash_forward_path() { return chosen_path(); }
-void set_flash_forward_path(FlashForwardPath path) { chosen_path() = path; }
-
 void flash_attention_forward_sm90_bf16(void* out, float* lse, const void* qkv, int B, int T, int NH, int NKV, int HS,
                                        void* stream) {
-  check(flash_forward_sm90_available(), "flash attention (sm_90a): needs a Hopper GPU and a build with sm_90a");
+  check(flash_sm90_available(), "flash attention (sm_90a): needs a Hopper GPU and a build with sm_90a");
   check_flash_heads("flash attention (sm_90a)", B, NH, NKV);
   with_flash_head_size("flash attention (sm_90a)", HS, [&](auto hs) {
     launch_forward_sm90<decltype(hs)::value>(out, lse, qkv, B, T, NH, NKV, as_stream(stream));

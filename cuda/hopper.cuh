@@ -1,8 +1,9 @@
-// Building blocks of the Hopper (sm_90a) flash attention (flash_attention_forward_sm90.cu), as
-// inline PTX: warpgroup matrix products (wgmma) with shared-memory matrix descriptors, mbarriers,
-// TMA tile copies (cp.async.bulk.tensor) and register reallocation between warpgroups
-// (setmaxnreg). Device code only, and only where __CUDA_ARCH_FEAT_SM90_ALL is defined (an sm_90a
-// compile): every caller guards its use with PT_HOPPER_DEVICE.
+// Building blocks of the Hopper (sm_90a) flash attention (flash_attention_forward_sm90.cu,
+// flash_attention_backward_sm90.cu), as inline PTX: warpgroup matrix products (wgmma) with
+// shared-memory matrix descriptors, mbarriers, TMA tile copies (cp.async.bulk.tensor), named
+// barriers and register reallocation between warpgroups (setmaxnreg). Device code only, and only
+// where __CUDA_ARCH_FEAT_SM90_ALL is defined (an sm_90a compile): every caller guards its use
+// with PT_HOPPER_DEVICE.
 //
 // wgmma (PTX ISA "Asynchronous Warpgroup Level Matrix Multiply-Accumulate"): the 128 threads of
 // a warpgroup (4 consecutive warps, the first a multiple of 4) compute D (64 x N, fp32) += A (64 x
@@ -37,6 +38,7 @@
 #include <cstdint>
 
 #include "cuda/cuda_common.h"
+#include "cuda/hopper_tensor_map.h"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define PT_HOPPER_DEVICE 1
@@ -46,8 +48,24 @@
 
 namespace pt::gpu::hopper {
 
+// The warp-specialised arrangement of both attention kernels: a producer warpgroup that gives
+// its registers to two consumer warpgroups (setmaxnreg), and tiles stored as sub-tiles of 64 bf16
+// columns, one 128-byte swizzled row each (one TMA box's width, hopper_tensor_map.h).
+constexpr int kWarpgroup = 128;
+constexpr int kConsumers = 2;                                 // consumer warpgroups
+constexpr int kThreads = (kConsumers + 1) * kWarpgroup;       // + the producer warpgroup
+constexpr int kProducerRegs = 24, kConsumerRegs = 240;        // 128 x 24 + 256 x 240 <= 65,536
+constexpr int kSwizzleCols = kTmaBoxCols;                     // bf16 columns of a sub-tile row
+constexpr int kSwizzleRowBytes = 128;
+
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// The dynamic shared memory's first 1024-byte aligned byte (the 128-byte swizzle's sub-tiles are
+// 1024-byte aligned; a kernel asks for 1 KiB more than its layout to have room for this).
+__device__ __forceinline__ unsigned char* aligned_1024(unsigned char* raw) {
+  return raw + ((1024 - (smem_u32(raw) & 1023)) & 1023);
 }
 
 // ---- matrix descriptors ---------------------------------------------------------------------
@@ -154,6 +172,41 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs_tb(float (&d)[16][4], const 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
 }
 
+// S^T = K Q^T, dP^T = V dO^T and dQ = dS K in the backward (flash_attention_backward_sm90.cu): A
+// and B both from shared memory, N = 64, each operand K-major (TA, TB = 0) or MN-major (1: A's M,
+// B's N contiguous along the 128-byte rows, as V is in the forward's P V).
+template <int TA, int TB>
+__device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[8][4], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "setp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+      "}, %32, %33, p, 1, 1, %35, %36;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+        "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TA), "n"(TB));
+}
+
+// ---- warpgroup barriers and proxies -----------------------------------------------------------
+
+// A barrier of `threads` threads (a multiple of 32: whole warps) under hardware barrier `id`
+// (1-15; 0 is __syncthreads'), with __syncthreads' memory ordering among them: what a
+// participant wrote before it is seen by every participant after it.
+__device__ __forceinline__ void named_barrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+// Orders this thread's ordinary shared-memory writes before later reads of them by the async
+// proxy (wgmma's shared-memory operands, TMA): a writer runs it before the barrier the readers
+// wait on.
+__device__ __forceinline__ void fence_proxy_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
 // ---- mbarrier ---------------------------------------------------------------------------------
 
 __device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t arrivals) {
@@ -178,25 +231,27 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t by
 // Waits until the barrier's phase with this parity has completed. A wait of more than about ten
 // seconds (2^34 SM cycles) traps instead: a copy that never completes its bytes, or an arrival
 // count that is never reached, fails the kernel with a launch error rather than hanging the
-// process (and a whole GPU session's time limit with it).
+// process (and a whole GPU session's time limit with it). The loop is PTX, labels scoped by the
+// braces: written as a C++ loop (with clock64 and __trap) it made ptxas keep fewer registers for
+// wgmma's accumulators across it, and the backward spilled hundreds of bytes at head size 128.
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  uint32_t done = 0;
-  long long start = 0;
-  for (uint32_t tries = 0;; ++tries) {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.b32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(smem_u32(bar)), "r"(parity)
-        : "memory");
-    if (done) return;
-    if ((tries & 1023) == 0) {  // the clock read only now and then: try_wait itself waits a while
-      const long long now = clock64();
-      if (tries == 0)
-        start = now;
-      else if (now - start > (1ll << 34))
-        __trap();
-    }
-  }
+  asm volatile(
+      "{\n"
+      ".reg .pred done, late;\n"
+      ".reg .u64 t0, t1;\n"
+      "mov.u64 t0, %%clock64;\n"
+      "WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@done bra DONE;\n"
+      "mov.u64 t1, %%clock64;\n"
+      "sub.u64 t1, t1, t0;\n"
+      "setp.gt.u64 late, t1, 17179869184;\n"  // 2^34 cycles
+      "@late trap;\n"
+      "bra WAIT;\n"
+      "DONE:\n"
+      "}\n" ::"r"(smem_u32(bar)),
+      "r"(parity)
+      : "memory");
 }
 
 // ---- TMA --------------------------------------------------------------------------------------

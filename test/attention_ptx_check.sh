@@ -70,6 +70,8 @@ CHECKS=(
   "cuda/flash_attention_backward.cu sm_90a   ldmatrix ldmatrix.trans cp.async cp.async.wait mma.bf16"
   "cuda/flash_attention_forward_sm90.cu sm_90a wgmma cp.async.bulk.tensor mbarrier.wait setmaxnreg"
   "cuda/flash_attention_forward_sm90.cu sm_80 trap"
+  "cuda/flash_attention_backward_sm90.cu sm_90a wgmma cp.async.bulk.tensor mbarrier.wait setmaxnreg"
+  "cuda/flash_attention_backward_sm90.cu sm_80 trap"
   "cuda/fp8_cast.cu                 sm_80    mul.rn.noftz ld.v4 st.v4"
   "cuda/fp8_cast.cu                 sm_90a   mul.rn.noftz ld.v4 st.v4"
   "cuda/attention_fp8_cast.cu       sm_80    mul.rn.noftz ld.v4 st.v4"

@@ -16,9 +16,10 @@
 //    are in flight at once: the backward's dQ is summed across key blocks through fp32 scratch in
 //    an order fixed by per-tile turn counters, and a fault in that order shows only when blocks
 //    race;
-//  - the cases above with the sm_80 forward forced (the default, auto, takes the Hopper kernel
-//    where there is one), then again with the Hopper forward (flash_attention_forward_sm90.cu)
-//    forced on, where the GPU and the build have it.
+//  - the cases above with the sm_80 kernels forced (the forward's default, auto, takes the Hopper
+//    kernel where there is one), then again with the Hopper forward
+//    (flash_attention_forward_sm90.cu), the Hopper backward (flash_attention_backward_sm90.cu)
+//    and both forced on, where the GPU and the build have them.
 // Every output is poisoned first, dqkv too (the backward overwrites it, so an element it leaves
 // unwritten or adds to fails); the backward runs from the reference's out and lse so that only the
 // backward is measured. Determinism: each case runs the forward and the backward `runs` times
@@ -178,33 +179,40 @@ void check_case(const Case& k) {
 
 }  // namespace
 
-// The forward kernel a scope runs (the default, auto, is the Hopper kernel where there is one):
-// these cases force the sm_80 kernel, the Hopper cases below the Hopper kernel, so both are
-// checked on a Hopper GPU.
-class ForwardPath {
+// The kernels a scope runs (unset, the forward is auto, the Hopper kernel where there is one, and
+// the backward the sm_80 kernel): these cases force the sm_80 kernels, the Hopper cases below the
+// Hopper kernels, so that both are checked on a Hopper GPU.
+class KernelPaths {
  public:
-  explicit ForwardPath(gpu::FlashForwardPath path) : saved_(gpu::flash_forward_path()) {
-    gpu::set_flash_forward_path(path);
+  KernelPaths(gpu::FlashPath forward, gpu::FlashPath backward)
+      : forward_(gpu::flash_forward_path()), backward_(gpu::flash_backward_path()) {
+    gpu::set_flash_forward_path(forward);
+    gpu::set_flash_backward_path(backward);
   }
-  ~ForwardPath() { gpu::set_flash_forward_path(saved_); }
+  ~KernelPaths() {
+    gpu::set_flash_forward_path(forward_);
+    gpu::set_flash_backward_path(backward_);
+  }
 
  private:
-  gpu::FlashForwardPath saved_;
+  gpu::FlashPath forward_, backward_;
 };
+constexpr gpu::FlashPath kMma = gpu::FlashPath::mma;
+constexpr gpu::FlashPath kWgmma = gpu::FlashPath::wgmma;
 
 TEST_CASE("attention_forward and attention_backward match CpuOps", "[gpu][attention]") {
-  const ForwardPath sm80(gpu::FlashForwardPath::mma);
+  const KernelPaths sm80(kMma, kMma);
   for (const Case& k : kCases) check_case(k);
 }
 
 TEST_CASE("flash attention matches CpuOps: T up to 4096, HS 64 and 128, groups 1:1, 4:1, 8:1",
           "[gpu][attention][flash]") {
-  const ForwardPath sm80(gpu::FlashForwardPath::mma);
+  const KernelPaths sm80(kMma, kMma);
   for (const Case& k : flash_sweep()) check_case(k);
 }
 
 TEST_CASE("flash attention is bitwise deterministic with many blocks in flight", "[gpu][attention][flash]") {
-  const ForwardPath sm80(gpu::FlashForwardPath::mma);
+  const KernelPaths sm80(kMma, kMma);
   for (const Case& k : kConcurrent) check_case(k);
 }
 
@@ -247,41 +255,58 @@ TEST_CASE("attention on a misaligned qkv slice falls back to the CUDA-core kerne
   expect_close("dqkv", g.read(gd), c.read(cd), tolerance(mode, mode));
 }
 
-// The Hopper forward (wgmma, TMA, warp-specialised) forced on: the same cases, each forward
-// against CpuOps, bitwise repeatable, and feeding the (sm_80) backward; the small cases apart from
-// the sweep, so that compute-sanitizer (gpu_check.sh's default filter ~[flash]) runs them. On a GPU
-// without the kernel (not compute capability 9.0, or a build without sm_90a) a case says so and
-// checks nothing, unless PICOTRAIN_REQUIRE_SM90=1 (gpu_check.sh sets it on an H100/H200), where that
-// is a failure. Last in the file: a kernel that faults leaves the CUDA context unusable for
-// whatever runs after it in this process.
-class HopperForward {
- public:
-  HopperForward()
-      : path_(gpu::flash_forward_sm90_available() ? gpu::FlashForwardPath::wgmma : gpu::FlashForwardPath::mma) {}
-  // False (after a warning or a failure) where the kernel is not available.
-  bool on() const {
-    if (gpu::flash_forward_sm90_available()) return true;
-    const char* required = std::getenv("PICOTRAIN_REQUIRE_SM90");
-    if (required != nullptr && std::string(required) == "1") FAIL("PICOTRAIN_REQUIRE_SM90=1 but no Hopper kernel here");
-    WARN("no Hopper flash forward here (needs compute capability 9.0 and an sm_90a build): not checked");
-    return false;
-  }
+// The Hopper kernels (wgmma, TMA, warp-specialised) forced on: the same cases, against CpuOps and
+// bitwise repeatable; first the forward alone (feeding the sm_80 backward), then the backward
+// alone (from the sm_80 forward's out and lse in the chained check), then both. The small cases
+// apart from the sweeps, so that compute-sanitizer (gpu_check.sh's default filter ~[flash]) runs
+// them. On a GPU without the kernels (not compute capability 9.0, or a build without sm_90a) a
+// case says so and checks nothing, unless PICOTRAIN_REQUIRE_SM90=1 (gpu_check.sh sets it on an
+// H100/H200), where that is a failure. Last in the file: a kernel that faults leaves the CUDA
+// context unusable for whatever runs after it in this process.
+namespace {
 
- private:
-  ForwardPath path_;
-};
+bool hopper_kernels_here() {
+  if (gpu::flash_sm90_available()) return true;
+  const char* required = std::getenv("PICOTRAIN_REQUIRE_SM90");
+  if (required != nullptr && std::string(required) == "1") FAIL("PICOTRAIN_REQUIRE_SM90=1 but no Hopper kernel here");
+  WARN("no Hopper flash kernels here (needs compute capability 9.0 and an sm_90a build): not checked");
+  return false;
+}
 
-TEST_CASE("the Hopper flash forward matches CpuOps on awkward sizes", "[gpu][attention][sm90]") {
-  HopperForward hopper;
-  if (!hopper.on()) return;
+void check_small_flash_cases() {
   for (const Case& k : kCases)
     if (k.mode == DType::bf16 && (k.HS == 64 || k.HS == 128)) check_case(k);
 }
 
-TEST_CASE("the Hopper flash forward matches CpuOps up to T 4096 and is bitwise deterministic",
-          "[gpu][attention][flash][sm90]") {
-  HopperForward hopper;
-  if (!hopper.on()) return;
+void check_flash_sweeps() {
   for (const Case& k : flash_sweep()) check_case(k);
   for (const Case& k : kConcurrent) check_case(k);
+}
+
+}  // namespace
+
+TEST_CASE("the Hopper flash forward matches CpuOps on awkward sizes", "[gpu][attention][sm90]") {
+  if (!hopper_kernels_here()) return;
+  const KernelPaths paths(kWgmma, kMma);
+  check_small_flash_cases();
+}
+
+TEST_CASE("the Hopper flash backward matches CpuOps on awkward sizes", "[gpu][attention][sm90]") {
+  if (!hopper_kernels_here()) return;
+  const KernelPaths paths(kMma, kWgmma);
+  check_small_flash_cases();
+}
+
+TEST_CASE("the Hopper flash forward matches CpuOps up to T 4096 and is bitwise deterministic",
+          "[gpu][attention][flash][sm90]") {
+  if (!hopper_kernels_here()) return;
+  const KernelPaths paths(kWgmma, kMma);
+  check_flash_sweeps();
+}
+
+TEST_CASE("the Hopper flash backward matches CpuOps up to T 4096 and is bitwise deterministic",
+          "[gpu][attention][flash][sm90]") {
+  if (!hopper_kernels_here()) return;
+  const KernelPaths paths(kWgmma, kWgmma);
+  check_flash_sweeps();
 }

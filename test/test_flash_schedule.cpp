@@ -2,7 +2,8 @@
 // brute-force walk of which (query, key) pairs are visible: the kernels run these very functions,
 // and no GPU is needed to know that they visit every visible pair, that the backward's dQ turn
 // chain names exactly the key blocks that add into a query tile, and that a KV cache's key split
-// covers its keys. The kernels' tiles: forward 128 queries x 64 keys, backward 128 x 128.
+// covers its keys. The kernels' tiles: forward 128 queries x 64 keys, backward 128 x 128 (sm_80)
+// and 64 x 128 (Hopper).
 #include <catch2/catch.hpp>
 #include <algorithm>
 #include <random>
@@ -58,12 +59,14 @@ TEST_CASE("the forward visits exactly the key tiles its query tile sees", "[flas
   }
 }
 
-TEST_CASE("the backward's dQ order names exactly the key blocks that meet a query tile", "[flash]") {
-  constexpr int BM = 128, BN = 128;
+// The backward's tiles: BM queries x BN keys (the sm_80 kernel 128 x 128, the Hopper kernel 64 x
+// 128, whose key block kt starts at query tile 2 kt).
+static void check_dq_order(int BM, int BN) {
   for (const Problem& p : problems(false)) {
     const int nq = (p.Tq + BM - 1) / BM, nk = (p.Tk + BN - 1) / BN;
     for (int qt = 0; qt < nq; ++qt) {
-      INFO("Tq " << p.Tq << " Tk " << p.Tk << " delta " << p.delta << " query tile " << qt);
+      INFO("tiles " << BM << " x " << BN << " Tq " << p.Tq << " Tk " << p.Tk << " delta " << p.delta << " query tile "
+                    << qt);
       const int last = last_key_tile(qt, p.delta, nk, BN, BM);
       // The chain is last, ..., 0: key block 0 (every query sees key 0) ends every chain.
       REQUIRE(last >= 0);
@@ -74,10 +77,16 @@ TEST_CASE("the backward's dQ order names exactly the key blocks that meet a quer
         if (any_visible(qt * BM, qt * BM + BM, kt * BN, kt * BN + BN, p.Tq, p.Tk, p.delta)) CHECK(meets);
       }
     }
-    // Causal self-attention: the diagonal, as the packed kernel has it.
+    // Causal self-attention: the query tile holding the key block's first key, as the packed
+    // kernels start there.
     if (p.delta == 0 && p.Tq == p.Tk)
-      for (int kt = 0; kt < nk; ++kt) CHECK(first_query_tile(kt, 0, BN, BM) == kt);
+      for (int kt = 0; kt < nk; ++kt) CHECK(first_query_tile(kt, 0, BN, BM) == kt * BN / BM);
   }
+}
+
+TEST_CASE("the backward's dQ order names exactly the key blocks that meet a query tile", "[flash]") {
+  check_dq_order(128, 128);  // the sm_80 kernel
+  check_dq_order(64, 128);   // the Hopper kernel
 }
 
 TEST_CASE("a KV cache's keys split into whole tiles that cover them", "[flash]") {

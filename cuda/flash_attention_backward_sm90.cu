@@ -1,0 +1,489 @@
+// Flash attention backward on Hopper (sm_90a): wgmma, TMA, mbarriers and warp specialisation.
+// The same math, outputs and determinism as flash_attention_backward.cu (the sm_80 kernel, whose
+// header says what is computed: with P = exp(S - lse) and D = rowsum(dO o O),
+//   dP = dO V^T,  dS = P o (dP - D),  dQ = scale dS K,  dK = scale dS^T Q,  dV = P^T dO,
+// written into dqkv, causal self-attention on a packed qkv, grouped-query heads by address),
+// arranged the way FlashAttention-3's backward is (our own code; its paper and hopper/ folder
+// were read): one block per (128-key tile, b, query head), dK and dV in registers, walking the
+// query tiles from the diagonal to the end.
+//
+// Block: 3 warpgroups (384 threads).
+//  - Warpgroup 0, the producer (setmaxnreg down to 24): thread 0 copies the block's K and V tiles
+//    once, then per 64-query tile Q and dO by TMA into a ring of 2 stages; the warpgroup's 128
+//    threads put the tile's lse (in log2 units; +inf past T, so P = 0 there) and D beside them
+//    and arrive on the stage's "full" barrier (128 arrivals, thread 0's carrying the TMA bytes).
+//  - Warpgroups 1 and 2, the consumers (setmaxnreg up to 240), own 64 keys each (wgmma's M) and
+//    keep their dK and dV (64 x HS each, fp32) in registers. Per query tile:
+//      1. S^T = K Q^T (64 keys x 64 queries, A and B K-major in shared memory, HS/16 products
+//         of k16);
+//      2. P^T = 2^(S^T scale log2(e) - lse log2(e)), the causal mask only where some query of the
+//         tile precedes some key of the warp, rounded to bf16 in registers as a wgmma A operand
+//         (flash::acc_to_a);
+//      3. dP^T = V dO^T (as S^T) and dV += P^T dO (A from registers, dO read MN-major as TMA
+//         wrote it: no transpose), one commit;
+//      4. dS^T = P^T o (dP^T - D), rounded to bf16 in registers and stored to shared memory in
+//         the 128-byte swizzle (the two consumers' halves make the [128 keys][64 queries] tile,
+//         double-buffered by tile);
+//      5. dK += dS^T Q (Q read MN-major), committed; the stage is freed once it is done;
+//      6. after a barrier of the two consumers (dS^T whole): dQ_tile = dS K, 64 queries x 64 of
+//         the head's columns per warpgroup (A = dS^T read MN-major, B = K read MN-major, 8
+//         products of k16 over the block's 128 keys). At HS 128 each consumer takes one
+//         64-column part of every tile; at HS 64 they take turns by tile (part c of tile qt
+//         goes to consumer (c + qt) % 2);
+//      7. the part goes through shared memory and is added, coalesced, into the tile's fp32
+//         partial sum in a FIXED order of key blocks, kt = last_key_tile(qt), ..., 0
+//         (flash_schedule.h), each 64-column part of each tile with its own turn counter
+//         (flash_backward_order.cuh): key block 0, the last, writes scale * dQ as bf16 into
+//         dqkv. A consumer waits only for its own part's turn.
+//    At the end dK and dV pass through shared memory too (the tiles' space, free by then); under
+//    grouped-query attention a key/value head's are summed over its query heads in head order as
+//    the sm_80 kernel does (per-(b, key/value head, key tile) counters); with one query head per
+//    group they are written at once.
+//  Blocks take their (b, key/value head, key tile, query head) from an atomic ticket, key tiles
+//  highest first and query heads in order, so a block only waits for blocks that started before
+//  it (the sm_80 kernel's header says why that cannot deadlock). No float atomics: every run
+//  gives the same bits.
+//
+// Resources: 384 threads, one block per SM; shared memory K and V 128 x HS, 2 stages x (Q and dO
+// 64 x HS), 2 x dS^T 128 x 64 (bf16), lse/D 2 x 2 x 64 floats, 2 x dQ part 64 x 72 floats, 5
+// barriers, the ticket and 1 KiB of alignment: 137,260 bytes (HS 64) / 202,796 (HS 128).
+// Registers (consumer, HS 128): dK and dV 128, S^T (fp32 P^T) and dP^T 64, P^T and dS^T fragments
+// 32, dQ 32 (not all at once); at most 240 after setmaxnreg (the kernel as a whole is compiled
+// for 168). ptxas spills nothing and serialises no wgmma (test/attention_ptx_check.sh). What it
+// took: waits written as PTX loops (hopper::mbar_wait, flash::spin_until; C++ loops around the
+// products cost hundreds of bytes of spills), the products of one tile in three commits (S^T
+// alone, then dP^T with dV, then dK: dS^T is computed once dP^T is in, while P^T is held), and
+// the dQ and dK/dV sums through shared memory (their registers would have spilled beside dK, dV).
+// Cost: as the sm_80 kernel, 5 * 2 * B*NH * (T^2/2) * HS FLOPs (2.5 x the forward's); bytes: Q
+// and dO once per key block (from L2), K and V once per query head, dqkv written once, the dQ
+// scratch read and written once per (key block, query tile) pair (L2). Target (issue #30):
+// FlashAttention-3's backward, about 450-550 TFLOP/s on an H100 at T 4k-16k; the sm_80 kernel
+// ran 127-196 on an H200 (2026-11-27).
+//
+// Status: written and checked offline (PTX, ptxas) on 2026-11-29; not yet run on a GPU. The
+// trainer runs it only when PICOTRAIN_FLASH_BACKWARD says so (attention.h, FlashPath);
+// gpu_attention checks it against CpuOps and bitwise repeats wherever the GPU has it, and
+// kernel_bench times it (attention_backward_sm90).
+#include <cmath>
+
+#include "core/common/flash_schedule.h"
+#include "cuda/attention.h"
+#include "cuda/flash_attention_mma.cuh"
+#include "cuda/flash_backward_order.cuh"
+#include "cuda/hopper.cuh"
+
+namespace pt::gpu {
+
+namespace {
+
+using namespace flash;
+using namespace hopper;
+
+constexpr int kWgKeys = 64;                       // keys per consumer (wgmma's M)
+constexpr int kBlockN = kConsumers * kWgKeys;     // 128 keys per block
+constexpr int kBlockM = 64;                       // queries per tile
+constexpr int kStages = 2;                        // Q/dO tiles in flight
+// Named barriers (0 is __syncthreads'): 1 + w for consumer w alone, kBothConsumers for the two.
+constexpr int kBothConsumers = 3;
+static_assert(kBlockN % kBlockM == 0, "a key block starts at a query tile's first row");
+
+// A consumer's dQ part passes through shared memory ([64 queries][kDqLD] floats) on its way to
+// the ordered sum: 8 floats of padding make the accumulators' float2 stores conflict-free.
+constexpr int kDqLD = kSwizzleCols + 8;
+
+// Shared-memory layout (byte offsets from a 1024-byte aligned base): K and V as HS/64 sub-tiles of
+// [128 rows][64]; Q and dO of stage s at kQ/kDO + s * kQTile, as HS/64 sub-tiles of [64 rows][64];
+// dS^T of buffer s at kDS + s * kDSTile, [128 keys][64 queries] (one sub-tile); then lse and D
+// ([stage][lse 64 | D 64] floats), each consumer's dQ part (kDQ) and the barriers.
+template <int HS>
+struct Layout {
+  static constexpr int kSubs = HS / kSwizzleCols;
+  static constexpr uint32_t kKSub = kBlockN * kSwizzleRowBytes;  // 16 KiB
+  static constexpr uint32_t kQSub = kBlockM * kSwizzleRowBytes;  // 8 KiB
+  static constexpr uint32_t kKTile = kSubs * kKSub;          // a K or V tile: 128 x HS bf16
+  static constexpr uint32_t kQTile = kSubs * kQSub;          // a Q or dO tile: 64 x HS bf16
+  static constexpr uint32_t kDSTile = kBlockN * kSwizzleRowBytes;
+  static constexpr uint32_t kK = 0;
+  static constexpr uint32_t kV = kK + kKTile;
+  static constexpr uint32_t kQ = kV + kKTile;
+  static constexpr uint32_t kDO = kQ + kStages * kQTile;
+  static constexpr uint32_t kDS = kDO + kStages * kQTile;
+  static constexpr uint32_t kLD = kDS + kStages * kDSTile;
+  static constexpr uint32_t kDQ = kLD + kStages * 2 * kBlockM * sizeof(float);
+  static constexpr uint32_t kBars = kDQ + kConsumers * kBlockM * kDqLD * sizeof(float);
+  static constexpr int kNumBars = 1 + 2 * kStages;  // kv_full, full[S], empty[S]; then the ticket
+  static constexpr size_t kBytes = 1024 + kBars + kNumBars * sizeof(uint64_t) + sizeof(int);
+};
+
+// acc = X Y^T, X the consumer's 64 rows of a K or V tile (x_addr: the tile's start plus the rows'
+// 8 KiB offset into each sub-tile), Y a Q or dO tile (y_addr), both K-major: HS/16 products of 16
+// columns (32 bytes of the swizzled row) a step, the first overwriting acc. S^T = K Q^T and
+// dP^T = V dO^T. The caller fences before and commits after.
+template <int HS>
+__device__ __forceinline__ void wgmma_rows_t(float (&acc)[kBlockM / 8][4], uint32_t x_addr, uint32_t y_addr) {
+#pragma unroll
+  for (int kk = 0; kk < HS / 16; ++kk) {
+    const uint32_t in_row = (kk % 4) * 32;
+    wgmma_m64n64k16_ss<0, 0>(acc, sw128_desc(x_addr + (kk / 4) * Layout<HS>::kKSub + in_row, 16, 1024),
+                             sw128_desc(y_addr + (kk / 4) * Layout<HS>::kQSub + in_row, 16, 1024), kk > 0);
+  }
+}
+
+// dK and dV's row stride (floats) where they pass through shared memory at the end: 8 floats of
+// padding make the accumulators' float2 stores conflict-free.
+template <int HS>
+constexpr int kAccLD = HS + 8;
+static_assert(2 * kBlockN * kAccLD<64> * sizeof(float) <= Layout<64>::kLD &&
+                  2 * kBlockN * kAccLD<128> * sizeof(float) <= Layout<128>::kLD,
+              "dK and dV fit where the tiles were");
+
+__device__ __forceinline__ float4 add4(float4 a, float4 b) {
+  return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+}
+// out[0..3] = scale v in bf16 (one 8-byte store).
+__device__ __forceinline__ void store_quad(bf16* out, float4 v, float scale) {
+  const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x * scale, v.y * scale);
+  const __nv_bfloat162 hi = __floats2bfloat162_rn(v.z * scale, v.w * scale);
+  uint2 bits;
+  bits.x = *reinterpret_cast<const uint32_t*>(&lo);
+  bits.y = *reinterpret_cast<const uint32_t*>(&hi);
+  *reinterpret_cast<uint2*>(out) = bits;
+}
+
+// D (+)= A B with N = HS: dV += P^T dO and dK += dS^T Q (A from registers, B MN-major).
+template <int HS>
+__device__ __forceinline__ void wgmma_rs_hs(float (&d)[HS / 8][4], const uint32_t (&a)[4], uint64_t desc_b) {
+  if constexpr (HS == 64)
+    wgmma_m64n64k16_rs_tb(d, a, desc_b, 1);
+  else
+    wgmma_m64n128k16_rs_tb(d, a, desc_b, 1);
+}
+
+template <int HS>
+__global__ void __launch_bounds__(kThreads, 1)
+    flash_backward_sm90_kernel(bf16* dqkv, const float* lse, const float* Dvec, float* dq_acc, float* dkv_acc,
+                               int* dq_turns, int* dkv_turns, int* ticket, const __grid_constant__ CUtensorMap map_q,
+                               const __grid_constant__ CUtensorMap map_kv, const __grid_constant__ CUtensorMap map_do,
+                               int T, int NH, int NKV, float scale, float scale_log2) {
+#if PT_HOPPER_DEVICE
+  using L = Layout<HS>;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  unsigned char* smem = aligned_1024(smem_raw);
+  uint64_t* kv_full = reinterpret_cast<uint64_t*>(smem + L::kBars);
+  uint64_t* full = kv_full + 1;
+  uint64_t* empty = full + kStages;
+  float* sLD = reinterpret_cast<float*>(smem + L::kLD);
+  int& s_ticket = *reinterpret_cast<int*>(empty + kStages);
+
+  if (threadIdx.x == 0) {
+    s_ticket = atomicAdd(ticket, 1);
+    mbar_init(kv_full, 1);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(full + s, 128);                // every producer thread (lse and D), thread 0 with the bytes
+      mbar_init(empty + s, kConsumers * 4);    // one arrival per consumer warp
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  // Which (b, h, key tile) this block takes: by ticket, the group's key tiles highest first and,
+  // within a key tile, the group's query heads in order (the two sums rely on both).
+  const int G = NH / NKV, nk = gridDim.x, nq = ceil_div(T, kBlockM);
+  const int j = s_ticket % G, rest = s_ticket / G;
+  const int kt = nk - 1 - rest % nk, bkv = rest / nk;
+  const int b = bkv / NKV, kvh = bkv % NKV, h = kvh * G + j;
+  const int qt_begin = flash_schedule::first_query_tile(kt, 0, kBlockN, kBlockM);  // the diagonal
+  const size_t lbase = (static_cast<size_t>(b) * NH + h) * T;                      // lse and D of (b, h)
+  const int wg = threadIdx.x / 128;
+
+  if (wg == 0) {  // ---- producer ----
+    regs_release<kProducerRegs>();
+    const int tid = threadIdx.x;
+    if (tid == 0) {
+      tma_prefetch_map(&map_q);
+      tma_prefetch_map(&map_kv);
+      tma_prefetch_map(&map_do);
+      mbar_arrive_expect_tx(kv_full, 2 * L::kKTile);
+      for (int c = 0; c < L::kSubs; ++c) {
+        tma_load_3d(smem + L::kK + c * L::kKSub, &map_kv, kv_full, (NH + kvh) * HS + c * kSwizzleCols, kt * kBlockN, b);
+        tma_load_3d(smem + L::kV + c * L::kKSub, &map_kv, kv_full, (NH + NKV + kvh) * HS + c * kSwizzleCols, kt * kBlockN,
+                    b);
+      }
+    }
+    for (int qt = qt_begin, i = 0; qt < nq; ++qt, ++i) {
+      const int s = i % kStages, use = i / kStages;
+      if (use > 0) mbar_wait(empty + s, (use - 1) & 1);  // both consumers are done with it
+      const int q = qt * kBlockM + tid % kBlockM;
+      const bool in = q < T;
+      sLD[s * 2 * kBlockM + tid] =
+          tid < kBlockM ? (in ? lse[lbase + q] * kLog2e : INFINITY) : (in ? Dvec[lbase + q] : 0.0f);
+      if (tid == 0) {  // (the arrival orders the store above before the consumers' wait)
+        mbar_arrive_expect_tx(full + s, 2 * L::kQTile);
+        for (int c = 0; c < L::kSubs; ++c) {
+          tma_load_3d(smem + L::kQ + s * L::kQTile + c * L::kQSub, &map_q, full + s, h * HS + c * kSwizzleCols,
+                      qt * kBlockM, b);
+          tma_load_3d(smem + L::kDO + s * L::kQTile + c * L::kQSub, &map_do, full + s, h * HS + c * kSwizzleCols,
+                      qt * kBlockM, b);
+        }
+      } else {
+        mbar_arrive(full + s);
+      }
+    }
+    return;
+  }
+
+  // ---- consumers ----
+  regs_claim<kConsumerRegs>();
+  const int cw = wg - 1, wg_tid = threadIdx.x % 128;
+  const int warp = wg_tid / kWarpSize, lane = threadIdx.x % kWarpSize, g = lane >> 2, t = lane & 3;
+  const int krow0 = cw * kWgKeys + warp * 16;  // the warp's first key row in the block's tile
+  const int key0 = kt * kBlockN + krow0;
+  const uint32_t k_addr = smem_u32(smem + L::kK), v_addr = smem_u32(smem + L::kV);
+  const uint32_t q_addr = smem_u32(smem + L::kQ), do_addr = smem_u32(smem + L::kDO);
+  const uint32_t ds_addr = smem_u32(smem + L::kDS);
+  const uint32_t wg_rows = cw * kWgKeys * kSwizzleRowBytes;  // the consumer's rows of K and V
+  const size_t W = static_cast<size_t>(NH + 2 * NKV) * HS;  // a packed qkv row
+
+  float dk[HS / 8][4], dv[HS / 8][4];
+#pragma unroll
+  for (int nt = 0; nt < HS / 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[nt][e] = dv[nt][e] = 0.0f;
+
+  mbar_wait(kv_full, 0);
+#pragma unroll 1
+  for (int qt = qt_begin, i = 0; qt < nq; ++qt, ++i) {
+    const int s = i % kStages;
+    const uint32_t parity = (i / kStages) & 1;
+    const int q0 = qt * kBlockM;
+
+    // 1. S^T = K Q^T.
+    float st[kBlockM / 8][4];
+#pragma unroll
+    for (int n = 0; n < kBlockM / 8; ++n) st[n][0] = st[n][1] = st[n][2] = st[n][3] = 0.0f;
+    mbar_wait(full + s, parity);
+    fence_regs(st);
+    wgmma_fence();
+    wgmma_rows_t<HS>(st, k_addr + wg_rows, q_addr + s * L::kQTile);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(st);
+
+    // 2. P^T. Element e of n-tile n: key key0 + g + 8 (e / 2), query q0 + 8 n + 2 t + e % 2.
+    const float* L_s = sLD + s * 2 * kBlockM;
+    const float* D_s = L_s + kBlockM;
+    const bool need_mask = q0 < key0 + 15;  // some query of the tile precedes some key of the warp
+#pragma unroll
+    for (int n = 0; n < kBlockM / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int col = n * 8 + 2 * t + (e & 1);
+        float p = exp2f(fmaf(st[n][e], scale_log2, -L_s[col]));
+        if (need_mask && q0 + col < key0 + g + 8 * (e >> 1)) p = 0.0f;
+        st[n][e] = p;
+      }
+    uint32_t pa[kBlockM / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk) acc_to_a(pa[kk], st[2 * kk], st[2 * kk + 1]);
+
+    // 3. dP^T = V dO^T (as S^T) and dV += P^T dO (P^T from registers, dO read MN-major: 16
+    //    queries a step, 16 rows = 2 KiB further; the next 64 of the head's columns one sub-tile
+    //    (LBO) further), one commit.
+    float dpt[kBlockM / 8][4];
+#pragma unroll
+    for (int n = 0; n < kBlockM / 8; ++n) dpt[n][0] = dpt[n][1] = dpt[n][2] = dpt[n][3] = 0.0f;
+    fence_regs(dpt);
+    fence_regs(dv);
+    wgmma_fence();
+    wgmma_rows_t<HS>(dpt, v_addr + wg_rows, do_addr + s * L::kQTile);
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk)
+      wgmma_rs_hs<HS>(dv, pa[kk], sw128_desc(do_addr + s * L::kQTile + kk * 16 * kSwizzleRowBytes, L::kQSub, 1024));
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(dpt);
+    fence_regs(dv);
+    fence_regs(pa);
+
+    // 4. dS^T = P^T o (dP^T - D), rounded to bf16 as dK's A operand and stored to buffer s for
+    //    dQ: row r (key) at r * 128 bytes, 16-byte chunk n of the row at n ^ (r % 8); dsa[kk][2 x
+    //    + y] holds row g + 8 y, columns 8 (2 kk + x) + 2 t, +1 (the A fragment layout).
+#pragma unroll
+    for (int n = 0; n < kBlockM / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dpt[n][e] = st[n][e] * (dpt[n][e] - D_s[n * 8 + 2 * t + (e & 1)]);
+    uint32_t dsa[kBlockM / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk) acc_to_a(dsa[kk], dpt[2 * kk], dpt[2 * kk + 1]);
+    unsigned char* ds_tile = smem + L::kDS + s * L::kDSTile;
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk)
+#pragma unroll
+      for (int x = 0; x < 2; ++x)
+#pragma unroll
+        for (int y = 0; y < 2; ++y) {
+          const int row = krow0 + g + 8 * y, chunk = (2 * kk + x) ^ (row & 7);
+          *reinterpret_cast<uint32_t*>(ds_tile + row * kSwizzleRowBytes + chunk * 16 + 4 * t) = dsa[kk][2 * x + y];
+        }
+
+    // 5. dK += dS^T Q (Q read MN-major, as dO above).
+    fence_regs(dk);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk)
+      wgmma_rs_hs<HS>(dk, dsa[kk], sw128_desc(q_addr + s * L::kQTile + kk * 16 * kSwizzleRowBytes, L::kQSub, 1024));
+    wgmma_commit();
+
+    // 6. Both halves of dS^T written (and made visible to wgmma's reads); once dV and dK are done
+    //    (their fragments free: dQ's accumulators take their registers), this consumer's 64-column
+    //    part of dQ, if it has one: dS (64 queries x 128 keys) K (128 keys x 64).
+    fence_proxy_async_shared();
+    named_barrier(kBothConsumers, kConsumers * 128);
+    wgmma_wait<0>();
+    fence_regs(dk);
+    fence_regs(dsa);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty + s);  // this warp is done with Q, dO, lse and D of stage s
+    const int part = (cw + qt) & 1;
+    if (part >= L::kSubs) continue;  // (HS 64: the other consumer's turn)
+    float dq[8][4];
+#pragma unroll
+    for (int n = 0; n < 8; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
+    fence_regs(dq);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk)
+      wgmma_m64n64k16_ss<1, 1>(dq, sw128_desc(ds_addr + s * L::kDSTile + kk * 16 * kSwizzleRowBytes, L::kDSTile, 1024),
+                               sw128_desc(k_addr + part * L::kKSub + kk * 16 * kSwizzleRowBytes, L::kKSub, 1024), kk > 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(dq);
+
+    // 7. The part, summed over key blocks kt = last_key_tile(qt), ..., 0 in that order, through
+    //    this consumer's shared-memory tile (coalesced adds, no accumulators held).
+    float* sdq = reinterpret_cast<float*>(smem + L::kDQ) + cw * kBlockM * kDqLD;
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+        *reinterpret_cast<float2*>(sdq + (warp * 16 + g + 8 * r) * kDqLD + n * 8 + 2 * t) =
+            make_float2(dq[n][2 * r], dq[n][2 * r + 1]);
+    const int pos = flash_schedule::last_key_tile(qt, 0, nk, kBlockN, kBlockM) - kt;
+    const bool first = pos == 0, last = kt == 0;
+    const size_t tile = (static_cast<size_t>(b) * NH + h) * nq + qt;
+    int* turn = dq_turns + tile * L::kSubs + part;
+    float* acc = dq_acc + tile * kBlockM * HS + part * kSwizzleCols;
+    if (!first && wg_tid == 0) spin_until(turn, pos);
+    named_barrier(1 + cw, 128);  // the part is in shared memory, and the turn is ours
+#pragma unroll 1
+    for (int idx = wg_tid; idx < kBlockM * kSwizzleCols / 4; idx += 128) {
+      const int row = idx / (kSwizzleCols / 4), col = idx % (kSwizzleCols / 4) * 4, qi = q0 + row;
+      float4 v = *reinterpret_cast<const float4*>(sdq + row * kDqLD + col);
+      if (!first) v = add4(v, __ldcg(reinterpret_cast<const float4*>(acc + row * HS + col)));
+      if (!last)
+        __stcg(reinterpret_cast<float4*>(acc + row * HS + col), v);
+      else if (qi < T)
+        store_quad(dqkv + (static_cast<size_t>(b) * T + qi) * W + h * HS + part * kSwizzleCols + col, v, scale);
+    }
+    if (!last) {
+      named_barrier(1 + cw, 128);  // every thread's part stored before the release
+      if (wg_tid == 0) store_release(turn, pos + 1);
+    }
+  }
+
+  // dK and dV, through shared memory (free now: every product is done once both consumers are
+  // here) so that the sums below are coalesced and hold no accumulators: a key/value head's are
+  // the sum of its group's query heads, added in head order through fp32 scratch (G = 1: written
+  // at once).
+  named_barrier(kBothConsumers, kConsumers * 128);
+  float* sdk = reinterpret_cast<float*>(smem);  // [128 keys][kAccLD]
+  float* sdv = sdk + kBlockN * kAccLD<HS>;
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int nt = 0; nt < HS / 8; ++nt) {
+      const int at = (krow0 + g + 8 * r) * kAccLD<HS> + nt * 8 + 2 * t;
+      *reinterpret_cast<float2*>(sdk + at) = make_float2(dk[nt][2 * r], dk[nt][2 * r + 1]);
+      *reinterpret_cast<float2*>(sdv + at) = make_float2(dv[nt][2 * r], dv[nt][2 * r + 1]);
+    }
+  const bool first = j == 0, last = j == G - 1;
+  float* kacc = dkv_acc + ((static_cast<size_t>(b) * NKV + kvh) * nk + kt) * 2 * kBlockN * HS;
+  float* vacc = kacc + kBlockN * HS;
+  int* turn = dkv_turns + (static_cast<size_t>(b) * NKV + kvh) * nk + kt;
+  if (!first && threadIdx.x == 128) spin_until(turn, j);
+  named_barrier(kBothConsumers, kConsumers * 128);  // both halves in shared memory, and the turn is ours
+#pragma unroll 1
+  for (int idx = threadIdx.x - 128; idx < kBlockN * HS / 4; idx += kConsumers * 128) {
+    const int row = idx / (HS / 4), col = idx % (HS / 4) * 4, kj = kt * kBlockN + row;
+    float4 k4 = *reinterpret_cast<const float4*>(sdk + row * kAccLD<HS> + col);
+    float4 v4 = *reinterpret_cast<const float4*>(sdv + row * kAccLD<HS> + col);
+    if (!first) {
+      k4 = add4(k4, __ldcg(reinterpret_cast<const float4*>(kacc + row * HS + col)));
+      v4 = add4(v4, __ldcg(reinterpret_cast<const float4*>(vacc + row * HS + col)));
+    }
+    if (!last) {
+      __stcg(reinterpret_cast<float4*>(kacc + row * HS + col), k4);
+      __stcg(reinterpret_cast<float4*>(vacc + row * HS + col), v4);
+    } else if (kj < T) {
+      bf16* dkrow = dqkv + (static_cast<size_t>(b) * T + kj) * W + (NH + kvh) * HS + col;
+      store_quad(dkrow, k4, scale);
+      store_quad(dkrow + NKV * HS, v4, 1.0f);
+    }
+  }
+  if (!last) {
+    named_barrier(kBothConsumers, kConsumers * 128);  // every thread's part stored before the release
+    if (threadIdx.x == 128) store_release(turn, j + 1);
+  }
+#else
+  __trap();  // never launched: flash_sm90_available() is false without sm_90a code
+#endif
+}
+
+// ---- host side --------------------------------------------------------------------------------
+
+// The workspace (flash_backward_order.cuh) of this kernel's 64-query tiles, a dQ turn per
+// 64-column part.
+BackwardWorkspace workspace_layout(int B, int T, int NH, int NKV, int HS) {
+  return backward_workspace(B, T, T, NH, NKV, HS, kBlockM, kBlockN, HS / kSwizzleCols);
+}
+
+template <int HS>
+void launch_backward_sm90(void* dqkv, const void* dout, const void* qkv, const float* lse, const float* D, int B,
+                          int T, int NH, int NKV, void* workspace, cudaStream_t stream) {
+  const size_t smem = Layout<HS>::kBytes;
+  use_dynamic_shared(flash_backward_sm90_kernel<HS>, smem, [] { return "flash attention backward (sm_90a)"; });
+  const BackwardWorkspace ws = workspace_layout(B, T, NH, NKV, HS);
+  const BackwardScratch sc = backward_scratch(workspace, ws);
+  CUDA_CHECK(cudaMemsetAsync(sc.dq_turns, 0, ws.counters() * sizeof(int), stream));
+  const size_t W = static_cast<size_t>(NH + 2 * NKV) * HS;
+  const CUtensorMap map_q = rows_tensor_map(qkv, B, T, W, kBlockM);
+  const CUtensorMap map_kv = rows_tensor_map(qkv, B, T, W, kBlockN);
+  const CUtensorMap map_do = rows_tensor_map(dout, B, T, static_cast<size_t>(NH) * HS, kBlockM);
+  const dim3 grid(static_cast<unsigned>(ceil_div(T, kBlockN)), static_cast<unsigned>(B * NH));
+  const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
+  flash_backward_sm90_kernel<HS><<<grid, kThreads, smem, stream>>>(
+      static_cast<bf16*>(dqkv), lse, D, sc.dq_acc, sc.dkv_acc, sc.dq_turns, sc.dkv_turns, sc.ticket, map_q, map_kv,
+      map_do, T, NH, NKV, scale, scale * kLog2e);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+size_t flash_backward_sm90_workspace_bytes(int B, int T, int NH, int NKV, int HS) {
+  return workspace_layout(B, T, NH, NKV, HS).bytes();
+}
+
+void flash_attention_backward_sm90_bf16(void* dqkv, const void* dout, const void* qkv, const float* lse,
+                                        const float* D, int B, int T, int NH, int NKV, int HS, void* workspace,
+                                        void* stream) {
+  if (B <= 0 || T <= 0) return;
+  check(flash_sm90_available(), "flash attention backward (sm_90a): needs a Hopper GPU and a build with sm_90a");
+  check_flash_heads("flash attention backward (sm_90a)", B, NH, NKV);
+  check(workspace != nullptr && is_aligned(workspace, 16),
+        "flash attention backward (sm_90a): needs a 16-byte aligned workspace");
+  with_flash_head_size("flash attention backward (sm_90a)", HS, [&](auto hs) {
+    launch_backward_sm90<decltype(hs)::value>(dqkv, dout, qkv, lse, D, B, T, NH, NKV, workspace, as_stream(stream));
+  });
+}
+
+}  // namespace pt::gpu
