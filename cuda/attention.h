@@ -1,8 +1,8 @@
 // Host launchers for causal self-attention on the GPU. Two implementations of the same math
 // (see Ops::attention_forward/backward):
-//  - flash_attention_*_bf16 (flash_attention_forward.cu, flash_attention_backward.cu): bf16
-//    tensor-core (mma.sync m16n8k16, ldmatrix, cp.async; sm_80+) flash attention for head sizes
-//    64 and 128;
+//  - flash_attention_*_bf16 (flash_attention_forward.cu, flash_attention_backward.cu, and on
+//    Hopper flash_attention_*_sm90.cu): bf16 tensor-core flash attention for head sizes 64 and
+//    128 (and, zero-padded to those by CudaOps, the multiples of 8 up to 128);
 //  - attention_*_tiled (attention_tiled.cu): CUDA-core tiled kernels for f32 or bf16 and any
 //    head size, fp32 math throughout: the fp32 backend's kernel (it matches CpuOps to ~1e-6)
 //    and the bf16 fallback for other head sizes.
@@ -25,12 +25,22 @@
 namespace pt::gpu {
 
 // True when the tensor-core kernels handle this call: bf16, HS 64 or 128, 16-byte aligned tensors.
+// (CudaOps sends other head sizes that are multiples of 8 up to 128 to them too, zero-padded:
+// flash_padded_head_size.) `scale`, where given (> 0), is the softmax scale in place of
+// 1/sqrt(HS): a padded head keeps its own.
 bool flash_attention_supported(DType dtype, int HS, const void* qkv, const void* out_or_dout, const void* dqkv);
+// The head size (64 or 128) whose kernels run a head of HS channels zero-padded: 0 where none
+// does (HS not a multiple of 8, or over 128). Padding changes no score (the padded channels add
+// products of zeros) and gives output channels of 0, dropped when copied back.
+int flash_padded_head_size(int HS);
+// dst [rows][heads][dst_hs] <- src [rows][heads][src_hs] in bf16: the first min(src_hs, dst_hs)
+// channels of each head copied, the rest of dst's (dst_hs > src_hs) set to 0 (attention_pad.cu).
+void copy_heads_bf16(void* dst, int dst_hs, const void* src, int src_hs, size_t rows, int heads, void* stream = nullptr);
 
 // Runs the Hopper kernel where flash_forward_path() says so, else the sm_80 kernel (the backward
 // below likewise, by flash_backward_path()).
 void flash_attention_forward_bf16(void* out, float* lse, const void* qkv, int B, int T, int NH, int NKV, int HS,
-                                  void* stream = nullptr);
+                                  void* stream = nullptr, float scale = 0.0f);
 
 // The Hopper kernels (flash_attention_forward_sm90.cu, flash_attention_backward_sm90.cu: wgmma,
 // TMA, warp-specialised), the same contracts as the sm_80 kernels; they need
@@ -38,11 +48,11 @@ void flash_attention_forward_bf16(void* out, float* lse, const void* qkv, int B,
 // flash_attention_forward_bf16 and flash_attention_backward_bf16 after their argument checks.
 bool flash_sm90_available();
 void flash_attention_forward_sm90_bf16(void* out, float* lse, const void* qkv, int B, int T, int NH, int NKV, int HS,
-                                       void* stream = nullptr);
+                                       void* stream = nullptr, float scale = 0.0f);
 size_t flash_backward_sm90_workspace_bytes(int B, int T, int NH, int NKV, int HS);
 void flash_attention_backward_sm90_bf16(void* dqkv, const void* dout, const void* qkv, const float* lse,
                                         const float* D, int B, int T, int NH, int NKV, int HS, void* workspace,
-                                        void* stream = nullptr);
+                                        void* stream = nullptr, float scale = 0.0f);
 // Which kernel the flash forward and backward run (flash_attention_paths.cpp): mma (the sm_80
 // kernel everywhere), wgmma (the Hopper kernel; an error where it is not available) or automatic
 // (the Hopper kernel where available). From PICOTRAIN_FLASH_FORWARD and PICOTRAIN_FLASH_BACKWARD
@@ -61,7 +71,8 @@ bool uses_sm90_kernel(FlashPath path);
 // (flash_attention_backward.cu).
 size_t flash_attention_backward_workspace_bytes(int B, int T, int NH, int NKV, int HS);
 void flash_attention_backward_bf16(void* dqkv, const void* dout, const void* qkv, const float* lse, const float* D,
-                                   int B, int T, int NH, int NKV, int HS, void* workspace, void* stream = nullptr);
+                                   int B, int T, int NH, int NKV, int HS, void* workspace, void* stream = nullptr,
+                                   float scale = 0.0f);
 
 void attention_forward_tiled(DType dtype, void* out, float* lse, const void* qkv, int B, int T, int NH, int NKV, int HS,
                              void* stream = nullptr);

@@ -4,6 +4,9 @@
 // flash kernels where they apply, the CUDA-core block kernels otherwise). Each checks its
 // arguments (cuda_ops_args.h),
 // then calls its kernels' launcher. Host code only, compiled by g++ against the CUDA runtime headers.
+#include <cmath>
+#include <cstdint>
+#include <initializer_list>
 #include <string>
 
 #include "cuda/attention.h"
@@ -31,6 +34,18 @@ int gqa_head_size(const char* op, int C, int NH, int NKV) {
                                       " must be positive and divide n_heads=" + std::to_string(NH));
   return HS;
 }
+// The head size the flash kernels run a head of HS channels at, zero-padded
+// (gpu::flash_padded_head_size), where the flash kernels do not take HS itself: bf16 and 16-byte
+// aligned tensors (the copies move 16-byte chunks); 0 where the CUDA-core kernels run instead.
+int padded_flash_head_size(DType dt, int HS, std::initializer_list<const void*> tensors) {
+  if (dt != DType::bf16) return 0;
+  for (const void* p : tensors)
+    if (!is_aligned(p, 16)) return 0;
+  return gpu::flash_padded_head_size(HS);
+}
+size_t round256(size_t bytes) { return (bytes + 255) / 256 * 256; }
+// 1/sqrt(HS), as the kernels compute it for their own head size.
+float softmax_scale(int HS) { return 1.0f / std::sqrt(static_cast<float>(HS)); }
 }  // namespace
 
 void CudaOps::attention_forward(Tensor out, Tensor lse, Tensor qkv, int B, int T, int C, int NH, int NKV) {
@@ -41,10 +56,18 @@ void CudaOps::attention_forward(Tensor out, Tensor lse, Tensor qkv, int B, int T
   need(out, BT * C, dt, "attention_forward", "out");
   need(lse, size_t(B) * NH * T, DType::f32, "attention_forward", "lse");
   float* L = static_cast<float*>(lse.data);
-  if (gpu::flash_attention_supported(dt, HS, qkv.data, out.data, nullptr))
+  if (gpu::flash_attention_supported(dt, HS, qkv.data, out.data, nullptr)) {
     gpu::flash_attention_forward_bf16(out.data, L, qkv.data, B, T, NH, NKV, HS, stream_);
-  else
+  } else if (const int HSp = padded_flash_head_size(dt, HS, {qkv.data, out.data})) {
+    // q, k, v in heads of HSp (zero-padded), the flash forward at the head's own scale, out back.
+    const size_t qkv_bytes = round256(BT * (NH + 2 * NKV) * HSp * sizeof(uint16_t));
+    char* space = static_cast<char*>(scratch(qkv_bytes + BT * NH * HSp * sizeof(uint16_t)));
+    gpu::copy_heads_bf16(space, HSp, qkv.data, HS, BT, NH + 2 * NKV, stream_);
+    gpu::flash_attention_forward_bf16(space + qkv_bytes, L, space, B, T, NH, NKV, HSp, stream_, softmax_scale(HS));
+    gpu::copy_heads_bf16(out.data, HS, space + qkv_bytes, HSp, BT, NH, stream_);
+  } else {
     gpu::attention_forward_tiled(dt, out.data, L, qkv.data, B, T, NH, NKV, HS, stream_);
+  }
 }
 
 void CudaOps::attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B, int T, int C,
@@ -70,14 +93,20 @@ void CudaOps::attention_backward_impl(const char* op, Tensor dqkv, Tensor dout, 
   need(lse, size_t(B) * NH * T, DType::f32, op, "lse");
   // (FP8: the dequantised copy in scratch is aligned, and qkv is, so qkv answers for it here.)
   const bool flash = gpu::flash_attention_supported(dt, HS, qkv.data, dout.data, dqkv.data);
-  // One scratch request for D, the flash kernel's workspace and, for FP8, the dequantised qkv and
-  // the amaxes of its cast (a second request could move the first).
-  const auto round256 = [](size_t bytes) { return (bytes + 255) / 256 * 256; };
+  // Another head size on the flash kernels: q, k, v and dout zero-padded to HSp, dqkv copied back.
+  const int HSp = flash ? 0 : padded_flash_head_size(dt, HS, {qkv.data, dout.data, dqkv.data});
+  // One scratch request for D, the flash kernel's workspace, for FP8 the dequantised qkv and the
+  // amaxes of its cast, and the padded copies (a second request could move the first).
   const size_t d_bytes = round256(size_t(B) * NH * T * sizeof(float));
-  const size_t ws_bytes = flash ? round256(gpu::flash_attention_backward_workspace_bytes(B, T, NH, NKV, HS)) : 0;
+  const int kernel_hs = flash ? HS : HSp;
+  const size_t ws_bytes =
+      kernel_hs ? round256(gpu::flash_attention_backward_workspace_bytes(B, T, NH, NKV, kernel_hs)) : 0;
   const size_t dq_bytes = fp8 ? round256(BT * W * dtype_size(dt)) : 0;
   const size_t amax_bytes = fp8 ? round256(size_t(B) * (NH + 2 * NKV) * sizeof(float)) : 0;
-  char* space = static_cast<char*>(scratch(d_bytes + ws_bytes + dq_bytes + amax_bytes));
+  const size_t padded_qkv_bytes = round256(BT * (NH + 2 * NKV) * HSp * sizeof(uint16_t));  // 0 unless padded
+  const size_t padded_dout_bytes = round256(BT * NH * HSp * sizeof(uint16_t));
+  char* space = static_cast<char*>(
+      scratch(d_bytes + ws_bytes + dq_bytes + amax_bytes + 2 * padded_qkv_bytes + padded_dout_bytes));
   float* D = reinterpret_cast<float*>(space);
   const void* x = qkv.data;  // the q, k, v the gradient is taken at
   if (fp8 && BT > 0) {
@@ -87,10 +116,20 @@ void CudaOps::attention_backward_impl(const char* op, Tensor dqkv, Tensor dout, 
   }
   gpu::attention_row_dot(dt, D, dout.data, out.data, B, T, NH, HS, stream_);
   const float* L = static_cast<const float*>(lse.data);
-  if (flash)
+  if (flash) {
     gpu::flash_attention_backward_bf16(dqkv.data, dout.data, x, L, D, B, T, NH, NKV, HS, space + d_bytes, stream_);
-  else
+  } else if (HSp) {
+    char* qkv_p = space + d_bytes + ws_bytes + dq_bytes + amax_bytes;
+    char* dqkv_p = qkv_p + padded_qkv_bytes;
+    char* dout_p = dqkv_p + padded_qkv_bytes;
+    gpu::copy_heads_bf16(qkv_p, HSp, x, HS, BT, NH + 2 * NKV, stream_);
+    gpu::copy_heads_bf16(dout_p, HSp, dout.data, HS, BT, NH, stream_);
+    gpu::flash_attention_backward_bf16(dqkv_p, dout_p, qkv_p, L, D, B, T, NH, NKV, HSp, space + d_bytes, stream_,
+                                       softmax_scale(HS));
+    gpu::copy_heads_bf16(dqkv.data, HS, dqkv_p, HSp, BT, NH + 2 * NKV, stream_);
+  } else {
     gpu::attention_backward_tiled(dt, dqkv.data, dout.data, x, L, D, B, T, NH, NKV, HS, stream_);
+  }
 }
 
 // ---- FP8 attention ---------------------------------------------------------------------------------

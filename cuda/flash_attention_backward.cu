@@ -412,7 +412,7 @@ void launch_backward(const FlashProblem& p, const FlashGrads& gr, const float* l
   const BackwardScratch sc = backward_scratch(workspace, ws);
   CUDA_CHECK(cudaMemsetAsync(sc.dq_turns, 0, ws.counters() * sizeof(int), stream));
   const dim3 grid(static_cast<unsigned>(ceil_div(p.Tk, kBwdBlockN)), static_cast<unsigned>(B * p.NH));
-  const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
+  const float scale = softmax_scale(p.scale, HS);
   if constexpr (kBlock)
     flash_block_backward_kernel<HS><<<grid, kBwdThreads, smem, stream>>>(
         gr.dq, gr.dk, gr.dv, gr.dout, p.q, p.k, p.v, lse, D, sc.dq_acc, sc.dkv_acc, sc.dq_turns, sc.dkv_turns,
@@ -445,10 +445,10 @@ size_t flash_attention_backward_workspace_bytes(int B, int T, int NH, int NKV, i
 }
 
 void flash_attention_backward_bf16(void* dqkv, const void* dout, const void* qkv, const float* lse, const float* D,
-                                   int B, int T, int NH, int NKV, int HS, void* workspace, void* stream) {
+                                   int B, int T, int NH, int NKV, int HS, void* workspace, void* stream, float scale) {
   if (uses_sm90_kernel(flash_backward_path()))
-    return flash_attention_backward_sm90_bf16(dqkv, dout, qkv, lse, D, B, T, NH, NKV, HS, workspace, stream);
-  const FlashProblem p = packed_problem(qkv, T, NH, NKV, HS);
+    return flash_attention_backward_sm90_bf16(dqkv, dout, qkv, lse, D, B, T, NH, NKV, HS, workspace, stream, scale);
+  const FlashProblem p = packed_problem(qkv, T, NH, NKV, HS, scale);
   bf16* dq = static_cast<bf16*>(dqkv);
   const FlashGrads gr{static_cast<const bf16*>(dout), dq, nullptr, nullptr};  // (dk and dv are within dqkv's rows)
   launch_backward<false>(p, gr, lse, D, B, HS, workspace, as_stream(stream));

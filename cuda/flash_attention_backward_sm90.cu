@@ -449,7 +449,7 @@ BackwardWorkspace workspace_layout(int B, int T, int NH, int NKV, int HS) {
 
 template <int HS>
 void launch_backward_sm90(void* dqkv, const void* dout, const void* qkv, const float* lse, const float* D, int B,
-                          int T, int NH, int NKV, void* workspace, cudaStream_t stream) {
+                          int T, int NH, int NKV, float scale, void* workspace, cudaStream_t stream) {
   const size_t smem = Layout<HS>::kBytes;
   use_dynamic_shared(flash_backward_sm90_kernel<HS>, smem, [] { return "flash attention backward (sm_90a)"; });
   const BackwardWorkspace ws = workspace_layout(B, T, NH, NKV, HS);
@@ -460,7 +460,7 @@ void launch_backward_sm90(void* dqkv, const void* dout, const void* qkv, const f
   const CUtensorMap map_kv = rows_tensor_map(qkv, B, T, W, kBlockN);
   const CUtensorMap map_do = rows_tensor_map(dout, B, T, static_cast<size_t>(NH) * HS, kBlockM);
   const dim3 grid(static_cast<unsigned>(ceil_div(T, kBlockN)), static_cast<unsigned>(B * NH));
-  const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
+  scale = softmax_scale(scale, HS);
   flash_backward_sm90_kernel<HS><<<grid, kThreads, smem, stream>>>(
       static_cast<bf16*>(dqkv), lse, D, sc.dq_acc, sc.dkv_acc, sc.dq_turns, sc.dkv_turns, sc.ticket, map_q, map_kv,
       map_do, T, NH, NKV, scale, scale * kLog2e);
@@ -475,14 +475,15 @@ size_t flash_backward_sm90_workspace_bytes(int B, int T, int NH, int NKV, int HS
 
 void flash_attention_backward_sm90_bf16(void* dqkv, const void* dout, const void* qkv, const float* lse,
                                         const float* D, int B, int T, int NH, int NKV, int HS, void* workspace,
-                                        void* stream) {
+                                        void* stream, float scale) {
   if (B <= 0 || T <= 0) return;
   check(flash_sm90_available(), "flash attention backward (sm_90a): needs a Hopper GPU and a build with sm_90a");
   check_flash_heads("flash attention backward (sm_90a)", B, NH, NKV);
   check(workspace != nullptr && is_aligned(workspace, 16),
         "flash attention backward (sm_90a): needs a 16-byte aligned workspace");
   with_flash_head_size("flash attention backward (sm_90a)", HS, [&](auto hs) {
-    launch_backward_sm90<decltype(hs)::value>(dqkv, dout, qkv, lse, D, B, T, NH, NKV, workspace, as_stream(stream));
+    launch_backward_sm90<decltype(hs)::value>(dqkv, dout, qkv, lse, D, B, T, NH, NKV, scale, workspace,
+                                              as_stream(stream));
   });
 }
 

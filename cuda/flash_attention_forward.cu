@@ -271,7 +271,7 @@ void launch_forward(void* out, float* lse, const FlashProblem& p, int B, int spl
     use_dynamic_shared(flash_forward_kernel<HS>, smem, [] { return "flash attention"; });
   const dim3 grid(static_cast<unsigned>(ceil_div(p.Tq, kFwdBlockM)), static_cast<unsigned>(B * p.NH),
                   static_cast<unsigned>(splits));
-  const float scale_log2 = kLog2e / std::sqrt(static_cast<float>(HS));
+  const float scale_log2 = kLog2e * softmax_scale(p.scale, HS);
   if constexpr (kBlock)
     flash_block_forward_kernel<HS><<<grid, kFwdThreads, smem, stream>>>(static_cast<bf16*>(out), lse, p.q, p.k, p.v,
                                                                         p.Tq, p.Tk, p.NH, p.NKV, p.delta, split_tiles,
@@ -308,11 +308,11 @@ bool flash_attention_block_supported(DType dtype, int HS, int Tk, int q_pos0, in
 }
 
 void flash_attention_forward_bf16(void* out, float* lse, const void* qkv, int B, int T, int NH, int NKV, int HS,
-                                  void* stream) {
+                                  void* stream, float scale) {
   if (B <= 0 || T <= 0) return;
   if (uses_sm90_kernel(flash_forward_path()))
-    return flash_attention_forward_sm90_bf16(out, lse, qkv, B, T, NH, NKV, HS, stream);
-  launch_forward<false>(out, lse, packed_problem(qkv, T, NH, NKV, HS), B, HS, as_stream(stream));
+    return flash_attention_forward_sm90_bf16(out, lse, qkv, B, T, NH, NKV, HS, stream, scale);
+  launch_forward<false>(out, lse, packed_problem(qkv, T, NH, NKV, HS, scale), B, HS, as_stream(stream));
 }
 
 namespace {

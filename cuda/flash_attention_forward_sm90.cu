@@ -223,14 +223,15 @@ __global__ void __launch_bounds__(kThreads, 1)
 // ---- host side --------------------------------------------------------------------------------
 
 template <int HS>
-void launch_forward_sm90(void* out, float* lse, const void* qkv, int B, int T, int NH, int NKV, cudaStream_t stream) {
+void launch_forward_sm90(void* out, float* lse, const void* qkv, int B, int T, int NH, int NKV, float scale,
+                         cudaStream_t stream) {
   const size_t smem = Layout<HS>::kBytes;
   use_dynamic_shared(flash_forward_sm90_kernel<HS>, smem, [] { return "flash attention (sm_90a)"; });
   const size_t W = static_cast<size_t>(NH + 2 * NKV) * HS;
   const CUtensorMap map_q = rows_tensor_map(qkv, B, T, W, kWgRows);
   const CUtensorMap map_kv = rows_tensor_map(qkv, B, T, W, kBlockN);
   const dim3 grid(static_cast<unsigned>(ceil_div(T, kBlockM)), static_cast<unsigned>(B * NH));
-  const float scale_log2 = kLog2e / std::sqrt(static_cast<float>(HS));
+  const float scale_log2 = kLog2e * softmax_scale(scale, HS);
   flash_forward_sm90_kernel<HS><<<grid, kThreads, smem, stream>>>(static_cast<bf16*>(out), lse, map_q, map_kv, T,
                                                                    NH, NKV, scale_log2);
   CUDA_CHECK_LAUNCH();
@@ -262,11 +263,11 @@ bool flash_sm90_available() {
 }
 
 void flash_attention_forward_sm90_bf16(void* out, float* lse, const void* qkv, int B, int T, int NH, int NKV, int HS,
-                                       void* stream) {
+                                       void* stream, float scale) {
   check(flash_sm90_available(), "flash attention (sm_90a): needs a Hopper GPU and a build with sm_90a");
   check_flash_heads("flash attention (sm_90a)", B, NH, NKV);
   with_flash_head_size("flash attention (sm_90a)", HS, [&](auto hs) {
-    launch_forward_sm90<decltype(hs)::value>(out, lse, qkv, B, T, NH, NKV, as_stream(stream));
+    launch_forward_sm90<decltype(hs)::value>(out, lse, qkv, B, T, NH, NKV, scale, as_stream(stream));
   });
 }
 

@@ -29,6 +29,7 @@
 // (16 bytes each) fall in 8 disjoint groups of 4 banks: conflict-free, and every row start stays
 // 16-byte aligned for cp.async and ldmatrix.
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -187,7 +188,14 @@ struct FlashProblem {
   // Key tiles (of the forward's 64 keys) per split of the keys (flash-decoding: blockIdx.z takes
   // tiles [z split_tiles, (z + 1) split_tiles)); kOneSplit: one split, every tile.
   int split_tiles;
+  // The softmax scale; 0: 1/sqrt(HS). (Host side only: the launchers pass it to the kernels.)
+  float scale = 0.0f;
 };
+// The scale of the scores: `scale` where given (a head zero-padded to the kernel's head size keeps
+// its own, 1/sqrt of its real size), else 1/sqrt(HS).
+inline float softmax_scale(float scale, int HS) {
+  return scale > 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(HS));
+}
 // The backward's gradients, in the layouts of q, k, v (a block's are added to, packed ones written).
 struct FlashGrads {
   const bf16* dout;
@@ -229,11 +237,11 @@ constexpr int kFwdBlockN = 64;                        // keys per tile
 constexpr int kOneSplit = 1 << 30;  // FlashProblem::split_tiles of a call that does not split its keys
 
 // Causal self-attention on a packed qkv [B, T, (NH + 2 NKV) HS] (attention_forward's layout).
-inline FlashProblem packed_problem(const void* qkv, int T, int NH, int NKV, int HS) {
+inline FlashProblem packed_problem(const void* qkv, int T, int NH, int NKV, int HS, float scale = 0.0f) {
   const bf16* base = static_cast<const bf16*>(qkv);
   const size_t rs = static_cast<size_t>(NH + 2 * NKV) * HS;
   return {base, base + static_cast<size_t>(NH) * HS, base + static_cast<size_t>(NH + NKV) * HS, rs, rs, rs * T, T, T, NH,
-          NKV, 0, kOneSplit};
+          NKV, 0, kOneSplit, scale};
 }
 // q [B, Tq, NH HS] against k, v [B, Tk, NKV HS], query i at position q_pos0 + i and key j at
 // k_pos0 + j (Ops::attention_block_forward); delta clamped to [-Tq, Tk] (beyond either end nothing

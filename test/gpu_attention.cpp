@@ -1,10 +1,11 @@
 // CudaOps attention (flash_attention_*.cu on tensor cores, attention_tiled.cu on CUDA cores)
 // against CpuOps on random inputs, causal, forward and backward:
 //  - kCases, awkward sizes for both kernel families: T not a multiple of any tile (1, 33, 40, 65,
-//    67, 129, 200), head sizes 64 and 128 in bf16 (the tensor-core kernels), and 32, 5, 64, 128 in
-//    fp32 plus 32 in bf16 (the CUDA-core kernels), grouped-query attention (NKV key/value heads <
-//    NH query heads) through both; small, so that compute-sanitizer runs them all (gpu_check.sh
-//    leaves out the [flash] test cases);
+//    67, 129, 130, 200), head sizes 64 and 128 in bf16 (the tensor-core kernels), 12, 32, 40, 80
+//    and 96 in bf16 (the same kernels on heads zero-padded to 64 or 128), and 32, 5, 64, 128 in
+//    fp32 plus 5 and 136 in bf16 (the CUDA-core kernels), grouped-query attention (NKV key/value
+//    heads < NH query heads) through both; small, so that compute-sanitizer runs them all
+//    (gpu_check.sh leaves out the [flash] test cases);
 //  - flash_sweep(), the tensor-core path in bf16 as training runs it: every T in {1, 65, 129, 200,
 //    257, 1024} (one row; ragged last tiles of the forward's 128-query and the backward's
 //    128-key and 128-query tiles; several key blocks adding into one dQ tile) x HS {64, 128} x
@@ -64,7 +65,12 @@ const Case kCases[] = {
     {DType::bf16, 2, 129, 2, 64},  // tensor cores: two 128-query tiles, the last with one row
     {DType::bf16, 2, 129, 2, 128},
     {DType::bf16, 1, 64, 1, 64},   // half a 128-row tile
-    {DType::bf16, 2, 67, 3, 32},   // bf16 on the CUDA-core kernels
+    {DType::bf16, 2, 67, 3, 32},   // bf16 at HS 32: the HS 64 kernels on zero-padded heads
+    {DType::bf16, 2, 130, 2, 96},  // HS 96: the HS 128 kernels on zero-padded heads
+    {DType::bf16, 1, 67, 2, 40},   // HS 40, padded to 64
+    {DType::bf16, 1, 40, 2, 12},   // HS 12 (not a multiple of 16), padded to 64
+    {DType::bf16, 1, 40, 3, 5},    // bf16 on the CUDA-core kernels (HS not a multiple of 8)
+    {DType::bf16, 1, 33, 1, 136},  // ... and above 128
     {DType::bf16, 1, 1, 2, 64},    // one row: a tile with 127 padding rows and keys
     {DType::bf16, 1, 200, 4, 64},  // several tiles: each key block walks several query tiles
     {DType::bf16, 3, 65, 1, 128},  // HS 128, B > 1 with NH = 1
@@ -76,7 +82,8 @@ const Case kCases[] = {
     {DType::bf16, 1, 200, 8, 64, 2},  // groups of 4, several tiles each way
     {DType::bf16, 1, 65, 8, 128, 1},  // groups of 8
     {DType::bf16, 2, 65, 4, 128, 2},  // HS 128 with groups of 2
-    {DType::bf16, 2, 67, 6, 32, 3},   // bf16 on the CUDA-core kernels, groups of 2
+    {DType::bf16, 2, 67, 6, 32, 3},   // bf16 at HS 32 (padded), groups of 2
+    {DType::bf16, 1, 130, 8, 80, 2},  // HS 80 (padded to 128), groups of 4
 };
 
 // The tensor-core sweep (see the header). B 2 up to T 257 (a second sequence's offsets), B 1 above.
@@ -275,7 +282,7 @@ bool hopper_kernels_here() {
 
 void check_small_flash_cases() {
   for (const Case& k : kCases)
-    if (k.mode == DType::bf16 && (k.HS == 64 || k.HS == 128)) check_case(k);
+    if (k.mode == DType::bf16 && gpu::flash_padded_head_size(k.HS) != 0) check_case(k);  // (64 and 128 too)
 }
 
 void check_flash_sweeps() {
