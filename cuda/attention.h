@@ -49,10 +49,15 @@ void flash_attention_forward_bf16(void* out, float* lse, const void* qkv, int B,
 bool flash_sm90_available();
 void flash_attention_forward_sm90_bf16(void* out, float* lse, const void* qkv, int B, int T, int NH, int NKV, int HS,
                                        void* stream = nullptr, float scale = 0.0f);
-size_t flash_backward_sm90_workspace_bytes(int B, int T, int NH, int NKV, int HS);
+size_t flash_backward_sm90_workspace_bytes(int B, int Tq, int Tk, int NH, int NKV, int HS);
 void flash_attention_backward_sm90_bf16(void* dqkv, const void* dout, const void* qkv, const float* lse,
                                         const float* D, int B, int T, int NH, int NKV, int HS, void* workspace,
                                         void* stream = nullptr, float scale = 0.0f);
+// ... and on a block (flash_attention_block_backward_bf16's contract, which calls it).
+void flash_attention_block_backward_sm90_bf16(void* dq, void* dk, void* dv, const void* dout, const void* q,
+                                              const void* k, const void* v, const float* lse, const float* D, int B,
+                                              int Tq, int Tk, int NH, int NKV, int HS, int q_pos0, int k_pos0,
+                                              bool causal, void* workspace, void* stream = nullptr);
 // Which kernel the flash forward and backward run (flash_attention_paths.cpp): mma (the sm_80
 // kernel everywhere), wgmma (the Hopper kernel; an error where it is not available) or automatic
 // (the Hopper kernel where available). From PICOTRAIN_FLASH_FORWARD and PICOTRAIN_FLASH_BACKWARD

@@ -440,7 +440,7 @@ void launch_backward(const FlashProblem& p, const FlashGrads& gr, const float* l
 size_t flash_attention_backward_workspace_bytes(int B, int T, int NH, int NKV, int HS) {
   // Enough for either kernel, whichever flash_backward_path() picks when it runs.
   const size_t sm80 = workspace_layout(B, T, T, NH, NKV, HS).bytes();
-  const size_t sm90 = flash_backward_sm90_workspace_bytes(B, T, NH, NKV, HS);
+  const size_t sm90 = flash_backward_sm90_workspace_bytes(B, T, T, NH, NKV, HS);
   return sm80 > sm90 ? sm80 : sm90;
 }
 
@@ -455,17 +455,22 @@ void flash_attention_backward_bf16(void* dqkv, const void* dout, const void* qkv
 }
 
 size_t flash_attention_block_backward_workspace_bytes(int B, int Tq, int Tk, int NH, int NKV, int HS) {
-  return workspace_layout(B, Tq, Tk, NH, NKV, HS).bytes();
+  const size_t sm80 = workspace_layout(B, Tq, Tk, NH, NKV, HS).bytes();
+  const size_t sm90 = flash_backward_sm90_workspace_bytes(B, Tq, Tk, NH, NKV, HS);
+  return sm80 > sm90 ? sm80 : sm90;
 }
 
 void flash_attention_block_backward_bf16(void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k,
                                          const void* v, const float* lse, const float* D, int B, int Tq, int Tk,
                                          int NH, int NKV, int HS, int q_pos0, int k_pos0, bool causal,
                                          void* workspace, void* stream) {
+  if (uses_sm90_kernel(flash_backward_path()))
+    return flash_attention_block_backward_sm90_bf16(dq, dk, dv, dout, q, k, v, lse, D, B, Tq, Tk, NH, NKV, HS, q_pos0,
+                                                    k_pos0, causal, workspace, stream);
   const FlashGrads gr{static_cast<const bf16*>(dout), static_cast<bf16*>(dq), static_cast<bf16*>(dk),
                       static_cast<bf16*>(dv)};
-  launch_backward<true>(block_problem(q, k, v, Tq, Tk, NH, NKV, HS, q_pos0, k_pos0, causal), gr, lse, D, B, HS, workspace,
-                  as_stream(stream));
+  launch_backward<true>(block_problem(q, k, v, Tq, Tk, NH, NKV, HS, q_pos0, k_pos0, causal), gr, lse, D, B, HS,
+                        workspace, as_stream(stream));
 }
 
 }  // namespace pt::gpu

@@ -2,10 +2,12 @@
 // The same math, outputs and determinism as flash_attention_backward.cu (the sm_80 kernel, whose
 // header says what is computed: with P = exp(S - lse) and D = rowsum(dO o O),
 //   dP = dO V^T,  dS = P o (dP - D),  dQ = scale dS K,  dK = scale dS^T Q,  dV = P^T dO,
-// written into dqkv, causal self-attention on a packed qkv, grouped-query heads by address),
-// arranged the way FlashAttention-3's backward is (our own code; its paper and hopper/ folder
-// were read): one block per (128-key tile, b, query head), dK and dV in registers, walking the
-// query tiles from the diagonal to the end.
+// written into dqkv, causal self-attention on a packed qkv, grouped-query heads by address), and
+// as it does, a block of queries against keys held apart (ring attention's blocks: query i sees
+// key j iff j <= i + delta, the gradients added to dq, dk, dv; BackwardArgs). Arranged the way
+// FlashAttention-3's backward is (our own code; its paper and hopper/ folder were read): one
+// block per (128-key tile, b, query head), dK and dV in registers, walking the query tiles from
+// the first that sees the key tile (the diagonal's) to the end.
 //
 // Block: 3 warpgroups (384 threads).
 //  - Warpgroup 0, the producer (setmaxnreg down to 24): thread 0 copies the block's K and V tiles
@@ -140,15 +142,43 @@ static_assert(2 * kBlockN * kAccLD<64> * sizeof(float) <= Layout<64>::kLD &&
 __device__ __forceinline__ float4 add4(float4 a, float4 b) {
   return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
 }
-// out[0..3] = scale v in bf16 (one 8-byte store).
-__device__ __forceinline__ void store_quad(bf16* out, float4 v, float scale) {
-  const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x * scale, v.y * scale);
-  const __nv_bfloat162 hi = __floats2bfloat162_rn(v.z * scale, v.w * scale);
+// out[0..3] = scale v in bf16, or out += that (accumulate: one rounding of the fp32 sum); one
+// 8-byte load and store.
+__device__ __forceinline__ void store_quad(bf16* out, float4 v, float scale, bool accumulate) {
+  float4 old = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (accumulate) {
+    const uint2 bits = *reinterpret_cast<const uint2*>(out);
+    const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits.x));
+    const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits.y));
+    old = make_float4(lo.x, lo.y, hi.x, hi.y);
+  }
+  const __nv_bfloat162 lo = __floats2bfloat162_rn(fmaf(v.x, scale, old.x), fmaf(v.y, scale, old.y));
+  const __nv_bfloat162 hi = __floats2bfloat162_rn(fmaf(v.z, scale, old.z), fmaf(v.w, scale, old.w));
   uint2 bits;
   bits.x = *reinterpret_cast<const uint32_t*>(&lo);
   bits.y = *reinterpret_cast<const uint32_t*>(&hi);
   *reinterpret_cast<uint2*>(out) = bits;
 }
+
+// What a launch computes on, besides its tensor maps: causal self-attention on a packed qkv (its
+// gradient written into dqkv) or a block of queries against keys held apart (ring attention's
+// blocks: the gradients added to dq, dk and dv, each of which may be null: not wanted). Element c
+// of head h of position i of batch b of dQ is at dq[(b Tq + i) q_stride + h HS + c]; dK and dV
+// likewise with Tk, kv_stride and the key/value head. Query i sees key j iff j <= i + delta
+// (0 <= delta <= Tk; 0 for self-attention).
+struct BackwardArgs {
+  bf16* dq;
+  bf16* dk;
+  bf16* dv;
+  size_t q_stride, kv_stride;
+  const float* lse;  // [B, NH, Tq] (natural log), and D = rowsum(dO o O) likewise
+  const float* D;
+  BackwardScratch scratch;
+  int Tq, Tk, NH, NKV, delta;
+  int k_col0, v_col0;  // the column of K's and V's head 0 in their tensor maps
+  float scale, scale_log2;
+  bool accumulate;
+};
 
 // D (+)= A B with N = HS: dV += P^T dO and dK += dS^T Q (A from registers, B MN-major).
 template <int HS>
@@ -161,10 +191,9 @@ __device__ __forceinline__ void wgmma_rs_hs(float (&d)[HS / 8][4], const uint32_
 
 template <int HS>
 __global__ void __launch_bounds__(kThreads, 1)
-    flash_backward_sm90_kernel(bf16* dqkv, const float* lse, const float* Dvec, float* dq_acc, float* dkv_acc,
-                               int* dq_turns, int* dkv_turns, int* ticket, const __grid_constant__ CUtensorMap map_q,
-                               const __grid_constant__ CUtensorMap map_kv, const __grid_constant__ CUtensorMap map_do,
-                               int T, int NH, int NKV, float scale, float scale_log2) {
+    flash_backward_sm90_kernel(const __grid_constant__ BackwardArgs a, const __grid_constant__ CUtensorMap map_q,
+                               const __grid_constant__ CUtensorMap map_k, const __grid_constant__ CUtensorMap map_v,
+                               const __grid_constant__ CUtensorMap map_do) {
 #if PT_HOPPER_DEVICE
   using L = Layout<HS>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -176,7 +205,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   int& s_ticket = *reinterpret_cast<int*>(empty + kStages);
 
   if (threadIdx.x == 0) {
-    s_ticket = atomicAdd(ticket, 1);
+    s_ticket = atomicAdd(a.scratch.ticket, 1);
     mbar_init(kv_full, 1);
     for (int s = 0; s < kStages; ++s) {
       mbar_init(full + s, 128);                // every producer thread (lse and D), thread 0 with the bytes
@@ -188,12 +217,14 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // Which (b, h, key tile) this block takes: by ticket, the group's key tiles highest first and,
   // within a key tile, the group's query heads in order (the two sums rely on both).
-  const int G = NH / NKV, nk = gridDim.x, nq = ceil_div(T, kBlockM);
+  const int NH = a.NH, NKV = a.NKV, Tq = a.Tq, Tk = a.Tk, delta = a.delta;
+  const int G = NH / NKV, nk = gridDim.x, nq = ceil_div(Tq, kBlockM);
   const int j = s_ticket % G, rest = s_ticket / G;
   const int kt = nk - 1 - rest % nk, bkv = rest / nk;
   const int b = bkv / NKV, kvh = bkv % NKV, h = kvh * G + j;
-  const int qt_begin = flash_schedule::first_query_tile(kt, 0, kBlockN, kBlockM);  // the diagonal
-  const size_t lbase = (static_cast<size_t>(b) * NH + h) * T;                      // lse and D of (b, h)
+  // The first query tile that sees a key of the block (self-attention: the diagonal's).
+  const int qt_begin = flash_schedule::first_query_tile(kt, delta, kBlockN, kBlockM);
+  const size_t lbase = (static_cast<size_t>(b) * NH + h) * Tq;  // lse and D of (b, h)
   const int wg = threadIdx.x / 128;
 
   if (wg == 0) {  // ---- producer ----
@@ -201,22 +232,24 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int tid = threadIdx.x;
     if (tid == 0) {
       tma_prefetch_map(&map_q);
-      tma_prefetch_map(&map_kv);
+      tma_prefetch_map(&map_k);
+      tma_prefetch_map(&map_v);
       tma_prefetch_map(&map_do);
       mbar_arrive_expect_tx(kv_full, 2 * L::kKTile);
       for (int c = 0; c < L::kSubs; ++c) {
-        tma_load_3d(smem + L::kK + c * L::kKSub, &map_kv, kv_full, (NH + kvh) * HS + c * kSwizzleCols, kt * kBlockN, b);
-        tma_load_3d(smem + L::kV + c * L::kKSub, &map_kv, kv_full, (NH + NKV + kvh) * HS + c * kSwizzleCols, kt * kBlockN,
-                    b);
+        tma_load_3d(smem + L::kK + c * L::kKSub, &map_k, kv_full, a.k_col0 + kvh * HS + c * kSwizzleCols,
+                    kt * kBlockN, b);
+        tma_load_3d(smem + L::kV + c * L::kKSub, &map_v, kv_full, a.v_col0 + kvh * HS + c * kSwizzleCols,
+                    kt * kBlockN, b);
       }
     }
     for (int qt = qt_begin, i = 0; qt < nq; ++qt, ++i) {
       const int s = i % kStages, use = i / kStages;
       if (use > 0) mbar_wait(empty + s, (use - 1) & 1);  // both consumers are done with it
       const int q = qt * kBlockM + tid % kBlockM;
-      const bool in = q < T;
+      const bool in = q < Tq;
       sLD[s * 2 * kBlockM + tid] =
-          tid < kBlockM ? (in ? lse[lbase + q] * kLog2e : INFINITY) : (in ? Dvec[lbase + q] : 0.0f);
+          tid < kBlockM ? (in ? a.lse[lbase + q] * kLog2e : INFINITY) : (in ? a.D[lbase + q] : 0.0f);
       if (tid == 0) {  // (the arrival orders the store above before the consumers' wait)
         mbar_arrive_expect_tx(full + s, 2 * L::kQTile);
         for (int c = 0; c < L::kSubs; ++c) {
@@ -242,7 +275,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t q_addr = smem_u32(smem + L::kQ), do_addr = smem_u32(smem + L::kDO);
   const uint32_t ds_addr = smem_u32(smem + L::kDS);
   const uint32_t wg_rows = cw * kWgKeys * kSwizzleRowBytes;  // the consumer's rows of K and V
-  const size_t W = static_cast<size_t>(NH + 2 * NKV) * HS;  // a packed qkv row
 
   float dk[HS / 8][4], dv[HS / 8][4];
 #pragma unroll
@@ -272,14 +304,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     // 2. P^T. Element e of n-tile n: key key0 + g + 8 (e / 2), query q0 + 8 n + 2 t + e % 2.
     const float* L_s = sLD + s * 2 * kBlockM;
     const float* D_s = L_s + kBlockM;
-    const bool need_mask = q0 < key0 + 15;  // some query of the tile precedes some key of the warp
+    const bool need_mask = q0 + delta < key0 + 15;  // some query of the tile misses some key of the warp
 #pragma unroll
     for (int n = 0; n < kBlockM / 8; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int col = n * 8 + 2 * t + (e & 1);
-        float p = exp2f(fmaf(st[n][e], scale_log2, -L_s[col]));
-        if (need_mask && q0 + col < key0 + g + 8 * (e >> 1)) p = 0.0f;
+        float p = exp2f(fmaf(st[n][e], a.scale_log2, -L_s[col]));
+        if (need_mask && q0 + col + delta < key0 + g + 8 * (e >> 1)) p = 0.0f;
         st[n][e] = p;
       }
     uint32_t pa[kBlockM / 16][4];
@@ -368,11 +400,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int r = 0; r < 2; ++r)
         *reinterpret_cast<float2*>(sdq + (warp * 16 + g + 8 * r) * kDqLD + n * 8 + 2 * t) =
             make_float2(dq[n][2 * r], dq[n][2 * r + 1]);
-    const int pos = flash_schedule::last_key_tile(qt, 0, nk, kBlockN, kBlockM) - kt;
+    const int pos = flash_schedule::last_key_tile(qt, delta, nk, kBlockN, kBlockM) - kt;
     const bool first = pos == 0, last = kt == 0;
     const size_t tile = (static_cast<size_t>(b) * NH + h) * nq + qt;
-    int* turn = dq_turns + tile * L::kSubs + part;
-    float* acc = dq_acc + tile * kBlockM * HS + part * kSwizzleCols;
+    int* turn = a.scratch.dq_turns + tile * L::kSubs + part;
+    float* acc = a.scratch.dq_acc + tile * kBlockM * HS + part * kSwizzleCols;
     if (!first && wg_tid == 0) spin_until(turn, pos);
     named_barrier(1 + cw, 128);  // the part is in shared memory, and the turn is ours
 #pragma unroll 1
@@ -382,8 +414,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (!first) v = add4(v, __ldcg(reinterpret_cast<const float4*>(acc + row * HS + col)));
       if (!last)
         __stcg(reinterpret_cast<float4*>(acc + row * HS + col), v);
-      else if (qi < T)
-        store_quad(dqkv + (static_cast<size_t>(b) * T + qi) * W + h * HS + part * kSwizzleCols + col, v, scale);
+      else if (qi < Tq && a.dq)
+        store_quad(a.dq + (static_cast<size_t>(b) * Tq + qi) * a.q_stride + h * HS + part * kSwizzleCols + col, v,
+                   a.scale, a.accumulate);
     }
     if (!last) {
       named_barrier(1 + cw, 128);  // every thread's part stored before the release
@@ -407,9 +440,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       *reinterpret_cast<float2*>(sdv + at) = make_float2(dv[nt][2 * r], dv[nt][2 * r + 1]);
     }
   const bool first = j == 0, last = j == G - 1;
-  float* kacc = dkv_acc + ((static_cast<size_t>(b) * NKV + kvh) * nk + kt) * 2 * kBlockN * HS;
+  float* kacc = a.scratch.dkv_acc + ((static_cast<size_t>(b) * NKV + kvh) * nk + kt) * 2 * kBlockN * HS;
   float* vacc = kacc + kBlockN * HS;
-  int* turn = dkv_turns + (static_cast<size_t>(b) * NKV + kvh) * nk + kt;
+  int* turn = a.scratch.dkv_turns + (static_cast<size_t>(b) * NKV + kvh) * nk + kt;
   if (!first && threadIdx.x == 128) spin_until(turn, j);
   named_barrier(kBothConsumers, kConsumers * 128);  // both halves in shared memory, and the turn is ours
 #pragma unroll 1
@@ -424,10 +457,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (!last) {
       __stcg(reinterpret_cast<float4*>(kacc + row * HS + col), k4);
       __stcg(reinterpret_cast<float4*>(vacc + row * HS + col), v4);
-    } else if (kj < T) {
-      bf16* dkrow = dqkv + (static_cast<size_t>(b) * T + kj) * W + (NH + kvh) * HS + col;
-      store_quad(dkrow, k4, scale);
-      store_quad(dkrow + NKV * HS, v4, 1.0f);
+    } else if (kj < Tk) {
+      const size_t at = (static_cast<size_t>(b) * Tk + kj) * a.kv_stride + kvh * HS + col;
+      if (a.dk) store_quad(a.dk + at, k4, a.scale, a.accumulate);
+      if (a.dv) store_quad(a.dv + at, v4, 1.0f, a.accumulate);
     }
   }
   if (!last) {
@@ -443,46 +476,97 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // The workspace (flash_backward_order.cuh) of this kernel's 64-query tiles, a dQ turn per
 // 64-column part.
-BackwardWorkspace workspace_layout(int B, int T, int NH, int NKV, int HS) {
-  return backward_workspace(B, T, T, NH, NKV, HS, kBlockM, kBlockN, HS / kSwizzleCols);
+BackwardWorkspace workspace_layout(int B, int Tq, int Tk, int NH, int NKV, int HS) {
+  return backward_workspace(B, Tq, Tk, NH, NKV, HS, kBlockM, kBlockN, HS / kSwizzleCols);
 }
 
+// One launch: args a (its scratch and scales filled in here), with q (or qkv) rows of q_width
+// elements, k and v rows of kv_width (k == v: one map serves both) and dout rows of NH HS.
 template <int HS>
-void launch_backward_sm90(void* dqkv, const void* dout, const void* qkv, const float* lse, const float* D, int B,
-                          int T, int NH, int NKV, float scale, void* workspace, cudaStream_t stream) {
+void launch_backward_sm90(BackwardArgs a, const void* q, size_t q_width, const void* k, const void* v,
+                          size_t kv_width, const void* dout, int B, void* workspace, cudaStream_t stream) {
   const size_t smem = Layout<HS>::kBytes;
   use_dynamic_shared(flash_backward_sm90_kernel<HS>, smem, [] { return "flash attention backward (sm_90a)"; });
-  const BackwardWorkspace ws = workspace_layout(B, T, NH, NKV, HS);
-  const BackwardScratch sc = backward_scratch(workspace, ws);
-  CUDA_CHECK(cudaMemsetAsync(sc.dq_turns, 0, ws.counters() * sizeof(int), stream));
-  const size_t W = static_cast<size_t>(NH + 2 * NKV) * HS;
-  const CUtensorMap map_q = rows_tensor_map(qkv, B, T, W, kBlockM);
-  const CUtensorMap map_kv = rows_tensor_map(qkv, B, T, W, kBlockN);
-  const CUtensorMap map_do = rows_tensor_map(dout, B, T, static_cast<size_t>(NH) * HS, kBlockM);
-  const dim3 grid(static_cast<unsigned>(ceil_div(T, kBlockN)), static_cast<unsigned>(B * NH));
-  scale = softmax_scale(scale, HS);
-  flash_backward_sm90_kernel<HS><<<grid, kThreads, smem, stream>>>(
-      static_cast<bf16*>(dqkv), lse, D, sc.dq_acc, sc.dkv_acc, sc.dq_turns, sc.dkv_turns, sc.ticket, map_q, map_kv,
-      map_do, T, NH, NKV, scale, scale * kLog2e);
+  const BackwardWorkspace ws = workspace_layout(B, a.Tq, a.Tk, a.NH, a.NKV, HS);
+  a.scratch = backward_scratch(workspace, ws);
+  CUDA_CHECK(cudaMemsetAsync(a.scratch.dq_turns, 0, ws.counters() * sizeof(int), stream));
+  const CUtensorMap map_q = rows_tensor_map(q, B, a.Tq, q_width, kBlockM);
+  const CUtensorMap map_k = rows_tensor_map(k, B, a.Tk, kv_width, kBlockN);
+  const CUtensorMap map_v = v == k ? map_k : rows_tensor_map(v, B, a.Tk, kv_width, kBlockN);
+  const CUtensorMap map_do = rows_tensor_map(dout, B, a.Tq, static_cast<size_t>(a.NH) * HS, kBlockM);
+  a.scale = softmax_scale(a.scale, HS);
+  a.scale_log2 = a.scale * kLog2e;
+  const dim3 grid(static_cast<unsigned>(ceil_div(a.Tk, kBlockN)), static_cast<unsigned>(B * a.NH));
+  flash_backward_sm90_kernel<HS><<<grid, kThreads, smem, stream>>>(a, map_q, map_k, map_v, map_do);
   CUDA_CHECK_LAUNCH();
+}
+
+void check_launch(int B, int NH, int NKV, const void* workspace) {
+  check(flash_sm90_available(), "flash attention backward (sm_90a): needs a Hopper GPU and a build with sm_90a");
+  check_flash_heads("flash attention backward (sm_90a)", B, NH, NKV);
+  check(workspace != nullptr && is_aligned(workspace, 16),
+        "flash attention backward (sm_90a): needs a 16-byte aligned workspace");
 }
 
 }  // namespace
 
-size_t flash_backward_sm90_workspace_bytes(int B, int T, int NH, int NKV, int HS) {
-  return workspace_layout(B, T, NH, NKV, HS).bytes();
+size_t flash_backward_sm90_workspace_bytes(int B, int Tq, int Tk, int NH, int NKV, int HS) {
+  return workspace_layout(B, Tq, Tk, NH, NKV, HS).bytes();
 }
 
 void flash_attention_backward_sm90_bf16(void* dqkv, const void* dout, const void* qkv, const float* lse,
                                         const float* D, int B, int T, int NH, int NKV, int HS, void* workspace,
                                         void* stream, float scale) {
   if (B <= 0 || T <= 0) return;
-  check(flash_sm90_available(), "flash attention backward (sm_90a): needs a Hopper GPU and a build with sm_90a");
-  check_flash_heads("flash attention backward (sm_90a)", B, NH, NKV);
-  check(workspace != nullptr && is_aligned(workspace, 16),
-        "flash attention backward (sm_90a): needs a 16-byte aligned workspace");
+  check_launch(B, NH, NKV, workspace);
+  const size_t W = static_cast<size_t>(NH + 2 * NKV) * HS;  // a packed row: q heads | k heads | v heads
+  bf16* dq = static_cast<bf16*>(dqkv);
+  BackwardArgs a{};
+  a.dq = dq;
+  a.dk = dq + static_cast<size_t>(NH) * HS;
+  a.dv = dq + static_cast<size_t>(NH + NKV) * HS;
+  a.q_stride = a.kv_stride = W;
+  a.lse = lse;
+  a.D = D;
+  a.Tq = a.Tk = T;
+  a.NH = NH;
+  a.NKV = NKV;
+  a.delta = 0;
+  a.k_col0 = NH * HS;
+  a.v_col0 = (NH + NKV) * HS;
+  a.scale = scale;
+  a.accumulate = false;
   with_flash_head_size("flash attention backward (sm_90a)", HS, [&](auto hs) {
-    launch_backward_sm90<decltype(hs)::value>(dqkv, dout, qkv, lse, D, B, T, NH, NKV, scale, workspace,
+    launch_backward_sm90<decltype(hs)::value>(a, qkv, W, qkv, qkv, W, dout, B, workspace, as_stream(stream));
+  });
+}
+
+void flash_attention_block_backward_sm90_bf16(void* dq, void* dk, void* dv, const void* dout, const void* q,
+                                              const void* k, const void* v, const float* lse, const float* D, int B,
+                                              int Tq, int Tk, int NH, int NKV, int HS, int q_pos0, int k_pos0,
+                                              bool causal, void* workspace, void* stream) {
+  if (B <= 0 || Tq <= 0 || Tk <= 0) return;
+  check_launch(B, NH, NKV, workspace);
+  const FlashProblem p = block_problem(q, k, v, Tq, Tk, NH, NKV, HS, q_pos0, k_pos0, causal);
+  check(p.delta >= 0, "flash attention backward (sm_90a): every query must see the block's first key");
+  BackwardArgs a{};
+  a.dq = static_cast<bf16*>(dq);
+  a.dk = static_cast<bf16*>(dk);
+  a.dv = static_cast<bf16*>(dv);
+  a.q_stride = p.q_stride;
+  a.kv_stride = p.kv_stride;
+  a.lse = lse;
+  a.D = D;
+  a.Tq = Tq;
+  a.Tk = Tk;
+  a.NH = NH;
+  a.NKV = NKV;
+  a.delta = p.delta;
+  a.k_col0 = a.v_col0 = 0;
+  a.scale = 0.0f;
+  a.accumulate = true;
+  with_flash_head_size("flash attention backward (sm_90a)", HS, [&](auto hs) {
+    launch_backward_sm90<decltype(hs)::value>(a, q, p.q_stride, k, v, p.kv_stride, dout, B, workspace,
                                               as_stream(stream));
   });
 }

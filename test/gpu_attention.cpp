@@ -38,12 +38,11 @@
 // Runs only on a GPU machine: catch_main_gpu exits 77 (skipped) when no device is visible.
 #include <catch2/catch.hpp>
 
-#include <cstdlib>
-#include <string>
 #include <vector>
 
 #include "core/cpu/cpu_ops.h"
 #include "cuda/attention.h"
+#include "test/gpu_flash_paths.h"
 #include "test/gpu_test_support.h"
 
 using namespace pt;
@@ -186,26 +185,9 @@ void check_case(const Case& k) {
 
 }  // namespace
 
-// The kernels a scope runs (unset, the forward is auto, the Hopper kernel where there is one, and
-// the backward the sm_80 kernel): these cases force the sm_80 kernels, the Hopper cases below the
-// Hopper kernels, so that both are checked on a Hopper GPU.
-class KernelPaths {
- public:
-  KernelPaths(gpu::FlashPath forward, gpu::FlashPath backward)
-      : forward_(gpu::flash_forward_path()), backward_(gpu::flash_backward_path()) {
-    gpu::set_flash_forward_path(forward);
-    gpu::set_flash_backward_path(backward);
-  }
-  ~KernelPaths() {
-    gpu::set_flash_forward_path(forward_);
-    gpu::set_flash_backward_path(backward_);
-  }
-
- private:
-  gpu::FlashPath forward_, backward_;
-};
-constexpr gpu::FlashPath kMma = gpu::FlashPath::mma;
-constexpr gpu::FlashPath kWgmma = gpu::FlashPath::wgmma;
+// The kernels a case runs (test/gpu_flash_paths.h; unset, the forward is auto, the Hopper kernel
+// where there is one, and the backward the sm_80 kernel): these cases force the sm_80 kernels, the
+// Hopper cases below the Hopper kernels, so that both are checked on a Hopper GPU.
 
 TEST_CASE("attention_forward and attention_backward match CpuOps", "[gpu][attention]") {
   const KernelPaths sm80(kMma, kMma);
@@ -266,19 +248,9 @@ TEST_CASE("attention on a misaligned qkv slice falls back to the CUDA-core kerne
 // bitwise repeatable; first the forward alone (feeding the sm_80 backward), then the backward
 // alone (from the sm_80 forward's out and lse in the chained check), then both. The small cases
 // apart from the sweeps, so that compute-sanitizer (gpu_check.sh's default filter ~[flash]) runs
-// them. On a GPU without the kernels (not compute capability 9.0, or a build without sm_90a) a
-// case says so and checks nothing, unless PICOTRAIN_REQUIRE_SM90=1 (gpu_check.sh sets it on an
-// H100/H200), where that is a failure. Last in the file: a kernel that faults leaves the CUDA
-// context unusable for whatever runs after it in this process.
+// them; hopper_kernels_here() says what happens where the kernels are not. Last in the file: a
+// kernel that faults leaves the CUDA context unusable for whatever runs after it in this process.
 namespace {
-
-bool hopper_kernels_here() {
-  if (gpu::flash_sm90_available()) return true;
-  const char* required = std::getenv("PICOTRAIN_REQUIRE_SM90");
-  if (required != nullptr && std::string(required) == "1") FAIL("PICOTRAIN_REQUIRE_SM90=1 but no Hopper kernel here");
-  WARN("no Hopper flash kernels here (needs compute capability 9.0 and an sm_90a build): not checked");
-  return false;
-}
 
 void check_small_flash_cases() {
   for (const Case& k : kCases)

@@ -5,10 +5,12 @@
 // 128) and bf16 (32, 64, 128); the flash kernels on blocks (bf16 at head sizes 64 and 128: ring
 // attention's blocks, offsets across their tiles, decoding; each case checks which kernels it
 // runs; long KV caches, whose keys the forward splits over blocks; the blocks composed as ring
-// attention composes them, against causal attention of the whole sequence); grouped-query attention (k, v with NKV < NH heads; dk/dv sum a group's query heads). Forward outputs are
-// poisoned first; the backward runs from the reference's out and lse onto a nonzero start (checking "+="), per
-// gradient, and once more for bitwise determinism. Tolerances: gpu_test_support.h (relative L2; lse -inf entries must
-// match exactly).
+// attention composes them, against causal attention of the whole sequence); grouped-query
+// attention (k, v with NKV < NH heads; dk/dv sum a group's query heads). The flash cases run on
+// the sm_80 kernels, then (where the GPU has it) again with the Hopper backward. Forward outputs
+// are poisoned first; the backward runs from the reference's out and lse onto a nonzero start
+// (checking "+="), per gradient, and once more for bitwise determinism. Tolerances:
+// gpu_test_support.h (relative L2; lse -inf entries must match exactly).
 //
 // Runs only on a GPU machine: catch_main_gpu exits 77 (skipped) when no device is visible.
 #include <catch2/catch.hpp>
@@ -17,6 +19,7 @@
 
 #include "core/cpu/cpu_ops.h"
 #include "cuda/attention.h"
+#include "test/gpu_flash_paths.h"
 #include "test/gpu_test_support.h"
 
 using namespace pt;
@@ -88,70 +91,67 @@ void expect_lse(const std::vector<float>& got, const std::vector<float>& ref, do
   if (!r.empty()) expect_close("lse", g, r, tol);
 }
 
-}  // namespace
+// One case: forward and backward against CpuOps, the kernels it runs named, determinism.
+void check_block_case(const Case& k) {
+  const DType mode = k.mode;
+  const int B = k.B, Tq = k.Tq, Tk = k.Tk, NH = k.NH, NKV = k.NKV ? k.NKV : k.NH, C = NH * k.HS;
+  INFO("mode " << mode_name(mode) << ", B " << B << " Tq " << Tq << " Tk " << Tk << " NH " << NH << " NKV " << NKV
+               << " HS " << k.HS << " q_pos0 " << k.q_pos0 << " k_pos0 " << k.k_pos0 << " causal " << k.causal);
+  Ops& ops = gputest::gpu(mode);
+  Tensors g(ops), c(cpu());
+  const size_t nq = size_t(B) * Tq * C, nk = size_t(B) * Tk * NKV * k.HS, nlse = size_t(B) * NH * Tq;
+  const std::vector<float> q = rounded(mode, random_normal(nq, 1.0f, 81)),
+                           kk = rounded(mode, random_normal(nk, 1.0f, 82)),
+                           v = rounded(mode, random_normal(nk, 1.0f, 83));
+  Tensor cq = c.make(q, DType::f32), ck = c.make(kk, DType::f32), cv = c.make(v, DType::f32);
+  Tensor cout = c.zeros(nq, DType::f32), clse = c.zeros(nlse, DType::f32);
+  cpu().attention_block_forward(cout, clse, cq, ck, cv, B, Tq, Tk, C, NH, NKV, k.q_pos0, k.k_pos0, k.causal);
+  Tensor gq = g.make(q, mode), gk = g.make(kk, mode), gv = g.make(v, mode);
+  Tensor gout = g.zeros(nq, mode), glse = g.zeros(nlse, DType::f32);
+  g.poison(gout);
+  g.poison(glse);
+  ops.attention_block_forward(gout, glse, gq, gk, gv, B, Tq, Tk, C, NH, NKV, k.q_pos0, k.k_pos0, k.causal);
+  // Which kernels run: the flash ones wherever they apply (bf16, head size 64 or 128; in the
+  // backward every query seeing key 0), so that each case above names the paths it checks.
+  const bool flash = mode == DType::bf16 && (k.HS == 64 || k.HS == 128);
+  const bool flash_backward = flash && (!k.causal || k.q_pos0 >= k.k_pos0);
+  CHECK(gpu::flash_attention_block_supported(mode, k.HS, Tk, k.q_pos0, k.k_pos0, k.causal, false,
+                                             {gq.data, gk.data, gv.data, gout.data}) == flash);
+  CHECK(gpu::flash_attention_block_supported(mode, k.HS, Tk, k.q_pos0, k.k_pos0, k.causal, true,
+                                             {gq.data, gk.data, gv.data, gout.data}) == flash_backward);
+  expect_close("out", g.read(gout), c.read(cout), tolerance(mode, mode));
+  expect_lse(g.read(glse), c.read(clse), tolerance(mode, DType::f32));
 
-TEST_CASE("attention_block_forward and attention_block_backward match CpuOps", "[gpu][attention]") {
-  for (const Case& k : kCases) {
-    const DType mode = k.mode;
-    const int B = k.B, Tq = k.Tq, Tk = k.Tk, NH = k.NH, NKV = k.NKV ? k.NKV : k.NH, C = NH * k.HS;
-    INFO("mode " << mode_name(mode) << ", B " << B << " Tq " << Tq << " Tk " << Tk << " NH " << NH << " NKV " << NKV
-                 << " HS " << k.HS << " q_pos0 " << k.q_pos0 << " k_pos0 " << k.k_pos0 << " causal " << k.causal);
-    Ops& ops = gputest::gpu(mode);
-    Tensors g(ops), c(cpu());
-    const size_t nq = size_t(B) * Tq * C, nk = size_t(B) * Tk * NKV * k.HS, nlse = size_t(B) * NH * Tq;
-    const std::vector<float> q = rounded(mode, random_normal(nq, 1.0f, 81)),
-                             kk = rounded(mode, random_normal(nk, 1.0f, 82)),
-                             v = rounded(mode, random_normal(nk, 1.0f, 83));
-    Tensor cq = c.make(q, DType::f32), ck = c.make(kk, DType::f32), cv = c.make(v, DType::f32);
-    Tensor cout = c.zeros(nq, DType::f32), clse = c.zeros(nlse, DType::f32);
-    cpu().attention_block_forward(cout, clse, cq, ck, cv, B, Tq, Tk, C, NH, NKV, k.q_pos0, k.k_pos0, k.causal);
-    Tensor gq = g.make(q, mode), gk = g.make(kk, mode), gv = g.make(v, mode);
-    Tensor gout = g.zeros(nq, mode), glse = g.zeros(nlse, DType::f32);
-    g.poison(gout);
-    g.poison(glse);
-    ops.attention_block_forward(gout, glse, gq, gk, gv, B, Tq, Tk, C, NH, NKV, k.q_pos0, k.k_pos0, k.causal);
-    // Which kernels run: the flash ones wherever they apply (bf16, head size 64 or 128; in the
-    // backward every query seeing key 0), so that each case above names the paths it checks.
-    const bool flash = mode == DType::bf16 && (k.HS == 64 || k.HS == 128);
-    const bool flash_backward = flash && (!k.causal || k.q_pos0 >= k.k_pos0);
-    CHECK(gpu::flash_attention_block_supported(mode, k.HS, Tk, k.q_pos0, k.k_pos0, k.causal, false,
-                                               {gq.data, gk.data, gv.data, gout.data}) == flash);
-    CHECK(gpu::flash_attention_block_supported(mode, k.HS, Tk, k.q_pos0, k.k_pos0, k.causal, true,
-                                               {gq.data, gk.data, gv.data, gout.data}) == flash_backward);
-    expect_close("out", g.read(gout), c.read(cout), tolerance(mode, mode));
-    expect_lse(g.read(glse), c.read(clse), tolerance(mode, DType::f32));
-
-    // Backward from the reference forward, onto nonzero gradients.
-    const std::vector<float> out = rounded(mode, c.read(cout)), lse = c.read(clse);
-    const std::vector<float> dout = rounded(mode, random_normal(nq, 1.0f, 84));
-    const std::vector<float> dq0 = rounded(mode, random_normal(nq, 0.1f, 85)),
-                             dk0 = rounded(mode, random_normal(nk, 0.1f, 86)),
-                             dv0 = rounded(mode, random_normal(nk, 0.1f, 87));
-    Tensor cout_r = c.make(out, DType::f32), cdout = c.make(dout, DType::f32);
-    Tensor cdq = c.make(dq0, DType::f32), cdk = c.make(dk0, DType::f32), cdv = c.make(dv0, DType::f32);
-    cpu().attention_block_backward(cdq, cdk, cdv, cdout, cq, ck, cv, cout_r, clse, B, Tq, Tk, C, NH, NKV, k.q_pos0,
-                                   k.k_pos0, k.causal);
-    Tensor gout_r = g.make(out, mode), glse_r = g.make(lse, DType::f32), gdout = g.make(dout, mode);
-    Tensor gdq = g.make(dq0, mode), gdk = g.make(dk0, mode), gdv = g.make(dv0, mode);
-    ops.attention_block_backward(gdq, gdk, gdv, gdout, gq, gk, gv, gout_r, glse_r, B, Tq, Tk, C, NH, NKV, k.q_pos0,
+  // Backward from the reference forward, onto nonzero gradients.
+  const std::vector<float> out = rounded(mode, c.read(cout)), lse = c.read(clse);
+  const std::vector<float> dout = rounded(mode, random_normal(nq, 1.0f, 84));
+  const std::vector<float> dq0 = rounded(mode, random_normal(nq, 0.1f, 85)),
+                           dk0 = rounded(mode, random_normal(nk, 0.1f, 86)),
+                           dv0 = rounded(mode, random_normal(nk, 0.1f, 87));
+  Tensor cout_r = c.make(out, DType::f32), cdout = c.make(dout, DType::f32);
+  Tensor cdq = c.make(dq0, DType::f32), cdk = c.make(dk0, DType::f32), cdv = c.make(dv0, DType::f32);
+  cpu().attention_block_backward(cdq, cdk, cdv, cdout, cq, ck, cv, cout_r, clse, B, Tq, Tk, C, NH, NKV, k.q_pos0,
                                  k.k_pos0, k.causal);
-    const std::vector<float> got_dq = g.read(gdq), got_dk = g.read(gdk), got_dv = g.read(gdv);
-    expect_close("dq", got_dq, c.read(cdq), tolerance(mode, mode));
-    expect_close("dk", got_dk, c.read(cdk), tolerance(mode, mode));
-    expect_close("dv", got_dv, c.read(cdv), tolerance(mode, mode));
+  Tensor gout_r = g.make(out, mode), glse_r = g.make(lse, DType::f32), gdout = g.make(dout, mode);
+  Tensor gdq = g.make(dq0, mode), gdk = g.make(dk0, mode), gdv = g.make(dv0, mode);
+  ops.attention_block_backward(gdq, gdk, gdv, gdout, gq, gk, gv, gout_r, glse_r, B, Tq, Tk, C, NH, NKV, k.q_pos0,
+                               k.k_pos0, k.causal);
+  const std::vector<float> got_dq = g.read(gdq), got_dk = g.read(gdk), got_dv = g.read(gdv);
+  expect_close("dq", got_dq, c.read(cdq), tolerance(mode, mode));
+  expect_close("dk", got_dk, c.read(cdk), tolerance(mode, mode));
+  expect_close("dv", got_dv, c.read(cdv), tolerance(mode, mode));
 
-    // Deterministic, and a null gradient is skipped without touching the others.
-    Tensor gdq2 = g.make(dq0, mode), gdk2 = g.make(dk0, mode), gdv2 = g.make(dv0, mode);
-    ops.attention_block_backward(gdq2, gdk2, gdv2, gdout, gq, gk, gv, gout_r, glse_r, B, Tq, Tk, C, NH, NKV, k.q_pos0,
-                                 k.k_pos0, k.causal);
-    CHECK(bitwise_equal(g.read(gdq2), got_dq));
-    CHECK(bitwise_equal(g.read(gdk2), got_dk));
-    CHECK(bitwise_equal(g.read(gdv2), got_dv));
-    Tensor gdk3 = g.make(dk0, mode);
-    ops.attention_block_backward(Tensor{}, gdk3, Tensor{}, gdout, gq, gk, gv, gout_r, glse_r, B, Tq, Tk, C, NH, NKV,
-                                 k.q_pos0, k.k_pos0, k.causal);
-    CHECK(bitwise_equal(g.read(gdk3), got_dk));
-  }
+  // Deterministic, and a null gradient is skipped without touching the others.
+  Tensor gdq2 = g.make(dq0, mode), gdk2 = g.make(dk0, mode), gdv2 = g.make(dv0, mode);
+  ops.attention_block_backward(gdq2, gdk2, gdv2, gdout, gq, gk, gv, gout_r, glse_r, B, Tq, Tk, C, NH, NKV, k.q_pos0,
+                               k.k_pos0, k.causal);
+  CHECK(bitwise_equal(g.read(gdq2), got_dq));
+  CHECK(bitwise_equal(g.read(gdk2), got_dk));
+  CHECK(bitwise_equal(g.read(gdv2), got_dv));
+  Tensor gdk3 = g.make(dk0, mode);
+  ops.attention_block_backward(Tensor{}, gdk3, Tensor{}, gdout, gq, gk, gv, gout_r, glse_r, B, Tq, Tk, C, NH, NKV,
+                               k.q_pos0, k.k_pos0, k.causal);
+  CHECK(bitwise_equal(g.read(gdk3), got_dk));
 }
 
 // Ring attention's arithmetic on one GPU (core/parallel/ring_attention.cpp, without the ring): a
@@ -160,7 +160,7 @@ TEST_CASE("attention_block_forward and attention_block_backward match CpuOps", "
 // and dv, in bf16 on the flash kernels, against CpuOps' causal attention of the whole sequence.
 // ([flash]: compute-sanitizer's runs leave it out, as gpu_attention's long sweeps: its kernels are
 // the cases' above.)
-TEST_CASE("the flash kernels composed as ring attention equal causal attention", "[gpu][attention][flash]") {
+void check_ring_composition() {
   const DType mode = DType::bf16;
   struct Shape {
     int NH, NKV, HS, Tc;
@@ -237,6 +237,18 @@ TEST_CASE("the flash kernels composed as ring attention equal causal attention",
   }
 }
 
+}  // namespace
+
+TEST_CASE("attention_block_forward and attention_block_backward match CpuOps", "[gpu][attention]") {
+  const KernelPaths sm80(kMma, kMma);
+  for (const Case& k : kCases) check_block_case(k);
+}
+
+TEST_CASE("the flash kernels composed as ring attention equal causal attention", "[gpu][attention][flash]") {
+  const KernelPaths sm80(kMma, kMma);
+  check_ring_composition();
+}
+
 TEST_CASE("merge_attention_partials matches CpuOps, empty rows included", "[gpu][attention]") {
   for (DType mode : {DType::f32, DType::bf16}) {
     INFO("mode " << mode_name(mode));
@@ -257,4 +269,23 @@ TEST_CASE("merge_attention_partials matches CpuOps, empty rows included", "[gpu]
     expect_close("out", g.read(goa), c.read(coa), tolerance(mode, mode));
     expect_lse(g.read(gla), c.read(cla), tolerance(mode, DType::f32));
   }
+}
+
+// The Hopper backward (flash_attention_backward_sm90.cu) forced on for the blocks the flash
+// backward takes (the forward stays the sm_80 kernel: the Hopper forward has no block form), and
+// composed as ring attention. Last in the file: a kernel that faults leaves the CUDA context
+// unusable for whatever runs after it in this process.
+TEST_CASE("the Hopper flash backward on blocks matches CpuOps", "[gpu][attention][sm90]") {
+  if (!hopper_kernels_here()) return;
+  const KernelPaths paths(kMma, kWgmma);
+  for (const Case& k : kCases)
+    if (k.mode == DType::bf16 && (k.HS == 64 || k.HS == 128) && (!k.causal || k.q_pos0 >= k.k_pos0))
+      check_block_case(k);
+}
+
+TEST_CASE("the Hopper flash backward composed as ring attention equals causal attention",
+          "[gpu][attention][flash][sm90]") {
+  if (!hopper_kernels_here()) return;
+  const KernelPaths paths(kMma, kWgmma);
+  check_ring_composition();
 }
