@@ -53,7 +53,11 @@ size_t flash_backward_sm90_workspace_bytes(int B, int Tq, int Tk, int NH, int NK
 void flash_attention_backward_sm90_bf16(void* dqkv, const void* dout, const void* qkv, const float* lse,
                                         const float* D, int B, int T, int NH, int NKV, int HS, void* workspace,
                                         void* stream = nullptr, float scale = 0.0f);
-// ... and on a block (flash_attention_block_backward_bf16's contract, which calls it).
+// ... and on blocks (flash_attention_block_forward_bf16's and flash_attention_block_backward_bf16's
+// contracts, which call them; the forward's only on a block whose keys it does not split).
+void flash_attention_block_forward_sm90_bf16(void* out, float* lse, const void* q, const void* k, const void* v, int B,
+                                             int Tq, int Tk, int NH, int NKV, int HS, int q_pos0, int k_pos0,
+                                             bool causal, void* stream = nullptr);
 void flash_attention_block_backward_sm90_bf16(void* dq, void* dk, void* dv, const void* dout, const void* q,
                                               const void* k, const void* v, const float* lse, const float* D, int B,
                                               int Tq, int Tk, int NH, int NKV, int HS, int q_pos0, int k_pos0,
@@ -63,7 +67,9 @@ void flash_attention_block_backward_sm90_bf16(void* dq, void* dk, void* dv, cons
 // (the Hopper kernel where available). From PICOTRAIN_FLASH_FORWARD and PICOTRAIN_FLASH_BACKWARD
 // = mma|wgmma|auto, each read once. Unset, the forward is auto (the Hopper forward passed
 // gpu_attention on an H200, 2026-11-28) and the backward mma (the Hopper backward has not run on
-// a GPU yet: gpu_attention and kernel_bench force it on). Tests and benchmarks set them.
+// a GPU yet: gpu_attention and kernel_bench force it on). On blocks (ring attention) the forward
+// takes the Hopper kernel only under wgmma, auto keeping the sm_80 one until the Hopper block
+// forward has run on a GPU. Tests and benchmarks set them.
 enum class FlashPath { mma, wgmma, automatic };
 FlashPath flash_forward_path();
 void set_flash_forward_path(FlashPath path);

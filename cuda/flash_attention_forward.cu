@@ -354,6 +354,11 @@ void flash_attention_block_forward_bf16(void* out, float* lse, const void* q, co
   if (B <= 0 || Tq <= 0) return;
   const FlashProblem p = block_problem(q, k, v, Tq, Tk, NH, NKV, HS, q_pos0, k_pos0, causal);
   const KeySplit split = key_split(B, Tq, Tk, NH);
+  // The Hopper kernel takes a block that does not split its keys, only where the forward path is
+  // wgmma (not yet under auto: attention.h).
+  if (split.count == 1 && flash_forward_path() == FlashPath::wgmma)
+    return flash_attention_block_forward_sm90_bf16(out, lse, q, k, v, B, Tq, Tk, NH, NKV, HS, q_pos0, k_pos0, causal,
+                                                   stream);
   if (split.count == 1) return launch_forward<true>(out, lse, p, B, HS, as_stream(stream));
   check(workspace != nullptr && is_aligned(workspace, 256),
         "flash attention block: a split of the keys needs flash_attention_block_forward_workspace_bytes of workspace");

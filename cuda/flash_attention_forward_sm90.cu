@@ -1,7 +1,9 @@
 // Flash attention forward on Hopper (sm_90a): wgmma, TMA, mbarriers and warp specialisation.
 // The same math and outputs as flash_attention_forward.cu (the sm_80 kernel, whose header says
-// what is computed: out and lse from the packed qkv, causal, grouped-query heads by address),
-// arranged the way FlashAttention-3 is (our own code; its paper and hopper/ folder were read).
+// what is computed: out and lse from the packed qkv, causal, grouped-query heads by address), and,
+// as it does, a block of queries against keys held apart (ring attention's blocks: query i sees
+// key j iff j <= i + delta and j < Tk; a row that sees no key gets out 0 and lse -inf). Arranged
+// the way FlashAttention-3 is (our own code; its paper and hopper/ folder were read).
 //
 // Block: 3 warpgroups (384 threads) per (128-query tile, b*h), tiles launched longest first.
 //  - Warpgroup 0, the producer, gives its registers to the others (setmaxnreg down to 24) and one
@@ -31,9 +33,12 @@
 // Status: written and checked offline (PTX, ptxas) on 2026-11-27; passed gpu_attention (every
 // shape, bitwise repeats) on an H200 on 2026-11-28, where it ran 244-616 TFLOP/s against the sm_80
 // kernel's 201-326 (bench/RESULTS.md), so it is the default forward wherever it is available
-// (PICOTRAIN_FLASH_FORWARD=auto; flash_attention_paths.cpp).
+// (PICOTRAIN_FLASH_FORWARD=auto; flash_attention_paths.cpp). The block form (kBlock) was written
+// on 2026-11-29 without a GPU: it runs only under PICOTRAIN_FLASH_FORWARD=wgmma until
+// gpu_attention_block has passed it on one.
 #include <cmath>
 
+#include "core/common/flash_schedule.h"
 #include "cuda/attention.h"
 #include "cuda/flash_attention_mma.cuh"
 #include "cuda/hopper.cuh"
@@ -81,10 +86,14 @@ __device__ __forceinline__ void wgmma_pv(float (&o)[HS / 8][4], const uint32_t (
 // trap).
 __device__ int hopper_kernel_built = PT_HOPPER_DEVICE;  // never written
 
-template <int HS>
+// kBlock: a block of Tq queries against Tk keys held apart, query i seeing key j iff j <= i + delta
+// and j < Tk (ring attention's blocks); else causal self-attention (Tk = Tq, delta = 0, known at
+// compile time). K's and V's head 0 start at columns k_col0 and v_col0 of their tensor maps.
+template <int HS, bool kBlock>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_forward_sm90_kernel(bf16* out, float* lse, const __grid_constant__ CUtensorMap map_q,
-                              const __grid_constant__ CUtensorMap map_kv, int T, int NH, int NKV, float scale_log2) {
+                              const __grid_constant__ CUtensorMap map_k, const __grid_constant__ CUtensorMap map_v,
+                              int Tq, int Tk, int NH, int NKV, int delta, int k_col0, int v_col0, float scale_log2) {
 #if PT_HOPPER_DEVICE
   using L = Layout<HS>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -97,7 +106,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int qt = gridDim.x - 1 - blockIdx.x;  // longest rows first
   const int b = blockIdx.y / NH, h = blockIdx.y % NH, kvh = h / (NH / NKV);
   const int q0 = qt * kBlockM;
-  const int n_kt = ceil_div(min(q0 + kBlockM, T), kBlockN);  // key tiles up to the block's last row
+  // The key tiles holding a key the block's last row sees (a block's rows may see none: out 0, lse -inf).
+  const int n_kt = kBlock ? flash_schedule::forward_key_tiles(q0, kBlockM, Tq, Tk, delta, kBlockN)
+                          : ceil_div(min(q0 + kBlockM, Tq), kBlockN);
   const int wg = threadIdx.x / 128;
 
   if (threadIdx.x == 0) {
@@ -115,23 +126,24 @@ __global__ void __launch_bounds__(kThreads, 1)
     regs_release<kProducerRegs>();
     if (threadIdx.x == 0) {
       tma_prefetch_map(&map_q);
-      tma_prefetch_map(&map_kv);
+      tma_prefetch_map(&map_k);
+      tma_prefetch_map(&map_v);
       mbar_arrive_expect_tx(q_full, kBlockM * HS * sizeof(bf16));
       for (int w = 0; w < kConsumers; ++w)
         for (int c = 0; c < L::kSubs; ++c)
           tma_load_3d(smem + L::kQ + w * L::kQWg + c * L::kQSub, &map_q, q_full, h * HS + c * kSwizzleCols,
                       q0 + w * kWgRows, b);
-      const int k_col = (NH + kvh) * HS, v_col = (NH + NKV + kvh) * HS;
+      const int k_col = k_col0 + kvh * HS, v_col = v_col0 + kvh * HS;
       for (int kt = 0; kt < n_kt; ++kt) {
         const int s = kt % kStages, use = kt / kStages;
         if (use > 0) mbar_wait(kv_empty + s, (use - 1) & 1);  // both consumers are done with it
         mbar_arrive_expect_tx(k_full + s, L::kTile);
         for (int c = 0; c < L::kSubs; ++c)
-          tma_load_3d(smem + L::kK + s * L::kTile + c * L::kKVSub, &map_kv, k_full + s, k_col + c * kSwizzleCols,
+          tma_load_3d(smem + L::kK + s * L::kTile + c * L::kKVSub, &map_k, k_full + s, k_col + c * kSwizzleCols,
                       kt * kBlockN, b);
         mbar_arrive_expect_tx(v_full + s, L::kTile);
         for (int c = 0; c < L::kSubs; ++c)
-          tma_load_3d(smem + L::kV + s * L::kTile + c * L::kKVSub, &map_kv, v_full + s, v_col + c * kSwizzleCols,
+          tma_load_3d(smem + L::kV + s * L::kTile + c * L::kKVSub, &map_v, v_full + s, v_col + c * kSwizzleCols,
                       kt * kBlockN, b);
       }
     }
@@ -174,9 +186,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_wait<0>();
     fence_regs(sc);
 
-    // The causal mask, only where some key of the tile follows the warp's first row; then the
-    // online softmax of the warp's two rows (a row's 128 scores lie in its quad of lanes).
-    if (kt * kBlockN + kBlockN - 1 > row0) causal_mask(sc, row0, kt * kBlockN, g, t);
+    // The causal mask, only where some key of the tile follows what the warp's first row sees (a
+    // block: or lies past its keys); then the online softmax of the warp's two rows (a row's 128
+    // scores lie in its quad of lanes).
+    if constexpr (kBlock) {
+      if (kt * kBlockN + kBlockN - 1 > min(row0 + delta, Tk - 1))
+        causal_mask<kBlockN / 8, true>(sc, row0, kt * kBlockN, g, t, delta, Tk);
+    } else {
+      if (kt * kBlockN + kBlockN - 1 > row0) causal_mask(sc, row0, kt * kBlockN, g, t);
+    }
 #pragma unroll
     for (int r = 0; r < 2; ++r) softmax_row_step(sc, o, r, m_run[r], l_run[r], scale_log2);
     uint32_t p[kBlockN / 16][4];
@@ -208,11 +226,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     const float l = row_sum_quad(l_run[r]);
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
     const int qi = row0 + g + 8 * r;
-    if (qi < T) {
-      bf16* orow = out + (static_cast<size_t>(b) * T + qi) * C + static_cast<size_t>(h) * HS;
+    if (qi < Tq) {
+      bf16* orow = out + (static_cast<size_t>(b) * Tq + qi) * C + static_cast<size_t>(h) * HS;
 #pragma unroll
       for (int j = 0; j < HS / 8; ++j) store_pair(orow + j * 8 + 2 * t, o[j][2 * r] * inv, o[j][2 * r + 1] * inv);
-      if (t == 0) lse[(static_cast<size_t>(b) * NH + h) * T + qi] = row_lse(m_run[r], l, scale_log2);
+      if (t == 0) lse[(static_cast<size_t>(b) * NH + h) * Tq + qi] = row_lse(m_run[r], l, scale_log2);
     }
   }
 #else
@@ -222,19 +240,27 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // ---- host side --------------------------------------------------------------------------------
 
-template <int HS>
-void launch_forward_sm90(void* out, float* lse, const void* qkv, int B, int T, int NH, int NKV, float scale,
-                         cudaStream_t stream) {
+// One launch: q (or qkv) rows of q_width elements, k and v rows of kv_width (k == v: one map
+// serves both), the problem as the kernel takes it.
+template <int HS, bool kBlock>
+void launch_forward_sm90(void* out, float* lse, const void* q, size_t q_width, const void* k, const void* v,
+                         size_t kv_width, int B, int Tq, int Tk, int NH, int NKV, int delta, int k_col0, int v_col0,
+                         float scale, cudaStream_t stream) {
   const size_t smem = Layout<HS>::kBytes;
-  use_dynamic_shared(flash_forward_sm90_kernel<HS>, smem, [] { return "flash attention (sm_90a)"; });
-  const size_t W = static_cast<size_t>(NH + 2 * NKV) * HS;
-  const CUtensorMap map_q = rows_tensor_map(qkv, B, T, W, kWgRows);
-  const CUtensorMap map_kv = rows_tensor_map(qkv, B, T, W, kBlockN);
-  const dim3 grid(static_cast<unsigned>(ceil_div(T, kBlockM)), static_cast<unsigned>(B * NH));
+  use_dynamic_shared(flash_forward_sm90_kernel<HS, kBlock>, smem, [] { return "flash attention (sm_90a)"; });
+  const CUtensorMap map_q = rows_tensor_map(q, B, Tq, q_width, kWgRows);
+  const CUtensorMap map_k = rows_tensor_map(k, B, Tk, kv_width, kBlockN);
+  const CUtensorMap map_v = v == k ? map_k : rows_tensor_map(v, B, Tk, kv_width, kBlockN);
+  const dim3 grid(static_cast<unsigned>(ceil_div(Tq, kBlockM)), static_cast<unsigned>(B * NH));
   const float scale_log2 = kLog2e * softmax_scale(scale, HS);
-  flash_forward_sm90_kernel<HS><<<grid, kThreads, smem, stream>>>(static_cast<bf16*>(out), lse, map_q, map_kv, T,
-                                                                   NH, NKV, scale_log2);
+  flash_forward_sm90_kernel<HS, kBlock><<<grid, kThreads, smem, stream>>>(
+      static_cast<bf16*>(out), lse, map_q, map_k, map_v, Tq, Tk, NH, NKV, delta, k_col0, v_col0, scale_log2);
   CUDA_CHECK_LAUNCH();
+}
+
+void check_launch(int B, int NH, int NKV) {
+  check(flash_sm90_available(), "flash attention (sm_90a): needs a Hopper GPU and a build with sm_90a");
+  check_flash_heads("flash attention (sm_90a)", B, NH, NKV);
 }
 
 }  // namespace
@@ -248,7 +274,7 @@ bool flash_sm90_available() {
       return false;
     }
     cudaFuncAttributes attr{};
-    if (major != 9 || cudaFuncGetAttributes(&attr, flash_forward_sm90_kernel<64>) != cudaSuccess) {
+    if (major != 9 || cudaFuncGetAttributes(&attr, flash_forward_sm90_kernel<64, false>) != cudaSuccess) {
       (void)cudaGetLastError();
       return false;
     }
@@ -264,10 +290,23 @@ bool flash_sm90_available() {
 
 void flash_attention_forward_sm90_bf16(void* out, float* lse, const void* qkv, int B, int T, int NH, int NKV, int HS,
                                        void* stream, float scale) {
-  check(flash_sm90_available(), "flash attention (sm_90a): needs a Hopper GPU and a build with sm_90a");
-  check_flash_heads("flash attention (sm_90a)", B, NH, NKV);
+  check_launch(B, NH, NKV);
+  const size_t W = static_cast<size_t>(NH + 2 * NKV) * HS;  // a packed row: q heads | k heads | v heads
   with_flash_head_size("flash attention (sm_90a)", HS, [&](auto hs) {
-    launch_forward_sm90<decltype(hs)::value>(out, lse, qkv, B, T, NH, NKV, scale, as_stream(stream));
+    launch_forward_sm90<decltype(hs)::value, false>(out, lse, qkv, W, qkv, qkv, W, B, T, T, NH, NKV, 0, NH * HS,
+                                                    (NH + NKV) * HS, scale, as_stream(stream));
+  });
+}
+
+void flash_attention_block_forward_sm90_bf16(void* out, float* lse, const void* q, const void* k, const void* v, int B,
+                                             int Tq, int Tk, int NH, int NKV, int HS, int q_pos0, int k_pos0,
+                                             bool causal, void* stream) {
+  if (B <= 0 || Tq <= 0 || Tk <= 0) return;
+  check_launch(B, NH, NKV);
+  const FlashProblem p = block_problem(q, k, v, Tq, Tk, NH, NKV, HS, q_pos0, k_pos0, causal);
+  with_flash_head_size("flash attention (sm_90a)", HS, [&](auto hs) {
+    launch_forward_sm90<decltype(hs)::value, true>(out, lse, q, p.q_stride, k, v, p.kv_stride, B, Tq, Tk, NH, NKV,
+                                                   p.delta, 0, 0, 0.0f, as_stream(stream));
   });
 }
 
