@@ -136,7 +136,8 @@ def ours_attention(kernel_jsons):
     ops = {"attention_forward": "fwd", "attention_backward": "bwd", "attention_fwd+bwd": "fwd_bwd",
            "attention_forward_sm90": "fwd_sm90", "attention_backward_sm90": "bwd_sm90",
            "attention_fwd+bwd_sm90": "fwd_bwd_sm90",
-           "attention_block_forward": "block_fwd", "attention_block_fwd+bwd": "block_fwd_bwd"}
+           "attention_block_forward": "block_fwd", "attention_block_fwd+bwd": "block_fwd_bwd",
+           "attention_block_forward_sm90": "block_fwd_sm90", "attention_block_fwd+bwd_sm90": "block_fwd_bwd_sm90"}
     ours, not_timed = {}, []
     for kb in kernel_jsons:
         for r in (kb or {}).get("rows", []):
@@ -268,7 +269,7 @@ def attention_report(kernel_jsons, sdpa):
                 "the Hopper forward with the sm_80 backward) against "
                 "the faster back end at that shape, forward+backward. Ring block: ring attention's past block at that "
                 "shape (T/2 queries against the T/2 keys before them, every pair visible: 4*B*NH*(T/2)^2*hd FLOPs "
-                "forward), fwd / fwd+bwd."
+                "forward), fwd / fwd+bwd, the Hopper kernels' in brackets where timed."
                 % ("/".join(map(str, tokens)), "/".join(map(str, hidden))), "",
                 "| heads | hd | T | B | ours fwd | ours bwd | ours fwd+bwd | Hopper fwd / bwd / fwd+bwd | "
                 "ring block fwd / fwd+bwd | %s | ours / faster SDPA | target | met? |"
@@ -284,8 +285,11 @@ def attention_report(kernel_jsons, sdpa):
         cells += ["%s / %s / %s" % (fmt(o.get("fwd_sm90"), "%.1f"), fmt(o.get("bwd_sm90"), "%.1f"),
                                     fmt(o.get("fwd_bwd_sm90"), "%.1f"))
                   if o.get("fwd_sm90") is not None else "not run"]
-        cells += ["%s / %s" % (fmt(o.get("block_fwd"), "%.1f"), fmt(o.get("block_fwd_bwd"), "%.1f"))
-                  if o.get("block_fwd") is not None else "not run"]
+        ring = ("%s / %s" % (fmt(o.get("block_fwd"), "%.1f"), fmt(o.get("block_fwd_bwd"), "%.1f"))
+                if o.get("block_fwd") is not None else "not run")
+        if o.get("block_fwd_sm90") is not None:
+            ring += " (Hopper %s / %s)" % (fmt(o.get("block_fwd_sm90"), "%.1f"), fmt(o.get("block_fwd_bwd_sm90"), "%.1f"))
+        cells.append(ring)
         cells += [sdpa_cell(s["backends"].get(b)) for b in SDPA_BACKENDS]
         cells += [fmt(s["ratio"], "%.2fx vs " + (s["faster"] or "")), target, verdict]
         section.append("| %s |" % " | ".join(cells))

@@ -1,10 +1,10 @@
 // kernel_bench's attention table: causal attention forward, backward and both at the shapes
 // bench/attention_sdpa.py gives PyTorch's flash and cuDNN SDPA (head dim 64 and 128, a fixed hidden
 // size and B*T tokens over a list of T), multi-head and grouped-query, plus the Hopper (sm_90)
-// forward beside the default one where the GPU has it, ring attention's blocks, decoding against a
-// KV cache, and FP8 attention (Ops::attention_fp8_*:
-// the casts and the FP8 flash forward; the backward on the dequantised inputs) where the backend
-// runs it.
+// kernels beside the default ones where the GPU has them, ring attention's blocks, decoding against
+// a KV cache, head sizes the flash kernels run zero-padded, and FP8 attention
+// (Ops::attention_fp8_*: the casts and the FP8 flash forward; the backward on the dequantised
+// inputs) where the backend runs it.
 #include <algorithm>
 #include <cstdio>
 #include <exception>
@@ -76,9 +76,9 @@ void each_shape(Bench& b, Ops& ops, int tokens, int hidden, const std::vector<in
 // a past block, the T/2 queries of a sequence's second half against the T/2 keys of its first
 // (every key visible: the pairs ring attention over two ranks computes beside the two causal
 // diagonal blocks), in separate q, k, v tensors; the forward, and the forward with the backward
-// (which adds into dq, dk, dv).
+// (which adds into dq, dk, dv). `suffix` ends the rows' op names (the Hopper kernels' pass: "_sm90").
 void block_rows(Bench& b, Ops& ops, int tokens, int hidden, const std::vector<int>& seq_lens,
-                const std::vector<int>& groups) {
+                const std::vector<int>& groups, const std::string& suffix = "") {
   Buffers buf(ops);
   const DType act = ops.compute_dtype();
   for_each_shape(b, tokens, hidden, seq_lens, groups,
@@ -96,12 +96,41 @@ void block_rows(Bench& b, Ops& ops, int tokens, int hidden, const std::vector<in
                      ops.attention_block_backward(dq, dk, dv, dout, q, k, v, out, lse, B, Tc, Tc, C, NH, NKV, Tc, 0,
                                                   true);
                    };
-                   b.run({"attention", "attention_block_forward", shape, true, fl, "4*B*NH*(T/2)^2*hd"}, fwd);
-                   b.run({"attention", "attention_block_fwd+bwd", shape, true, 3.5 * fl, "3.5 x fwd"}, [&] {
+                   b.run({"attention", "attention_block_forward" + suffix, shape, true, fl, "4*B*NH*(T/2)^2*hd"},
+                         fwd);
+                   b.run({"attention", "attention_block_fwd+bwd" + suffix, shape, true, 3.5 * fl, "3.5 x fwd"}, [&] {
                      fwd();
                      bwd();
                    });
                  });
+}
+
+// Head sizes the flash kernels run zero-padded (32 on the HS 64 kernels, 80 and 96 on the HS 128
+// ones: attention_pad.cu) at T 2048, NH 16, B*T = tokens, forward and backward together. Their own
+// op name keeps them out of bench_summary's comparison with SDPA (which times 64 and 128 only).
+void padded_rows(Bench& b, Ops& ops, int tokens) {
+  Buffers buf(ops);
+  const DType act = ops.compute_dtype();
+  const int T = 2048, NH = 16, B = std::max(1, tokens / T);
+  for (int hd : {32, 80, 96}) {
+    buf.clear();
+    const int C = NH * hd;
+    const size_t BT = size_t(B) * T, W = size_t(3 * NH) * hd;
+    const std::string shape = "B=" + std::to_string(B) + " NH=" + std::to_string(NH) + " T=" + std::to_string(T) +
+                              " hd=" + std::to_string(hd);
+    Tensor qkv = buf.rand(BT * W, act, 1), out = buf.zeros(BT * C, act), lse = buf.zeros(size_t(B) * NH * T, DType::f32);
+    Tensor dout = buf.rand(BT * C, act, 1), dqkv = buf.zeros(BT * W, act);
+    const double fl = 4.0 * B * NH * double(T) * T * hd / 2;
+    try {
+      b.run({"attention", "attention_padded_fwd+bwd", shape, true, 3.5 * fl, "3.5 x fwd, at the head's own size"}, [&] {
+        ops.attention_forward(out, lse, qkv, B, T, C, NH, NH);
+        ops.attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH, NH);
+      });
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "  attention_padded %s: not timed: %s\n", shape.c_str(), e.what());
+      b.failures.push_back({"attention", shape, e.what()});
+    }
+  }
 }
 
 // Decoding against a KV cache (Ops::attention_block_forward with one new query per sequence, as
@@ -167,6 +196,7 @@ void bench_attention(Bench& b, Ops& ops, int tokens, int hidden, const std::vect
   gpu::set_flash_backward_path(trainer_backward);
   block_rows(b, ops, tokens, hidden, seq_lens, groups);
   decode_rows(b, ops);
+  padded_rows(b, ops, tokens);
   if (ops.compute_dtype() == DType::bf16 && ops.device() == Device::cuda && gpu::flash_sm90_available()) {
     const gpu::FlashPath saved_forward = gpu::flash_forward_path(), saved_backward = gpu::flash_backward_path();
     gpu::set_flash_forward_path(gpu::FlashPath::wgmma);
@@ -180,6 +210,7 @@ void bench_attention(Bench& b, Ops& ops, int tokens, int hidden, const std::vect
                    bwd();
                  });
                });
+    block_rows(b, ops, tokens, hidden, seq_lens, groups, "_sm90");
     gpu::set_flash_forward_path(saved_forward);
     gpu::set_flash_backward_path(saved_backward);
   }
