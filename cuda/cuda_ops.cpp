@@ -82,6 +82,8 @@ CudaOps::CudaOps(DType compute_dtype) : compute_(compute_dtype) {
 void CudaOps::release_handles() noexcept {
   if (matmul_) gpu::matmul_context_destroy(matmul_);
   matmul_ = nullptr;
+  if (result_) cudaFree(result_);
+  result_ = nullptr;
   if (fork_) cudaEventDestroy(static_cast<cudaEvent_t>(fork_));
   if (join_) cudaEventDestroy(static_cast<cudaEvent_t>(join_));
   if (side_stream_) cudaStreamDestroy(as_stream(side_stream_));
@@ -94,7 +96,6 @@ CudaOps::~CudaOps() {
   cudaStreamSynchronize(as_stream(stream_));
   cudaFree(scratch_);
   for (void* p : retired_scratch_) cudaFree(p);
-  cudaFree(result_);
   for (void* e : mark_events_) cudaEventDestroy(static_cast<cudaEvent_t>(e));
   release_handles();
 }

@@ -179,7 +179,8 @@ class CudaOps final : public Ops {
   // else after it on stream_ with lane 0; stream_'s next op waits for both.
   void run_beside(bool beside, const std::function<void()>& first,
                   const std::function<void(void* stream, int lane)>& second);
-  // The matmul context, the streams and their events (what the constructor made); no throw.
+  // The matmul context, the reduction result, the streams and their events (what the constructor
+  // made); no throw.
   void release_handles() noexcept;
 
   DType compute_;
