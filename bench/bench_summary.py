@@ -12,6 +12,8 @@ Reads what gpu_bench.sh left in its output folder and writes bench_summary.md th
   picotrain_mixtral_small.jsonl                  (gpu_bench.sh MOE=1: configs/mixtral-small.json)
   picotrain_124m_graphs.jsonl,                   (gpu_bench.sh GRAPHS=1: the 124M and Llama 1B runs
   picotrain_llama1b_graphs.jsonl                  again with run.cuda_graphs=true)
+  picotrain_124m_sm90bwd.jsonl,                  (gpu_bench.sh HOPPER_BWD=1: the same runs with
+  picotrain_llama1b_sm90bwd.jsonl                 PICOTRAIN_FLASH_BACKWARD=auto)
   torch_124m.json (torch_1.5b.json)            bench/torch_gpt2.py at the same shapes
 Any of them may be missing (a step failed or was skipped): its rows then say "n/a".
 
@@ -328,6 +330,8 @@ def main(argv=None):
     p124_timed = picotrain_run(path("picotrain_124m_timed.jsonl"), args.skip_124m)
     p124_graphs = picotrain_run(path("picotrain_124m_graphs.jsonl"), args.skip_124m)
     pl1_graphs = picotrain_run(path("picotrain_llama1b_graphs.jsonl"), args.skip_1b)
+    p124_sm90bwd = picotrain_run(path("picotrain_124m_sm90bwd.jsonl"), args.skip_124m)
+    pl1_sm90bwd = picotrain_run(path("picotrain_llama1b_sm90bwd.jsonl"), args.skip_1b)
     p15 = picotrain_run(path("picotrain_1.5b.jsonl"), args.skip_15b)
     pl1 = picotrain_run(path("picotrain_llama1b.jsonl"), args.skip_1b)
     p15_fp8 = picotrain_run(path("picotrain_1.5b_fp8.jsonl"), args.skip_15b)
@@ -456,6 +460,10 @@ def main(argv=None):
         runs.insert(1, ("picotrain 124M, run.cuda_graphs=true", p124_graphs))
     if pl1_graphs:
         runs.append(("picotrain Llama 1B, run.cuda_graphs=true", pl1_graphs))
+    if p124_sm90bwd:  # gpu_bench.sh's HOPPER_BWD=1
+        runs.insert(1, ("picotrain 124M, PICOTRAIN_FLASH_BACKWARD=auto", p124_sm90bwd))
+    if pl1_sm90bwd:
+        runs.append(("picotrain Llama 1B, PICOTRAIN_FLASH_BACKWARD=auto", pl1_sm90bwd))
     if pmx:  # gpu_bench.sh's MOE=1
         runs.append(("picotrain small Mixtral (configs/mixtral-small.json)", pmx))
     for name, run in runs:

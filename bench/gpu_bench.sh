@@ -40,6 +40,8 @@
 # TIMED_ALGOS (0; 1 also runs the 124M training run with precision.matmul_algos=timed, as long again),
 # MOE (0; 1 also runs a small Mixtral, configs/mixtral-small.json, at the Llama 1B's batch and steps),
 # GRAPHS (0; 1 also runs the 124M and Llama 1B runs with run.cuda_graphs=true, as long again),
+# HOPPER_BWD (0; 1 also runs the 124M and Llama 1B runs with PICOTRAIN_FLASH_BACKWARD=auto: the
+# Hopper attention backward, as long again),
 # FP8 (0; 1 also runs step 9, about as long again as the 1.5B and 1B runs: run it where the budget
 # allows, e.g. a second call with a larger BUDGET_S),
 # NSYS (0; 1 also profiles 6 steps of 124M at 2 micro-batches under `nsys profile --stats=true`;
@@ -253,6 +255,20 @@ if [ "${GRAPHS:-0}" = 1 ]; then
       "$ACCUM_1B" "$STEPS_1B" 150
   else
     record picotrain_graphs skip 0 "no build"
+  fi
+fi
+# Optional (HOPPER_BWD=1): the 124M and Llama 1B runs again with the Hopper attention backward
+# (PICOTRAIN_FLASH_BACKWARD=auto; where the GPU has no Hopper kernel it is the sm_80 one).
+if [ "${HOPPER_BWD:-0}" = 1 ]; then
+  if [ $BUILT -eq 0 ]; then
+    if [ "$RUN_124M" = 1 ]; then
+      picotrain_run picotrain_124m_sm90bwd configs/gpt2-124m.json "$B_124M" "$ACCUM_124M" "$STEPS_124M" 150 \
+        env PICOTRAIN_FLASH_BACKWARD=auto
+    fi
+    RUN_T=$T_1B picotrain_run picotrain_llama1b_sm90bwd configs/llama3-1b.json "$B_1B" "$ACCUM_1B" "$STEPS_1B" 150 \
+      env PICOTRAIN_FLASH_BACKWARD=auto
+  else
+    record picotrain_sm90bwd skip 0 "no build"
   fi
 fi
 # Optional (FP8=1): the 1.5B and 1B runs again with every block layer's product in FP8.
