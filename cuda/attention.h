@@ -29,13 +29,19 @@ namespace pt::gpu {
 // flash_padded_head_size.) `scale`, where given (> 0), is the softmax scale in place of
 // 1/sqrt(HS): a padded head keeps its own.
 bool flash_attention_supported(DType dtype, int HS, const void* qkv, const void* out_or_dout, const void* dqkv);
-// The head size (64 or 128) whose kernels run a head of HS channels zero-padded: 0 where none
-// does (HS not a multiple of 8, or over 128). Padding changes no score (the padded channels add
-// products of zeros) and gives output channels of 0, dropped when copied back.
-int flash_padded_head_size(int HS);
+// The head size (64, 128, or with `hopper` 256) whose kernels run a head of HS channels
+// zero-padded: 0 where none does (HS not a multiple of 8, or over 128, or 256 with `hopper`).
+// Padding changes no score (the padded channels add products of zeros) and gives output channels
+// of 0, dropped when copied back.
+int flash_padded_head_size(int HS, bool hopper = false);
+// Whether head sizes 129-256 run on the Hopper kernels (padded to 256): a Hopper GPU with the
+// sm_90a build, and the Hopper backward chosen (PICOTRAIN_FLASH_BACKWARD=auto or wgmma: until the
+// Hopper backward has run on a GPU, those head sizes stay on the CUDA-core kernels by default).
+bool flash_hopper_head_sizes();
 // dst [rows][heads][dst_hs] <- src [rows][heads][src_hs] in bf16: the first min(src_hs, dst_hs)
 // channels of each head copied, the rest of dst's (dst_hs > src_hs) set to 0 (attention_pad.cu).
-void copy_heads_bf16(void* dst, int dst_hs, const void* src, int src_hs, size_t rows, int heads, void* stream = nullptr);
+void copy_heads_bf16(void* dst, int dst_hs, const void* src, int src_hs, size_t rows, int heads,
+                     void* stream = nullptr);
 
 // Runs the Hopper kernel where flash_forward_path() says so, else the sm_80 kernel (the backward
 // below likewise, by flash_backward_path()).

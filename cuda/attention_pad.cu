@@ -1,7 +1,7 @@
-// Head padding for the flash attention kernels, which are built for head sizes 64 and 128: a head
-// of another size that is a multiple of 8 up to 128 runs on them zero-padded (CudaOps'
-// attention_forward and attention_backward copy q, k, v (and dout) into padded heads, run the
-// kernel with the head's own softmax scale, and copy out (and dqkv) back).
+// Head padding for the flash attention kernels, which are built for head sizes 64 and 128 (and 256
+// on Hopper): a head of another size that is a multiple of 8 up to 128 (256) runs on them
+// zero-padded (CudaOps' attention_forward and attention_backward copy q, k, v (and dout) into
+// padded heads, run the kernel with the head's own softmax scale, and copy out (and dqkv) back).
 //
 // Computes dst [rows][heads][dst_hs] from src [rows][heads][src_hs] (bf16): each head's first
 // min(src_hs, dst_hs) channels copied, the rest of dst's set to 0. Both head sizes are multiples of
@@ -33,10 +33,12 @@ __global__ void copy_heads_kernel(uint4* dst, int dst_chunks, const uint4* src, 
 
 }  // namespace
 
-int flash_padded_head_size(int HS) {
+int flash_padded_head_size(int HS, bool hopper) {
   if (HS <= 0 || HS % kChunk != 0) return 0;
-  return HS <= 64 ? 64 : HS <= 128 ? 128 : 0;
+  return HS <= 64 ? 64 : HS <= 128 ? 128 : HS <= 256 && hopper ? 256 : 0;
 }
+
+bool flash_hopper_head_sizes() { return flash_sm90_available() && uses_sm90_kernel(flash_backward_path()); }
 
 void copy_heads_bf16(void* dst, int dst_hs, const void* src, int src_hs, size_t rows, int heads, void* stream) {
   check(dst_hs > 0 && src_hs > 0 && dst_hs % kChunk == 0 && src_hs % kChunk == 0,

@@ -34,14 +34,15 @@ int gqa_head_size(const char* op, int C, int NH, int NKV) {
                                       " must be positive and divide n_heads=" + std::to_string(NH));
   return HS;
 }
-// The head size the flash kernels run a head of HS channels at, zero-padded
-// (gpu::flash_padded_head_size), where the flash kernels do not take HS itself: bf16 and 16-byte
-// aligned tensors (the copies move 16-byte chunks); 0 where the CUDA-core kernels run instead.
+// The head size the flash kernels run a head of HS channels at (gpu::flash_padded_head_size: HS
+// itself for 256 on Hopper, else zero-padded), where flash_attention_supported does not take HS
+// itself: bf16 and 16-byte aligned tensors (the copies move 16-byte chunks); 0 where the CUDA-core
+// kernels run instead.
 int padded_flash_head_size(DType dt, int HS, std::initializer_list<const void*> tensors) {
   if (dt != DType::bf16) return 0;
   for (const void* p : tensors)
     if (!is_aligned(p, 16)) return 0;
-  return gpu::flash_padded_head_size(HS);
+  return gpu::flash_padded_head_size(HS, HS > 128 && gpu::flash_hopper_head_sizes());
 }
 size_t round256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 // 1/sqrt(HS), as the kernels compute it for their own head size.
@@ -56,9 +57,11 @@ void CudaOps::attention_forward(Tensor out, Tensor lse, Tensor qkv, int B, int T
   need(out, BT * C, dt, "attention_forward", "out");
   need(lse, size_t(B) * NH * T, DType::f32, "attention_forward", "lse");
   float* L = static_cast<float*>(lse.data);
-  if (gpu::flash_attention_supported(dt, HS, qkv.data, out.data, nullptr)) {
+  const bool flash = gpu::flash_attention_supported(dt, HS, qkv.data, out.data, nullptr);
+  const int HSp = flash ? HS : padded_flash_head_size(dt, HS, {qkv.data, out.data});
+  if (HSp == HS) {
     gpu::flash_attention_forward_bf16(out.data, L, qkv.data, B, T, NH, NKV, HS, stream_);
-  } else if (const int HSp = padded_flash_head_size(dt, HS, {qkv.data, out.data})) {
+  } else if (HSp) {
     // q, k, v in heads of HSp (zero-padded), the flash forward at the head's own scale, out back.
     const size_t qkv_bytes = round256(BT * (NH + 2 * NKV) * HSp * sizeof(uint16_t));
     char* space = static_cast<char*>(scratch(qkv_bytes + BT * NH * HSp * sizeof(uint16_t)));
@@ -92,18 +95,20 @@ void CudaOps::attention_backward_impl(const char* op, Tensor dqkv, Tensor dout, 
   need(out, BT * C, dt, op, "out");
   need(lse, size_t(B) * NH * T, DType::f32, op, "lse");
   // (FP8: the dequantised copy in scratch is aligned, and qkv is, so qkv answers for it here.)
-  const bool flash = gpu::flash_attention_supported(dt, HS, qkv.data, dout.data, dqkv.data);
-  // Another head size on the flash kernels: q, k, v and dout zero-padded to HSp, dqkv copied back.
-  const int HSp = flash ? 0 : padded_flash_head_size(dt, HS, {qkv.data, dout.data, dqkv.data});
+  // The flash kernels at HS itself, or at HSp with q, k, v and dout zero-padded and dqkv copied back.
+  const int kernel_hs = gpu::flash_attention_supported(dt, HS, qkv.data, dout.data, dqkv.data)
+                            ? HS
+                            : padded_flash_head_size(dt, HS, {qkv.data, dout.data, dqkv.data});
+  const bool flash = kernel_hs == HS;
+  const int HSp = flash ? 0 : kernel_hs;  // 0 unless padded
   // One scratch request for D, the flash kernel's workspace, for FP8 the dequantised qkv and the
   // amaxes of its cast, and the padded copies (a second request could move the first).
   const size_t d_bytes = round256(size_t(B) * NH * T * sizeof(float));
-  const int kernel_hs = flash ? HS : HSp;
   const size_t ws_bytes =
       kernel_hs ? round256(gpu::flash_attention_backward_workspace_bytes(B, T, NH, NKV, kernel_hs)) : 0;
   const size_t dq_bytes = fp8 ? round256(BT * W * dtype_size(dt)) : 0;
   const size_t amax_bytes = fp8 ? round256(size_t(B) * (NH + 2 * NKV) * sizeof(float)) : 0;
-  const size_t padded_qkv_bytes = round256(BT * (NH + 2 * NKV) * HSp * sizeof(uint16_t));  // 0 unless padded
+  const size_t padded_qkv_bytes = round256(BT * (NH + 2 * NKV) * HSp * sizeof(uint16_t));
   const size_t padded_dout_bytes = round256(BT * NH * HSp * sizeof(uint16_t));
   char* space = static_cast<char*>(
       scratch(d_bytes + ws_bytes + dq_bytes + amax_bytes + 2 * padded_qkv_bytes + padded_dout_bytes));

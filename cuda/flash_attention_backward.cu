@@ -429,7 +429,8 @@ void launch_backward(const FlashProblem& p, const FlashGrads& gr, const float* l
                      void* workspace, cudaStream_t stream) {
   if (B <= 0 || p.Tq <= 0 || p.Tk <= 0) return;
   check_flash_heads("flash attention", B, p.NH, p.NKV);
-  check(workspace != nullptr && is_aligned(workspace, 16), "flash attention backward: needs a 16-byte aligned workspace");
+  check(workspace != nullptr && is_aligned(workspace, 16),
+        "flash attention backward: needs a 16-byte aligned workspace");
   with_flash_head_size("flash attention", HS, [&](auto hs) {
     launch_backward<decltype(hs)::value, kBlock>(p, gr, lse, D, B, workspace, stream);
   });
@@ -446,7 +447,7 @@ size_t flash_attention_backward_workspace_bytes(int B, int T, int NH, int NKV, i
 
 void flash_attention_backward_bf16(void* dqkv, const void* dout, const void* qkv, const float* lse, const float* D,
                                    int B, int T, int NH, int NKV, int HS, void* workspace, void* stream, float scale) {
-  if (uses_sm90_kernel(flash_backward_path()))
+  if (HS > 128 || uses_sm90_kernel(flash_backward_path()))  // (above 128 only the Hopper kernel has a size)
     return flash_attention_backward_sm90_bf16(dqkv, dout, qkv, lse, D, B, T, NH, NKV, HS, workspace, stream, scale);
   const FlashProblem p = packed_problem(qkv, T, NH, NKV, HS, scale);
   bf16* dq = static_cast<bf16*>(dqkv);

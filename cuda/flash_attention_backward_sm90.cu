@@ -46,9 +46,14 @@
 //  it (the sm_80 kernel's header says why that cannot deadlock). No float atomics: every run
 //  gives the same bits.
 //
+// Head size 256 (a general path's largest size) is arranged otherwise (Tiles): 64 keys a block, both
+// consumers on the same keys, each owning 128 of dK's and dV's columns (64 x 256 of each would take
+// 256 registers a thread), both computing S^T and dP^T (2 of the 5 products twice: 1.4 x the
+// FLOPs), one Q/dO stage, and two dQ parts per consumer.
 // Resources: 384 threads, one block per SM; shared memory K and V 128 x HS, 2 stages x (Q and dO
 // 64 x HS), 2 x dS^T 128 x 64 (bf16), lse/D 2 x 2 x 64 floats, 2 x dQ part 64 x 72 floats, 5
-// barriers, the ticket and 1 KiB of alignment: 137,260 bytes (HS 64) / 202,796 (HS 128).
+// barriers, the ticket and 1 KiB of alignment: 137,260 bytes (HS 64) / 202,796 (HS 128); HS 256
+// (K, V 64 x 256, one stage, dS^T 64 x 64): 185,884.
 // Registers (consumer, HS 128): dK and dV 128, S^T (fp32 P^T) and dP^T 64, P^T and dS^T fragments
 // 32, dQ 32 (not all at once); at most 240 after setmaxnreg (the kernel as a whole is compiled
 // for 168). ptxas spills nothing and serialises no wgmma (test/attention_ptx_check.sh). What it
@@ -81,36 +86,51 @@ namespace {
 using namespace flash;
 using namespace hopper;
 
-constexpr int kWgKeys = 64;                       // keys per consumer (wgmma's M)
-constexpr int kBlockN = kConsumers * kWgKeys;     // 128 keys per block
-constexpr int kBlockM = 64;                       // queries per tile
-constexpr int kStages = 2;                        // Q/dO tiles in flight
+constexpr int kWgKeys = 64;  // the key rows of a consumer's dK and dV (wgmma's M)
+constexpr int kBlockM = 64;  // queries per tile
 // Named barriers (0 is __syncthreads'): 1 + w for consumer w alone, kBothConsumers for the two.
 constexpr int kBothConsumers = 3;
-static_assert(kBlockN % kBlockM == 0, "a key block starts at a query tile's first row");
+
+// How a block is shared out, by head size. HS 64 and 128: 128 keys a block, each consumer owning
+// 64 of them (every column of their dK and dV), two Q/dO stages. HS 256: 64 keys a block, both
+// consumers on the same keys, each owning half the columns (a consumer's dK and dV of 64 x 256
+// would take 256 registers a thread), so S^T and dP^T are computed by both, and one Q/dO stage
+// (two do not fit in shared memory beside K and V).
+constexpr int block_keys(int HS) { return HS > 128 ? kWgKeys : kConsumers * kWgKeys; }
+template <int HS>
+struct Tiles {
+  static constexpr bool kSplitCols = HS > 128;
+  static constexpr int kBlockN = block_keys(HS);
+  static constexpr int kCols = kSplitCols ? HS / kConsumers : HS;  // dK and dV columns a consumer owns
+  static constexpr int kStages = kSplitCols ? 1 : 2;                // Q/dO tiles in flight
+  static_assert(kBlockN % kBlockM == 0, "a key block starts at a query tile's first row");
+};
 
 // A consumer's dQ part passes through shared memory ([64 queries][kDqLD] floats) on its way to
 // the ordered sum: 8 floats of padding make the accumulators' float2 stores conflict-free.
 constexpr int kDqLD = kSwizzleCols + 8;
 
 // Shared-memory layout (byte offsets from a 1024-byte aligned base): K and V as HS/64 sub-tiles of
-// [128 rows][64]; Q and dO of stage s at kQ/kDO + s * kQTile, as HS/64 sub-tiles of [64 rows][64];
-// dS^T of buffer s at kDS + s * kDSTile, [128 keys][64 queries] (one sub-tile); then lse and D
-// ([stage][lse 64 | D 64] floats), each consumer's dQ part (kDQ) and the barriers.
+// [kBlockN rows][64]; Q and dO of stage s at kQ/kDO + s * kQTile, as HS/64 sub-tiles of [64
+// rows][64]; dS^T of buffer s (one per tile in flight, and one more) at kDS + s * kDSTile,
+// [kBlockN keys][64 queries] (one sub-tile); then lse and D ([stage][lse 64 | D 64] floats), each
+// consumer's dQ part (kDQ) and the barriers.
 template <int HS>
 struct Layout {
+  static constexpr int kStages = Tiles<HS>::kStages;
+  static constexpr int kDSBuffers = 2;  // a tile's dS^T is written while the previous one's is read
   static constexpr int kSubs = HS / kSwizzleCols;
-  static constexpr uint32_t kKSub = kBlockN * kSwizzleRowBytes;  // 16 KiB
-  static constexpr uint32_t kQSub = kBlockM * kSwizzleRowBytes;  // 8 KiB
-  static constexpr uint32_t kKTile = kSubs * kKSub;          // a K or V tile: 128 x HS bf16
-  static constexpr uint32_t kQTile = kSubs * kQSub;          // a Q or dO tile: 64 x HS bf16
-  static constexpr uint32_t kDSTile = kBlockN * kSwizzleRowBytes;
+  static constexpr uint32_t kKSub = Tiles<HS>::kBlockN * kSwizzleRowBytes;  // 16 KiB (8 at HS 256)
+  static constexpr uint32_t kQSub = kBlockM * kSwizzleRowBytes;             // 8 KiB
+  static constexpr uint32_t kKTile = kSubs * kKSub;                         // a K or V tile: kBlockN x HS bf16
+  static constexpr uint32_t kQTile = kSubs * kQSub;                         // a Q or dO tile: 64 x HS bf16
+  static constexpr uint32_t kDSTile = Tiles<HS>::kBlockN * kSwizzleRowBytes;
   static constexpr uint32_t kK = 0;
   static constexpr uint32_t kV = kK + kKTile;
   static constexpr uint32_t kQ = kV + kKTile;
   static constexpr uint32_t kDO = kQ + kStages * kQTile;
   static constexpr uint32_t kDS = kDO + kStages * kQTile;
-  static constexpr uint32_t kLD = kDS + kStages * kDSTile;
+  static constexpr uint32_t kLD = kDS + kDSBuffers * kDSTile;
   static constexpr uint32_t kDQ = kLD + kStages * 2 * kBlockM * sizeof(float);
   static constexpr uint32_t kBars = kDQ + kConsumers * kBlockM * kDqLD * sizeof(float);
   static constexpr int kNumBars = 1 + 2 * kStages;  // kv_full, full[S], empty[S]; then the ticket
@@ -135,9 +155,9 @@ __device__ __forceinline__ void wgmma_rows_t(float (&acc)[kBlockM / 8][4], uint3
 // padding make the accumulators' float2 stores conflict-free.
 template <int HS>
 constexpr int kAccLD = HS + 8;
-static_assert(2 * kBlockN * kAccLD<64> * sizeof(float) <= Layout<64>::kLD &&
-                  2 * kBlockN * kAccLD<128> * sizeof(float) <= Layout<128>::kLD,
-              "dK and dV fit where the tiles were");
+template <int HS>
+constexpr bool kStagingFits = 2 * Tiles<HS>::kBlockN * kAccLD<HS> * sizeof(float) <= Layout<HS>::kLD;
+static_assert(kStagingFits<64> && kStagingFits<128> && kStagingFits<256>, "dK and dV fit where the tiles were");
 
 __device__ __forceinline__ float4 add4(float4 a, float4 b) {
   return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
@@ -180,10 +200,11 @@ struct BackwardArgs {
   bool accumulate;
 };
 
-// D (+)= A B with N = HS: dV += P^T dO and dK += dS^T Q (A from registers, B MN-major).
-template <int HS>
-__device__ __forceinline__ void wgmma_rs_hs(float (&d)[HS / 8][4], const uint32_t (&a)[4], uint64_t desc_b) {
-  if constexpr (HS == 64)
+// D (+)= A B with N = 64 or 128: dV += P^T dO and dK += dS^T Q over a consumer's columns (A from
+// registers, B MN-major).
+template <int N>
+__device__ __forceinline__ void wgmma_rs_n(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t desc_b) {
+  if constexpr (N == 64)
     wgmma_m64n64k16_rs_tb(d, a, desc_b, 1);
   else
     wgmma_m64n128k16_rs_tb(d, a, desc_b, 1);
@@ -196,18 +217,20 @@ __global__ void __launch_bounds__(kThreads, 1)
                                const __grid_constant__ CUtensorMap map_do) {
 #if PT_HOPPER_DEVICE
   using L = Layout<HS>;
+  constexpr int BN = Tiles<HS>::kBlockN, STAGES = Tiles<HS>::kStages, COLS = Tiles<HS>::kCols;
+  constexpr bool kSplitCols = Tiles<HS>::kSplitCols;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* smem = aligned_1024(smem_raw);
   uint64_t* kv_full = reinterpret_cast<uint64_t*>(smem + L::kBars);
   uint64_t* full = kv_full + 1;
-  uint64_t* empty = full + kStages;
+  uint64_t* empty = full + STAGES;
   float* sLD = reinterpret_cast<float*>(smem + L::kLD);
-  int& s_ticket = *reinterpret_cast<int*>(empty + kStages);
+  int& s_ticket = *reinterpret_cast<int*>(empty + STAGES);
 
   if (threadIdx.x == 0) {
     s_ticket = atomicAdd(a.scratch.ticket, 1);
     mbar_init(kv_full, 1);
-    for (int s = 0; s < kStages; ++s) {
+    for (int s = 0; s < STAGES; ++s) {
       mbar_init(full + s, 128);                // every producer thread (lse and D), thread 0 with the bytes
       mbar_init(empty + s, kConsumers * 4);    // one arrival per consumer warp
     }
@@ -223,7 +246,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int kt = nk - 1 - rest % nk, bkv = rest / nk;
   const int b = bkv / NKV, kvh = bkv % NKV, h = kvh * G + j;
   // The first query tile that sees a key of the block (self-attention: the diagonal's).
-  const int qt_begin = flash_schedule::first_query_tile(kt, delta, kBlockN, kBlockM);
+  const int qt_begin = flash_schedule::first_query_tile(kt, delta, BN, kBlockM);
   const size_t lbase = (static_cast<size_t>(b) * NH + h) * Tq;  // lse and D of (b, h)
   const int wg = threadIdx.x / 128;
 
@@ -238,13 +261,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_arrive_expect_tx(kv_full, 2 * L::kKTile);
       for (int c = 0; c < L::kSubs; ++c) {
         tma_load_3d(smem + L::kK + c * L::kKSub, &map_k, kv_full, a.k_col0 + kvh * HS + c * kSwizzleCols,
-                    kt * kBlockN, b);
+                    kt * BN, b);
         tma_load_3d(smem + L::kV + c * L::kKSub, &map_v, kv_full, a.v_col0 + kvh * HS + c * kSwizzleCols,
-                    kt * kBlockN, b);
+                    kt * BN, b);
       }
     }
     for (int qt = qt_begin, i = 0; qt < nq; ++qt, ++i) {
-      const int s = i % kStages, use = i / kStages;
+      const int s = i % STAGES, use = i / STAGES;
       if (use > 0) mbar_wait(empty + s, (use - 1) & 1);  // both consumers are done with it
       const int q = qt * kBlockM + tid % kBlockM;
       const bool in = q < Tq;
@@ -269,24 +292,28 @@ __global__ void __launch_bounds__(kThreads, 1)
   regs_claim<kConsumerRegs>();
   const int cw = wg - 1, wg_tid = threadIdx.x % 128;
   const int warp = wg_tid / kWarpSize, lane = threadIdx.x % kWarpSize, g = lane >> 2, t = lane & 3;
-  const int krow0 = cw * kWgKeys + warp * 16;  // the warp's first key row in the block's tile
-  const int key0 = kt * kBlockN + krow0;
+  // The consumer's key rows in the block's tile (HS 256: both consumers have all 64) and its
+  // columns of dK and dV (below HS 256: all of them).
+  const int wg_key0 = kSplitCols ? 0 : cw * kWgKeys, col0 = kSplitCols ? cw * COLS : 0;
+  const int krow0 = wg_key0 + warp * 16;  // the warp's first key row in the block's tile
+  const int key0 = kt * BN + krow0;
   const uint32_t k_addr = smem_u32(smem + L::kK), v_addr = smem_u32(smem + L::kV);
   const uint32_t q_addr = smem_u32(smem + L::kQ), do_addr = smem_u32(smem + L::kDO);
   const uint32_t ds_addr = smem_u32(smem + L::kDS);
-  const uint32_t wg_rows = cw * kWgKeys * kSwizzleRowBytes;  // the consumer's rows of K and V
+  const uint32_t wg_rows = wg_key0 * kSwizzleRowBytes;  // the consumer's rows of K and V
+  const uint32_t col_subs = col0 / kSwizzleCols * L::kQSub;  // its columns of Q and dO
 
-  float dk[HS / 8][4], dv[HS / 8][4];
+  float dk[COLS / 8][4], dv[COLS / 8][4];
 #pragma unroll
-  for (int nt = 0; nt < HS / 8; ++nt)
+  for (int nt = 0; nt < COLS / 8; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) dk[nt][e] = dv[nt][e] = 0.0f;
 
   mbar_wait(kv_full, 0);
 #pragma unroll 1
   for (int qt = qt_begin, i = 0; qt < nq; ++qt, ++i) {
-    const int s = i % kStages;
-    const uint32_t parity = (i / kStages) & 1;
+    const int s = i % STAGES;
+    const uint32_t parity = (i / STAGES) & 1;
     const int q0 = qt * kBlockM;
 
     // 1. S^T = K Q^T.
@@ -330,7 +357,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_rows_t<HS>(dpt, v_addr + wg_rows, do_addr + s * L::kQTile);
 #pragma unroll
     for (int kk = 0; kk < kBlockM / 16; ++kk)
-      wgmma_rs_hs<HS>(dv, pa[kk], sw128_desc(do_addr + s * L::kQTile + kk * 16 * kSwizzleRowBytes, L::kQSub, 1024));
+      wgmma_rs_n<COLS>(dv, pa[kk],
+                       sw128_desc(do_addr + s * L::kQTile + col_subs + kk * 16 * kSwizzleRowBytes, L::kQSub, 1024));
     wgmma_commit();
     wgmma_wait<0>();
     fence_regs(dpt);
@@ -347,23 +375,27 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint32_t dsa[kBlockM / 16][4];
 #pragma unroll
     for (int kk = 0; kk < kBlockM / 16; ++kk) acc_to_a(dsa[kk], dpt[2 * kk], dpt[2 * kk + 1]);
-    unsigned char* ds_tile = smem + L::kDS + s * L::kDSTile;
+    const int dsb = i % L::kDSBuffers;  // this tile's dS^T buffer
+    if (!kSplitCols || cw == 0) {     // (HS 256: both consumers hold the same dS^T; one stores it)
+      unsigned char* ds_tile = smem + L::kDS + dsb * L::kDSTile;
 #pragma unroll
-    for (int kk = 0; kk < kBlockM / 16; ++kk)
+      for (int kk = 0; kk < kBlockM / 16; ++kk)
 #pragma unroll
-      for (int x = 0; x < 2; ++x)
+        for (int x = 0; x < 2; ++x)
 #pragma unroll
-        for (int y = 0; y < 2; ++y) {
-          const int row = krow0 + g + 8 * y, chunk = (2 * kk + x) ^ (row & 7);
-          *reinterpret_cast<uint32_t*>(ds_tile + row * kSwizzleRowBytes + chunk * 16 + 4 * t) = dsa[kk][2 * x + y];
-        }
+          for (int y = 0; y < 2; ++y) {
+            const int row = krow0 + g + 8 * y, chunk = (2 * kk + x) ^ (row & 7);
+            *reinterpret_cast<uint32_t*>(ds_tile + row * kSwizzleRowBytes + chunk * 16 + 4 * t) = dsa[kk][2 * x + y];
+          }
+    }
 
     // 5. dK += dS^T Q (Q read MN-major, as dO above).
     fence_regs(dk);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBlockM / 16; ++kk)
-      wgmma_rs_hs<HS>(dk, dsa[kk], sw128_desc(q_addr + s * L::kQTile + kk * 16 * kSwizzleRowBytes, L::kQSub, 1024));
+      wgmma_rs_n<COLS>(dk, dsa[kk],
+                       sw128_desc(q_addr + s * L::kQTile + col_subs + kk * 16 * kSwizzleRowBytes, L::kQSub, 1024));
     wgmma_commit();
 
     // 6. Both halves of dS^T written (and made visible to wgmma's reads); once dV and dK are done
@@ -376,51 +408,54 @@ __global__ void __launch_bounds__(kThreads, 1)
     fence_regs(dsa);
     __syncwarp();
     if (lane == 0) mbar_arrive(empty + s);  // this warp is done with Q, dO, lse and D of stage s
-    const int part = (cw + qt) & 1;
-    if (part >= L::kSubs) continue;  // (HS 64: the other consumer's turn)
-    float dq[8][4];
-#pragma unroll
-    for (int n = 0; n < 8; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
-    fence_regs(dq);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk)
-      wgmma_m64n64k16_ss<1, 1>(dq, sw128_desc(ds_addr + s * L::kDSTile + kk * 16 * kSwizzleRowBytes, L::kDSTile, 1024),
-                               sw128_desc(k_addr + part * L::kKSub + kk * 16 * kSwizzleRowBytes, L::kKSub, 1024), kk > 0);
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_regs(dq);
-
-    // 7. The part, summed over key blocks kt = last_key_tile(qt), ..., 0 in that order, through
-    //    this consumer's shared-memory tile (coalesced adds, no accumulators held).
-    float* sdq = reinterpret_cast<float*>(smem + L::kDQ) + cw * kBlockM * kDqLD;
-#pragma unroll
-    for (int n = 0; n < 8; ++n)
-#pragma unroll
-      for (int r = 0; r < 2; ++r)
-        *reinterpret_cast<float2*>(sdq + (warp * 16 + g + 8 * r) * kDqLD + n * 8 + 2 * t) =
-            make_float2(dq[n][2 * r], dq[n][2 * r + 1]);
-    const int pos = flash_schedule::last_key_tile(qt, delta, nk, kBlockN, kBlockM) - kt;
-    const bool first = pos == 0, last = kt == 0;
-    const size_t tile = (static_cast<size_t>(b) * NH + h) * nq + qt;
-    int* turn = a.scratch.dq_turns + tile * L::kSubs + part;
-    float* acc = a.scratch.dq_acc + tile * kBlockM * HS + part * kSwizzleCols;
-    if (!first && wg_tid == 0) spin_until(turn, pos);
-    named_barrier(1 + cw, 128);  // the part is in shared memory, and the turn is ours
+    // The consumer's 64-column parts of dQ: part c of tile qt goes to consumer (c + qt) % 2 (HS
+    // 64: one part, the consumers take turns by tile; HS 128: one each; HS 256: two each).
 #pragma unroll 1
-    for (int idx = wg_tid; idx < kBlockM * kSwizzleCols / 4; idx += 128) {
-      const int row = idx / (kSwizzleCols / 4), col = idx % (kSwizzleCols / 4) * 4, qi = q0 + row;
-      float4 v = *reinterpret_cast<const float4*>(sdq + row * kDqLD + col);
-      if (!first) v = add4(v, __ldcg(reinterpret_cast<const float4*>(acc + row * HS + col)));
-      if (!last)
-        __stcg(reinterpret_cast<float4*>(acc + row * HS + col), v);
-      else if (qi < Tq && a.dq)
-        store_quad(a.dq + (static_cast<size_t>(b) * Tq + qi) * a.q_stride + h * HS + part * kSwizzleCols + col, v,
-                   a.scale, a.accumulate);
-    }
-    if (!last) {
-      named_barrier(1 + cw, 128);  // every thread's part stored before the release
-      if (wg_tid == 0) store_release(turn, pos + 1);
+    for (int part = (cw + qt) & 1; part < L::kSubs; part += kConsumers) {
+      float dq[8][4];
+#pragma unroll
+      for (int n = 0; n < 8; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
+      fence_regs(dq);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk)
+        wgmma_m64n64k16_ss<1, 1>(
+            dq, sw128_desc(ds_addr + dsb * L::kDSTile + kk * 16 * kSwizzleRowBytes, L::kDSTile, 1024),
+            sw128_desc(k_addr + part * L::kKSub + kk * 16 * kSwizzleRowBytes, L::kKSub, 1024), kk > 0);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_regs(dq);
+
+      // 7. The part, summed over key blocks kt = last_key_tile(qt), ..., 0 in that order, through
+      //    this consumer's shared-memory tile (coalesced adds, no accumulators held).
+      float* sdq = reinterpret_cast<float*>(smem + L::kDQ) + cw * kBlockM * kDqLD;
+#pragma unroll
+      for (int n = 0; n < 8; ++n)
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+          *reinterpret_cast<float2*>(sdq + (warp * 16 + g + 8 * r) * kDqLD + n * 8 + 2 * t) =
+              make_float2(dq[n][2 * r], dq[n][2 * r + 1]);
+      const int pos = flash_schedule::last_key_tile(qt, delta, nk, BN, kBlockM) - kt;
+      const bool first = pos == 0, last = kt == 0;
+      const size_t tile = (static_cast<size_t>(b) * NH + h) * nq + qt;
+      int* turn = a.scratch.dq_turns + tile * L::kSubs + part;
+      float* acc = a.scratch.dq_acc + tile * kBlockM * HS + part * kSwizzleCols;
+      if (!first && wg_tid == 0) spin_until(turn, pos);
+      named_barrier(1 + cw, 128);  // the part is in shared memory, and the turn is ours
+#pragma unroll 1
+      for (int idx = wg_tid; idx < kBlockM * kSwizzleCols / 4; idx += 128) {
+        const int row = idx / (kSwizzleCols / 4), col = idx % (kSwizzleCols / 4) * 4, qi = q0 + row;
+        float4 v = *reinterpret_cast<const float4*>(sdq + row * kDqLD + col);
+        if (!first) v = add4(v, __ldcg(reinterpret_cast<const float4*>(acc + row * HS + col)));
+        if (!last)
+          __stcg(reinterpret_cast<float4*>(acc + row * HS + col), v);
+        else if (qi < Tq && a.dq)
+          store_quad(a.dq + (static_cast<size_t>(b) * Tq + qi) * a.q_stride + h * HS + part * kSwizzleCols + col, v,
+                     a.scale, a.accumulate);
+      }
+      // Every thread's part stored before the release, and the staging tile free for the next part.
+      named_barrier(1 + cw, 128);
+      if (!last && wg_tid == 0) store_release(turn, pos + 1);
     }
   }
 
@@ -429,25 +464,25 @@ __global__ void __launch_bounds__(kThreads, 1)
   // the sum of its group's query heads, added in head order through fp32 scratch (G = 1: written
   // at once).
   named_barrier(kBothConsumers, kConsumers * 128);
-  float* sdk = reinterpret_cast<float*>(smem);  // [128 keys][kAccLD]
-  float* sdv = sdk + kBlockN * kAccLD<HS>;
+  float* sdk = reinterpret_cast<float*>(smem);  // [BN keys][kAccLD]: each consumer its rows and columns
+  float* sdv = sdk + BN * kAccLD<HS>;
 #pragma unroll
   for (int r = 0; r < 2; ++r)
 #pragma unroll
-    for (int nt = 0; nt < HS / 8; ++nt) {
-      const int at = (krow0 + g + 8 * r) * kAccLD<HS> + nt * 8 + 2 * t;
+    for (int nt = 0; nt < COLS / 8; ++nt) {
+      const int at = (krow0 + g + 8 * r) * kAccLD<HS> + col0 + nt * 8 + 2 * t;
       *reinterpret_cast<float2*>(sdk + at) = make_float2(dk[nt][2 * r], dk[nt][2 * r + 1]);
       *reinterpret_cast<float2*>(sdv + at) = make_float2(dv[nt][2 * r], dv[nt][2 * r + 1]);
     }
   const bool first = j == 0, last = j == G - 1;
-  float* kacc = a.scratch.dkv_acc + ((static_cast<size_t>(b) * NKV + kvh) * nk + kt) * 2 * kBlockN * HS;
-  float* vacc = kacc + kBlockN * HS;
+  float* kacc = a.scratch.dkv_acc + ((static_cast<size_t>(b) * NKV + kvh) * nk + kt) * 2 * BN * HS;
+  float* vacc = kacc + BN * HS;
   int* turn = a.scratch.dkv_turns + (static_cast<size_t>(b) * NKV + kvh) * nk + kt;
   if (!first && threadIdx.x == 128) spin_until(turn, j);
   named_barrier(kBothConsumers, kConsumers * 128);  // both halves in shared memory, and the turn is ours
 #pragma unroll 1
-  for (int idx = threadIdx.x - 128; idx < kBlockN * HS / 4; idx += kConsumers * 128) {
-    const int row = idx / (HS / 4), col = idx % (HS / 4) * 4, kj = kt * kBlockN + row;
+  for (int idx = threadIdx.x - 128; idx < BN * HS / 4; idx += kConsumers * 128) {
+    const int row = idx / (HS / 4), col = idx % (HS / 4) * 4, kj = kt * BN + row;
     float4 k4 = *reinterpret_cast<const float4*>(sdk + row * kAccLD<HS> + col);
     float4 v4 = *reinterpret_cast<const float4*>(sdv + row * kAccLD<HS> + col);
     if (!first) {
@@ -477,7 +512,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 // The workspace (flash_backward_order.cuh) of this kernel's 64-query tiles, a dQ turn per
 // 64-column part.
 BackwardWorkspace workspace_layout(int B, int Tq, int Tk, int NH, int NKV, int HS) {
-  return backward_workspace(B, Tq, Tk, NH, NKV, HS, kBlockM, kBlockN, HS / kSwizzleCols);
+  return backward_workspace(B, Tq, Tk, NH, NKV, HS, kBlockM, block_keys(HS), HS / kSwizzleCols);
 }
 
 // One launch: args a (its scratch and scales filled in here), with q (or qkv) rows of q_width
@@ -491,12 +526,12 @@ void launch_backward_sm90(BackwardArgs a, const void* q, size_t q_width, const v
   a.scratch = backward_scratch(workspace, ws);
   CUDA_CHECK(cudaMemsetAsync(a.scratch.dq_turns, 0, ws.counters() * sizeof(int), stream));
   const CUtensorMap map_q = rows_tensor_map(q, B, a.Tq, q_width, kBlockM);
-  const CUtensorMap map_k = rows_tensor_map(k, B, a.Tk, kv_width, kBlockN);
-  const CUtensorMap map_v = v == k ? map_k : rows_tensor_map(v, B, a.Tk, kv_width, kBlockN);
+  const CUtensorMap map_k = rows_tensor_map(k, B, a.Tk, kv_width, Tiles<HS>::kBlockN);
+  const CUtensorMap map_v = v == k ? map_k : rows_tensor_map(v, B, a.Tk, kv_width, Tiles<HS>::kBlockN);
   const CUtensorMap map_do = rows_tensor_map(dout, B, a.Tq, static_cast<size_t>(a.NH) * HS, kBlockM);
   a.scale = softmax_scale(a.scale, HS);
   a.scale_log2 = a.scale * kLog2e;
-  const dim3 grid(static_cast<unsigned>(ceil_div(a.Tk, kBlockN)), static_cast<unsigned>(B * a.NH));
+  const dim3 grid(static_cast<unsigned>(ceil_div(a.Tk, Tiles<HS>::kBlockN)), static_cast<unsigned>(B * a.NH));
   flash_backward_sm90_kernel<HS><<<grid, kThreads, smem, stream>>>(a, map_q, map_k, map_v, map_do);
   CUDA_CHECK_LAUNCH();
 }
@@ -536,7 +571,7 @@ void flash_attention_backward_sm90_bf16(void* dqkv, const void* dout, const void
   a.v_col0 = (NH + NKV) * HS;
   a.scale = scale;
   a.accumulate = false;
-  with_flash_head_size("flash attention backward (sm_90a)", HS, [&](auto hs) {
+  with_hopper_head_size("flash attention backward (sm_90a)", HS, [&](auto hs) {
     launch_backward_sm90<decltype(hs)::value>(a, qkv, W, qkv, qkv, W, dout, B, workspace, as_stream(stream));
   });
 }

@@ -310,7 +310,7 @@ bool flash_attention_block_supported(DType dtype, int HS, int Tk, int q_pos0, in
 void flash_attention_forward_bf16(void* out, float* lse, const void* qkv, int B, int T, int NH, int NKV, int HS,
                                   void* stream, float scale) {
   if (B <= 0 || T <= 0) return;
-  if (uses_sm90_kernel(flash_forward_path()))
+  if (HS > 128 || uses_sm90_kernel(flash_forward_path()))  // (above 128 only the Hopper kernel has a size)
     return flash_attention_forward_sm90_bf16(out, lse, qkv, B, T, NH, NKV, HS, stream, scale);
   launch_forward<false>(out, lse, packed_problem(qkv, T, NH, NKV, HS, scale), B, HS, as_stream(stream));
 }

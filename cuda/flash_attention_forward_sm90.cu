@@ -22,9 +22,13 @@
 //    stored as 64-column sub-tiles in the 128-byte swizzle wgmma reads (hopper.cuh).
 // At the end each consumer writes O / l straight from its accumulators (bf16 pairs) and lse.
 //
-// Resources: 384 threads, one block per SM; shared memory Q 128 x HS + 2 stages x (K + V) 128 x HS,
-// bf16, plus 7 barriers and 1 KiB of alignment: 82,944 bytes (HS 64) / 164,864 (HS 128).
-// Registers (consumer, HS 128): S 64 + O 64 fp32 and P 32 per thread, at most 240 after setmaxnreg;
+// Head size 256 (a general path's largest size; Llama-style models use 64 and 128) takes key tiles
+// of 64 (kBlockN): O holds 128 accumulators a thread, S 32, and O += P V is two products of 128
+// columns.
+// Resources: 384 threads, one block per SM; shared memory Q 128 x HS + 2 stages x (K + V) kBlockN x
+// HS, bf16, plus 7 barriers and 1 KiB of alignment: 82,944 bytes (HS 64) / 164,864 (HS 128) /
+// 197,632 (HS 256). Registers (consumer, HS 128): S 64 + O 64 fp32 and P 32 per thread (HS 256:
+// S 32 + O 128 + P 16), at most 240 after setmaxnreg;
 // the kernel as a whole is compiled for 168 (65,536 / 384). test/attention_ptx_check.sh checks
 // wgmma, cp.async.bulk.tensor, setmaxnreg and mbarrier are in the PTX and that nothing spills.
 // Cost: as the sm_80 kernel, 4 * B*NH * (T^2/2) * HS FLOPs; the target (issue #30) is
@@ -52,19 +56,22 @@ using namespace hopper;
 
 constexpr int kWgRows = 64;                     // query rows per consumer (wgmma's M)
 constexpr int kBlockM = kConsumers * kWgRows;          // 128 queries per block
-constexpr int kBlockN = 128;                           // keys per tile
+// Keys per tile: 128, or 64 at head size 256 (O's 128 accumulators per thread leave room for 32
+// of S, not 64).
+template <int HS>
+constexpr int kBlockN = HS > 128 ? 64 : 128;
 constexpr int kStages = 2;                             // K/V tiles in flight
 
 // Shared-memory layout (byte offsets from a 1024-byte aligned base): Q of consumer w at
 // kQ + w * kQWg, as HS/64 sub-tiles of [64 rows][64]; K and V of stage s at kK/kV + s * kTile, as
-// HS/64 sub-tiles of [128 rows][64]; then the barriers.
+// HS/64 sub-tiles of [kBlockN rows][64]; then the barriers.
 template <int HS>
 struct Layout {
   static constexpr int kSubs = HS / kSwizzleCols;
-  static constexpr uint32_t kQSub = kWgRows * kSwizzleRowBytes;   // 8 KiB
-  static constexpr uint32_t kKVSub = kBlockN * kSwizzleRowBytes;  // 16 KiB
+  static constexpr uint32_t kQSub = kWgRows * kSwizzleRowBytes;       // 8 KiB
+  static constexpr uint32_t kKVSub = kBlockN<HS> * kSwizzleRowBytes;  // 16 KiB (8 at HS 256)
   static constexpr uint32_t kQWg = kSubs * kQSub;
-  static constexpr uint32_t kTile = kSubs * kKVSub;           // one K or V tile: 128 x HS bf16
+  static constexpr uint32_t kTile = kSubs * kKVSub;                   // one K or V tile: kBlockN x HS bf16
   static constexpr uint32_t kQ = 0;
   static constexpr uint32_t kK = kQ + kConsumers * kQWg;
   static constexpr uint32_t kV = kK + kStages * kTile;
@@ -73,12 +80,30 @@ struct Layout {
   static constexpr size_t kBytes = 1024 + kBars + kNumBars * sizeof(uint64_t);
 };
 
+// O += P V for 16 keys, V's columns from desc_v on (each 64 one sub-tile further: HS 256 as two
+// products of 128 columns, the second from sub-tile 2).
 template <int HS>
-__device__ __forceinline__ void wgmma_pv(float (&o)[HS / 8][4], const uint32_t (&p)[4], uint64_t desc_v) {
-  if constexpr (HS == 64)
-    wgmma_m64n64k16_rs_tb(o, p, desc_v, 1);
+__device__ __forceinline__ void wgmma_pv(float (&o)[HS / 8][4], const uint32_t (&p)[4], uint32_t v_addr) {
+  using L = Layout<HS>;
+  if constexpr (HS == 64) {
+    wgmma_m64n64k16_rs_tb(o, p, sw128_desc(v_addr, L::kKVSub, 1024), 1);
+  } else if constexpr (HS == 128) {
+    wgmma_m64n128k16_rs_tb(o, p, sw128_desc(v_addr, L::kKVSub, 1024), 1);
+  } else {
+    static_assert(HS == 256, "head sizes 64, 128 and 256");
+    wgmma_m64n128k16_rs_tb(*reinterpret_cast<float(*)[16][4]>(&o[0]), p, sw128_desc(v_addr, L::kKVSub, 1024), 1);
+    wgmma_m64n128k16_rs_tb(*reinterpret_cast<float(*)[16][4]>(&o[16]), p,
+                           sw128_desc(v_addr + 2 * L::kKVSub, L::kKVSub, 1024), 1);
+  }
+}
+// S = Q K^T for one 16-column step: kBlockN<HS> keys.
+template <int HS>
+__device__ __forceinline__ void wgmma_scores(float (&sc)[kBlockN<HS> / 8][4], uint64_t desc_q, uint64_t desc_k,
+                                             int accumulate) {
+  if constexpr (kBlockN<HS> == 128)
+    wgmma_m64n128k16_ss(sc, desc_q, desc_k, accumulate);
   else
-    wgmma_m64n128k16_rs_tb(o, p, desc_v, 1);
+    wgmma_m64n64k16_ss<0, 0>(sc, desc_q, desc_k, accumulate);
 }
 
 // 1 in the code compiled for sm_90a, 0 in every other arch's: read back from the module the device
@@ -96,6 +121,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                               int Tq, int Tk, int NH, int NKV, int delta, int k_col0, int v_col0, float scale_log2) {
 #if PT_HOPPER_DEVICE
   using L = Layout<HS>;
+  constexpr int BN = kBlockN<HS>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* smem = aligned_1024(smem_raw);
   uint64_t* q_full = reinterpret_cast<uint64_t*>(smem + L::kBars);
@@ -107,8 +133,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int b = blockIdx.y / NH, h = blockIdx.y % NH, kvh = h / (NH / NKV);
   const int q0 = qt * kBlockM;
   // The key tiles holding a key the block's last row sees (a block's rows may see none: out 0, lse -inf).
-  const int n_kt = kBlock ? flash_schedule::forward_key_tiles(q0, kBlockM, Tq, Tk, delta, kBlockN)
-                          : ceil_div(min(q0 + kBlockM, Tq), kBlockN);
+  const int n_kt = kBlock ? flash_schedule::forward_key_tiles(q0, kBlockM, Tq, Tk, delta, BN)
+                          : ceil_div(min(q0 + kBlockM, Tq), BN);
   const int wg = threadIdx.x / 128;
 
   if (threadIdx.x == 0) {
@@ -140,11 +166,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbar_arrive_expect_tx(k_full + s, L::kTile);
         for (int c = 0; c < L::kSubs; ++c)
           tma_load_3d(smem + L::kK + s * L::kTile + c * L::kKVSub, &map_k, k_full + s, k_col + c * kSwizzleCols,
-                      kt * kBlockN, b);
+                      kt * BN, b);
         mbar_arrive_expect_tx(v_full + s, L::kTile);
         for (int c = 0; c < L::kSubs; ++c)
           tma_load_3d(smem + L::kV + s * L::kTile + c * L::kKVSub, &map_v, v_full + s, v_col + c * kSwizzleCols,
-                      kt * kBlockN, b);
+                      kt * BN, b);
       }
     }
     return;
@@ -158,11 +184,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t q_addr = smem_u32(smem + L::kQ + cw * L::kQWg);
   const uint32_t k_addr = smem_u32(smem + L::kK), v_addr = smem_u32(smem + L::kV);
 
-  float o[HS / 8][4], sc[kBlockN / 8][4];
+  float o[HS / 8][4], sc[BN / 8][4];
 #pragma unroll
   for (int j = 0; j < HS / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
 #pragma unroll
-  for (int j = 0; j < kBlockN / 8; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
+  for (int j = 0; j < BN / 8; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
 
   mbar_wait(q_full, 0);
@@ -180,7 +206,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const uint32_t in_sub = (kk % 4) * 32;  // 16 columns = 32 bytes along the swizzled row
       const uint64_t dq = sw128_desc(q_addr + (kk / 4) * L::kQSub + in_sub, 16, 1024);
       const uint64_t dk = sw128_desc(k_addr + s * L::kTile + (kk / 4) * L::kKVSub + in_sub, 16, 1024);
-      wgmma_m64n128k16_ss(sc, dq, dk, kk > 0);
+      wgmma_scores<HS>(sc, dq, dk, kk > 0);
     }
     wgmma_commit();
     wgmma_wait<0>();
@@ -190,16 +216,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     // block: or lies past its keys); then the online softmax of the warp's two rows (a row's 128
     // scores lie in its quad of lanes).
     if constexpr (kBlock) {
-      if (kt * kBlockN + kBlockN - 1 > min(row0 + delta, Tk - 1))
-        causal_mask<kBlockN / 8, true>(sc, row0, kt * kBlockN, g, t, delta, Tk);
+      if (kt * BN + BN - 1 > min(row0 + delta, Tk - 1))
+        causal_mask<BN / 8, true>(sc, row0, kt * BN, g, t, delta, Tk);
     } else {
-      if (kt * kBlockN + kBlockN - 1 > row0) causal_mask(sc, row0, kt * kBlockN, g, t);
+      if (kt * BN + BN - 1 > row0) causal_mask(sc, row0, kt * BN, g, t);
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) softmax_row_step(sc, o, r, m_run[r], l_run[r], scale_log2);
-    uint32_t p[kBlockN / 16][4];
+    uint32_t p[BN / 16][4];
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) acc_to_a(p[kk], sc[2 * kk], sc[2 * kk + 1]);
+    for (int kk = 0; kk < BN / 16; ++kk) acc_to_a(p[kk], sc[2 * kk], sc[2 * kk + 1]);
 
     // O += P V: 16 keys a product; V's k-th 16 rows start 16 x 128 bytes further, its next 64
     // columns one sub-tile (LBO) further.
@@ -207,9 +233,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     fence_regs(o);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      const uint64_t dv = sw128_desc(v_addr + s * L::kTile + kk * 16 * kSwizzleRowBytes, L::kKVSub, 1024);
-      wgmma_pv<HS>(o, p[kk], dv);
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      wgmma_pv<HS>(o, p[kk], v_addr + s * L::kTile + kk * 16 * kSwizzleRowBytes);
     }
     wgmma_commit();
     wgmma_wait<0>();
@@ -249,8 +274,8 @@ void launch_forward_sm90(void* out, float* lse, const void* q, size_t q_width, c
   const size_t smem = Layout<HS>::kBytes;
   use_dynamic_shared(flash_forward_sm90_kernel<HS, kBlock>, smem, [] { return "flash attention (sm_90a)"; });
   const CUtensorMap map_q = rows_tensor_map(q, B, Tq, q_width, kWgRows);
-  const CUtensorMap map_k = rows_tensor_map(k, B, Tk, kv_width, kBlockN);
-  const CUtensorMap map_v = v == k ? map_k : rows_tensor_map(v, B, Tk, kv_width, kBlockN);
+  const CUtensorMap map_k = rows_tensor_map(k, B, Tk, kv_width, kBlockN<HS>);
+  const CUtensorMap map_v = v == k ? map_k : rows_tensor_map(v, B, Tk, kv_width, kBlockN<HS>);
   const dim3 grid(static_cast<unsigned>(ceil_div(Tq, kBlockM)), static_cast<unsigned>(B * NH));
   const float scale_log2 = kLog2e * softmax_scale(scale, HS);
   flash_forward_sm90_kernel<HS, kBlock><<<grid, kThreads, smem, stream>>>(
@@ -292,7 +317,7 @@ void flash_attention_forward_sm90_bf16(void* out, float* lse, const void* qkv, i
                                        void* stream, float scale) {
   check_launch(B, NH, NKV);
   const size_t W = static_cast<size_t>(NH + 2 * NKV) * HS;  // a packed row: q heads | k heads | v heads
-  with_flash_head_size("flash attention (sm_90a)", HS, [&](auto hs) {
+  with_hopper_head_size("flash attention (sm_90a)", HS, [&](auto hs) {
     launch_forward_sm90<decltype(hs)::value, false>(out, lse, qkv, W, qkv, qkv, W, B, T, T, NH, NKV, 0, NH * HS,
                                                     (NH + NKV) * HS, scale, as_stream(stream));
   });

@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "cuda/cuda_common.h"
 
@@ -212,18 +213,24 @@ inline void check_flash_heads(const char* what, int B, int NH, int NKV) {
   check(static_cast<long long>(B) * NH <= 65535, std::string(what) + ": B * n_heads exceeds the grid's y limit 65535");
   check(NKV > 0 && NH % NKV == 0, std::string(what) + ": n_kv_heads must divide n_heads");
 }
+template <int... Sizes, typename Fn>
+void with_head_size(const char* what, int HS, Fn&& fn) {
+  bool found = false;
+  ((HS == Sizes && !found ? (fn(std::integral_constant<int, Sizes>{}), found = true) : false), ...);
+  if (found) return;
+  std::string sizes;
+  ((sizes += (sizes.empty() ? "" : ", ") + std::to_string(Sizes)), ...);
+  throw RuntimeError(std::string(what) + ": head size " + std::to_string(HS) + " has no kernel (" + sizes + ")");
+}
 template <typename Fn>
 void with_flash_head_size(const char* what, int HS, Fn&& fn) {
-  switch (HS) {
-    case 64:
-      return fn(std::integral_constant<int, 64>{});
-    case 128:
-      return fn(std::integral_constant<int, 128>{});
-    default:
-      throw RuntimeError(std::string(what) + ": head size " + std::to_string(HS) + " has no kernel (64 or 128)");
-  }
+  with_head_size<64, 128>(what, HS, std::forward<Fn>(fn));
 }
-
+// The same for the Hopper kernels (flash_attention_*_sm90.cu), which add head size 256.
+template <typename Fn>
+void with_hopper_head_size(const char* what, int HS, Fn&& fn) {
+  with_head_size<64, 128, 256>(what, HS, std::forward<Fn>(fn));
+}
 // The forward kernels' tiles (flash_attention_forward.cu, and flash_attention_fp8.cu in the same
 // arrangement): 4 warps, each owning 32 query rows as two 16-row m-tiles, so 128 queries a block,
 // against tiles of 64 keys.

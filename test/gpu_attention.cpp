@@ -3,7 +3,8 @@
 //  - kCases, awkward sizes for both kernel families: T not a multiple of any tile (1, 33, 40, 65,
 //    67, 129, 130, 200), head sizes 64 and 128 in bf16 (the tensor-core kernels), 12, 32, 40, 80
 //    and 96 in bf16 (the same kernels on heads zero-padded to 64 or 128), and 32, 5, 64, 128 in
-//    fp32 plus 5 and 136 in bf16 (the CUDA-core kernels), grouped-query attention (NKV key/value
+//    fp32 plus 5, 136, 192 and 256 in bf16 (the CUDA-core kernels; on Hopper with its backward,
+//    136 to 256 take the Hopper kernels at head size 256), grouped-query attention (NKV key/value
 //    heads < NH query heads) through both; small, so that compute-sanitizer runs them all
 //    (gpu_check.sh leaves out the [flash] test cases);
 //  - flash_sweep(), the tensor-core path in bf16 as training runs it: every T in {1, 65, 129, 200,
@@ -69,7 +70,8 @@ const Case kCases[] = {
     {DType::bf16, 1, 67, 2, 40},   // HS 40, padded to 64
     {DType::bf16, 1, 40, 2, 12},   // HS 12 (not a multiple of 16), padded to 64
     {DType::bf16, 1, 40, 3, 5},    // bf16 on the CUDA-core kernels (HS not a multiple of 8)
-    {DType::bf16, 1, 33, 1, 136},  // ... and above 128
+    {DType::bf16, 1, 33, 1, 136},  // ... and above 128 (on Hopper with its backward: padded to 256)
+    {DType::bf16, 1, 130, 2, 256},  // HS 256: the CUDA-core kernels, or on Hopper its kernels at 256
     {DType::bf16, 1, 1, 2, 64},    // one row: a tile with 127 padding rows and keys
     {DType::bf16, 1, 200, 4, 64},  // several tiles: each key block walks several query tiles
     {DType::bf16, 3, 65, 1, 128},  // HS 128, B > 1 with NH = 1
@@ -83,6 +85,7 @@ const Case kCases[] = {
     {DType::bf16, 2, 65, 4, 128, 2},  // HS 128 with groups of 2
     {DType::bf16, 2, 67, 6, 32, 3},   // bf16 at HS 32 (padded), groups of 2
     {DType::bf16, 1, 130, 8, 80, 2},  // HS 80 (padded to 128), groups of 4
+    {DType::bf16, 1, 67, 4, 192, 2},  // HS 192, groups of 2 (on Hopper with its backward: padded to 256)
 };
 
 // The tensor-core sweep (see the header). B 2 up to T 257 (a second sequence's offsets), B 1 above.
@@ -254,7 +257,7 @@ namespace {
 
 void check_small_flash_cases() {
   for (const Case& k : kCases)
-    if (k.mode == DType::bf16 && gpu::flash_padded_head_size(k.HS) != 0) check_case(k);  // (64 and 128 too)
+    if (k.mode == DType::bf16 && gpu::flash_padded_head_size(k.HS, true) != 0) check_case(k);  // (64 and 128 too)
 }
 
 void check_flash_sweeps() {
