@@ -365,7 +365,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     fence_regs(dv);
     fence_regs(pa);
 
-    // 4. dS^T = P^T o (dP^T - D), rounded to bf16 as dK's A operand and stored to buffer s for
+    // 4. dS^T = P^T o (dP^T - D), rounded to bf16 as dK's A operand and stored to buffer dsb for
     //    dQ: row r (key) at r * 128 bytes, 16-byte chunk n of the row at n ^ (r % 8); dsa[kk][2 x
     //    + y] holds row g + 8 y, columns 8 (2 kk + x) + 2 t, +1 (the A fragment layout).
 #pragma unroll
@@ -398,9 +398,9 @@ __global__ void __launch_bounds__(kThreads, 1)
                        sw128_desc(q_addr + s * L::kQTile + col_subs + kk * 16 * kSwizzleRowBytes, L::kQSub, 1024));
     wgmma_commit();
 
-    // 6. Both halves of dS^T written (and made visible to wgmma's reads); once dV and dK are done
+    // 6. dS^T whole in shared memory (and made visible to wgmma's reads); once dV and dK are done
     //    (their fragments free: dQ's accumulators take their registers), this consumer's 64-column
-    //    part of dQ, if it has one: dS (64 queries x 128 keys) K (128 keys x 64).
+    //    parts of dQ, if it has any: dS (64 queries x BN keys) K (BN keys x 64).
     fence_proxy_async_shared();
     named_barrier(kBothConsumers, kConsumers * 128);
     wgmma_wait<0>();
