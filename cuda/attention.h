@@ -25,9 +25,10 @@
 namespace pt::gpu {
 
 // True when the tensor-core kernels handle this call: bf16, HS 64 or 128, 16-byte aligned tensors.
-// (CudaOps sends other head sizes that are multiples of 8 up to 128 to them too, zero-padded:
-// flash_padded_head_size.) `scale`, where given (> 0), is the softmax scale in place of
-// 1/sqrt(HS): a padded head keeps its own.
+// (CudaOps sends other head sizes that are multiples of 8 up to 128 to them too, zero-padded, and
+// on Hopper up to 256: flash_padded_head_size; the launchers send head size 256 to the Hopper
+// kernels.) `scale`, where given (> 0), is the softmax scale in place of 1/sqrt(HS): a padded head
+// keeps its own.
 bool flash_attention_supported(DType dtype, int HS, const void* qkv, const void* out_or_dout, const void* dqkv);
 // The head size (64, 128, or with `hopper` 256) whose kernels run a head of HS channels
 // zero-padded: 0 where none does (HS not a multiple of 8, or over 128, or 256 with `hopper`).
