@@ -3,7 +3,7 @@
 // and no GPU is needed to know that they visit every visible pair, that the backward's dQ turn
 // chain names exactly the key blocks that add into a query tile, and that a KV cache's key split
 // covers its keys. The kernels' tiles: forward 128 queries x 64 keys, backward 128 x 128 (sm_80)
-// and 64 x 128 (Hopper).
+// and 64 x 128 (Hopper; 64 x 64 at head size 256).
 #include <catch2/catch.hpp>
 #include <algorithm>
 #include <random>
@@ -60,7 +60,7 @@ TEST_CASE("the forward visits exactly the key tiles its query tile sees", "[flas
 }
 
 // The backward's tiles: BM queries x BN keys (the sm_80 kernel 128 x 128, the Hopper kernel 64 x
-// 128, whose key block kt starts at query tile 2 kt).
+// 128, whose key block kt starts at query tile 2 kt, and 64 x 64 at head size 256).
 static void check_dq_order(int BM, int BN) {
   for (const Problem& p : problems(false)) {
     const int nq = (p.Tq + BM - 1) / BM, nk = (p.Tk + BN - 1) / BN;
@@ -87,6 +87,7 @@ static void check_dq_order(int BM, int BN) {
 TEST_CASE("the backward's dQ order names exactly the key blocks that meet a query tile", "[flash]") {
   check_dq_order(128, 128);  // the sm_80 kernel
   check_dq_order(64, 128);   // the Hopper kernel
+  check_dq_order(64, 64);    // the Hopper kernel at head size 256
 }
 
 TEST_CASE("a KV cache's keys split into whole tiles that cover them", "[flash]") {
