@@ -24,17 +24,27 @@ __device__ __forceinline__ void store_release(int* p, int v) {
   asm volatile("st.release.gpu.global.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
 // Spins until the counter reaches `pos` (one thread of the contributor does this, then a barrier
-// carries the acquire to the others). The loop is PTX (labels scoped by the braces), as
-// hopper::mbar_wait's is: a C++ loop here cost the Hopper kernel registers around it.
+// carries the acquire to the others). A wait of more than about ten seconds (2^34 SM cycles)
+// traps, as hopper::mbar_wait does: a turn that never comes (a broken order) fails the kernel with
+// a launch error instead of hanging the process. The loop is PTX (labels scoped by the braces):
+// a C++ loop here cost the Hopper kernel registers around it.
 __device__ __forceinline__ void spin_until(const int* turn, int pos) {
   asm volatile(
       "{\n"
-      ".reg .pred wait;\n"
+      ".reg .pred wait, late;\n"
       ".reg .s32 seen;\n"
+      ".reg .u64 t0, t1;\n"
+      "mov.u64 t0, %%clock64;\n"
       "SPIN:\n"
       "ld.acquire.gpu.global.s32 seen, [%0];\n"
       "setp.lt.s32 wait, seen, %1;\n"
-      "@wait bra SPIN;\n"
+      "@!wait bra DONE;\n"
+      "mov.u64 t1, %%clock64;\n"
+      "sub.u64 t1, t1, t0;\n"
+      "setp.gt.u64 late, t1, 17179869184;\n"  // 2^34 cycles
+      "@late trap;\n"
+      "bra SPIN;\n"
+      "DONE:\n"
       "}\n" ::"l"(turn),
       "r"(pos)
       : "memory");
