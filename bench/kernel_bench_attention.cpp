@@ -106,26 +106,30 @@ void block_rows(Bench& b, Ops& ops, int tokens, int hidden, const std::vector<in
 }
 
 // Head sizes the flash kernels run zero-padded (32 on the HS 64 kernels, 80 and 96 on the HS 128
-// ones: attention_pad.cu) at T 2048, NH 16, B*T = tokens, forward and backward together. Their own
-// op name keeps them out of bench_summary's comparison with SDPA (which times 64 and 128 only).
-void padded_rows(Bench& b, Ops& ops, int tokens) {
+// ones: attention_pad.cu) and 256 (the Hopper kernels where their backward is chosen, else the
+// CUDA-core kernels) at T 2048, NH 16, B*T = tokens, forward and backward together. Their own op
+// name keeps them out of bench_summary's comparison with SDPA (which times 64 and 128 only).
+void padded_rows(Bench& b, Ops& ops, int tokens, const std::string& suffix = "") {
   Buffers buf(ops);
   const DType act = ops.compute_dtype();
   const int T = 2048, NH = 16, B = std::max(1, tokens / T);
-  for (int hd : {32, 80, 96}) {
+  for (int hd : {32, 80, 96, 256}) {
     buf.clear();
     const int C = NH * hd;
     const size_t BT = size_t(B) * T, W = size_t(3 * NH) * hd;
     const std::string shape = "B=" + std::to_string(B) + " NH=" + std::to_string(NH) + " T=" + std::to_string(T) +
                               " hd=" + std::to_string(hd);
-    Tensor qkv = buf.rand(BT * W, act, 1), out = buf.zeros(BT * C, act), lse = buf.zeros(size_t(B) * NH * T, DType::f32);
+    Tensor qkv = buf.rand(BT * W, act, 1), out = buf.zeros(BT * C, act);
+    Tensor lse = buf.zeros(size_t(B) * NH * T, DType::f32);
     Tensor dout = buf.rand(BT * C, act, 1), dqkv = buf.zeros(BT * W, act);
     const double fl = 4.0 * B * NH * double(T) * T * hd / 2;
+    const auto fwd_bwd = [&] {
+      ops.attention_forward(out, lse, qkv, B, T, C, NH, NH);
+      ops.attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH, NH);
+    };
     try {
-      b.run({"attention", "attention_padded_fwd+bwd", shape, true, 3.5 * fl, "3.5 x fwd, at the head's own size"}, [&] {
-        ops.attention_forward(out, lse, qkv, B, T, C, NH, NH);
-        ops.attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH, NH);
-      });
+      b.run({"attention", "attention_padded_fwd+bwd" + suffix, shape, true, 3.5 * fl, "3.5 x fwd, the head's own size"},
+            fwd_bwd);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "  attention_padded %s: not timed: %s\n", shape.c_str(), e.what());
       b.failures.push_back({"attention", shape, e.what()});
@@ -211,6 +215,7 @@ void bench_attention(Bench& b, Ops& ops, int tokens, int hidden, const std::vect
                  });
                });
     block_rows(b, ops, tokens, hidden, seq_lens, groups, "_sm90");
+    padded_rows(b, ops, tokens, "_sm90");
     gpu::set_flash_forward_path(saved_forward);
     gpu::set_flash_backward_path(saved_backward);
   }
