@@ -46,10 +46,10 @@
 //  it (the sm_80 kernel's header says why that cannot deadlock). No float atomics: every run
 //  gives the same bits.
 //
-// Head size 256 (a general path's largest size) is arranged otherwise (Tiles): 64 keys a block, both
-// consumers on the same keys, each owning 128 of dK's and dV's columns (64 x 256 of each would take
-// 256 registers a thread), both computing S^T and dP^T (2 of the 5 products twice: 1.4 x the
-// FLOPs), one Q/dO stage, and two dQ parts per consumer.
+// Head size 256 (a general path's largest size) is arranged otherwise (Tiles): 64 keys a block,
+// both consumers on the same keys, each owning 128 of dK's and dV's columns (64 x 256 of each
+// would take 256 registers a thread), both computing S^T and dP^T (2 of the 5 products twice:
+// 1.4 x the FLOPs), one Q/dO stage, and two dQ parts per consumer.
 // Resources: 384 threads, one block per SM; shared memory K and V 128 x HS, 2 stages x (Q and dO
 // 64 x HS), 2 x dS^T 128 x 64 (bf16), lse/D 2 x 2 x 64 floats, 2 x dQ part 64 x 72 floats, 5
 // barriers, the ticket and 1 KiB of alignment: 137,260 bytes (HS 64) / 202,796 (HS 128); HS 256
@@ -63,9 +63,10 @@
 // the dQ and dK/dV sums through shared memory (their registers would have spilled beside dK, dV).
 // Cost: as the sm_80 kernel, 5 * 2 * B*NH * (T^2/2) * HS FLOPs (2.5 x the forward's); bytes: Q
 // and dO once per key block (from L2), K and V once per query head, dqkv written once, the dQ
-// scratch read and written once per (key block, query tile) pair (L2). Target (issue #30):
-// FlashAttention-3's backward, about 450-550 TFLOP/s on an H100 at T 4k-16k; the sm_80 kernel
-// ran 127-196 on an H200 (2026-11-27).
+// scratch read and written once per (key block, query tile) pair (L2). Target (issue #30): with
+// the Hopper forward, fwd+bwd at least the faster PyTorch SDPA back end's rate, 1.3x at T >= 4k
+// (cuDNN's fwd+bwd ran 190-517 TFLOP/s on an H200, 2026-11-27, bench/RESULTS.md); the sm_80
+// backward ran 127-196 TFLOP/s in that run.
 //
 // Status: written and checked offline (PTX, ptxas) on 2026-11-29; not yet run on a GPU. The
 // trainer runs it only when PICOTRAIN_FLASH_BACKWARD says so (attention.h, FlashPath);
