@@ -45,6 +45,9 @@ int padded_flash_head_size(DType dt, int HS, std::initializer_list<const void*> 
   return gpu::flash_padded_head_size(HS, HS > 128 && gpu::flash_hopper_head_sizes());
 }
 size_t round256(size_t bytes) { return (bytes + 255) / 256 * 256; }
+// The scratch bytes of `rows` rows of `heads` bf16 heads of hs channels (a padded copy), rounded
+// to 256 so that what follows stays aligned.
+size_t heads_bytes(size_t rows, int heads, int hs) { return round256(rows * heads * hs * sizeof(uint16_t)); }
 // 1/sqrt(HS), as the kernels compute it for their own head size.
 float softmax_scale(int HS) { return 1.0f / std::sqrt(static_cast<float>(HS)); }
 }  // namespace
@@ -63,8 +66,8 @@ void CudaOps::attention_forward(Tensor out, Tensor lse, Tensor qkv, int B, int T
     gpu::flash_attention_forward_bf16(out.data, L, qkv.data, B, T, NH, NKV, HS, stream_);
   } else if (HSp) {
     // q, k, v in heads of HSp (zero-padded), the flash forward at the head's own scale, out back.
-    const size_t qkv_bytes = round256(BT * (NH + 2 * NKV) * HSp * sizeof(uint16_t));
-    char* space = static_cast<char*>(scratch(qkv_bytes + BT * NH * HSp * sizeof(uint16_t)));
+    const size_t qkv_bytes = heads_bytes(BT, NH + 2 * NKV, HSp);
+    char* space = static_cast<char*>(scratch(qkv_bytes + heads_bytes(BT, NH, HSp)));
     gpu::copy_heads_bf16(space, HSp, qkv.data, HS, BT, NH + 2 * NKV, stream_);
     gpu::flash_attention_forward_bf16(space + qkv_bytes, L, space, B, T, NH, NKV, HSp, stream_, softmax_scale(HS));
     gpu::copy_heads_bf16(out.data, HS, space + qkv_bytes, HSp, BT, NH, stream_);
@@ -108,8 +111,8 @@ void CudaOps::attention_backward_impl(const char* op, Tensor dqkv, Tensor dout, 
       kernel_hs ? round256(gpu::flash_attention_backward_workspace_bytes(B, T, NH, NKV, kernel_hs)) : 0;
   const size_t dq_bytes = fp8 ? round256(BT * W * dtype_size(dt)) : 0;
   const size_t amax_bytes = fp8 ? round256(size_t(B) * (NH + 2 * NKV) * sizeof(float)) : 0;
-  const size_t padded_qkv_bytes = round256(BT * (NH + 2 * NKV) * HSp * sizeof(uint16_t));
-  const size_t padded_dout_bytes = round256(BT * NH * HSp * sizeof(uint16_t));
+  const size_t padded_qkv_bytes = heads_bytes(BT, NH + 2 * NKV, HSp);  // 0 unless padded
+  const size_t padded_dout_bytes = heads_bytes(BT, NH, HSp);
   char* space = static_cast<char*>(
       scratch(d_bytes + ws_bytes + dq_bytes + amax_bytes + 2 * padded_qkv_bytes + padded_dout_bytes));
   float* D = reinterpret_cast<float*>(space);

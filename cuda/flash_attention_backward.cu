@@ -439,10 +439,7 @@ void launch_backward(const FlashProblem& p, const FlashGrads& gr, const float* l
 }  // namespace
 
 size_t flash_attention_backward_workspace_bytes(int B, int T, int NH, int NKV, int HS) {
-  // Enough for either kernel, whichever flash_backward_path() picks when it runs.
-  const size_t sm80 = workspace_layout(B, T, T, NH, NKV, HS).bytes();
-  const size_t sm90 = flash_backward_sm90_workspace_bytes(B, T, T, NH, NKV, HS);
-  return sm80 > sm90 ? sm80 : sm90;
+  return flash_attention_block_backward_workspace_bytes(B, T, T, NH, NKV, HS);
 }
 
 void flash_attention_backward_bf16(void* dqkv, const void* dout, const void* qkv, const float* lse, const float* D,
@@ -456,6 +453,7 @@ void flash_attention_backward_bf16(void* dqkv, const void* dout, const void* qkv
 }
 
 size_t flash_attention_block_backward_workspace_bytes(int B, int Tq, int Tk, int NH, int NKV, int HS) {
+  // Enough for either kernel, whichever flash_backward_path() picks when it runs.
   const size_t sm80 = workspace_layout(B, Tq, Tk, NH, NKV, HS).bytes();
   const size_t sm90 = flash_backward_sm90_workspace_bytes(B, Tq, Tk, NH, NKV, HS);
   return sm80 > sm90 ? sm80 : sm90;

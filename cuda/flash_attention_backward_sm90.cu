@@ -160,27 +160,6 @@ template <int HS>
 constexpr bool kStagingFits = 2 * Tiles<HS>::kBlockN * kAccLD<HS> * sizeof(float) <= Layout<HS>::kLD;
 static_assert(kStagingFits<64> && kStagingFits<128> && kStagingFits<256>, "dK and dV fit where the tiles were");
 
-__device__ __forceinline__ float4 add4(float4 a, float4 b) {
-  return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
-}
-// out[0..3] = scale v in bf16, or out += that (accumulate: one rounding of the fp32 sum); one
-// 8-byte load and store.
-__device__ __forceinline__ void store_quad(bf16* out, float4 v, float scale, bool accumulate) {
-  float4 old = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  if (accumulate) {
-    const uint2 bits = *reinterpret_cast<const uint2*>(out);
-    const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits.x));
-    const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits.y));
-    old = make_float4(lo.x, lo.y, hi.x, hi.y);
-  }
-  const __nv_bfloat162 lo = __floats2bfloat162_rn(fmaf(v.x, scale, old.x), fmaf(v.y, scale, old.y));
-  const __nv_bfloat162 hi = __floats2bfloat162_rn(fmaf(v.z, scale, old.z), fmaf(v.w, scale, old.w));
-  uint2 bits;
-  bits.x = *reinterpret_cast<const uint32_t*>(&lo);
-  bits.y = *reinterpret_cast<const uint32_t*>(&hi);
-  *reinterpret_cast<uint2*>(out) = bits;
-}
-
 // What a launch computes on, besides its tensor maps: causal self-attention on a packed qkv (its
 // gradient written into dqkv) or a block of queries against keys held apart (ring attention's
 // blocks: the gradients added to dq, dk and dv, each of which may be null: not wanted). Element c
@@ -446,13 +425,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll 1
       for (int idx = wg_tid; idx < kBlockM * kSwizzleCols / 4; idx += 128) {
         const int row = idx / (kSwizzleCols / 4), col = idx % (kSwizzleCols / 4) * 4, qi = q0 + row;
-        float4 v = *reinterpret_cast<const float4*>(sdq + row * kDqLD + col);
-        if (!first) v = add4(v, __ldcg(reinterpret_cast<const float4*>(acc + row * HS + col)));
-        if (!last)
-          __stcg(reinterpret_cast<float4*>(acc + row * HS + col), v);
-        else if (qi < Tq && a.dq)
-          store_quad(a.dq + (static_cast<size_t>(b) * Tq + qi) * a.q_stride + h * HS + part * kSwizzleCols + col, v,
-                     a.scale, a.accumulate);
+        bf16* out = qi < Tq && a.dq
+                        ? a.dq + (static_cast<size_t>(b) * Tq + qi) * a.q_stride + h * HS + part * kSwizzleCols + col
+                        : nullptr;
+        ordered_add4(acc + row * HS + col, out, *reinterpret_cast<const float4*>(sdq + row * kDqLD + col), first,
+                     last, a.scale, a.accumulate);
       }
       // Every thread's part stored before the release, and the staging tile free for the next part.
       named_barrier(1 + cw, 128);
@@ -484,20 +461,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll 1
   for (int idx = threadIdx.x - 128; idx < BN * HS / 4; idx += kConsumers * 128) {
     const int row = idx / (HS / 4), col = idx % (HS / 4) * 4, kj = kt * BN + row;
-    float4 k4 = *reinterpret_cast<const float4*>(sdk + row * kAccLD<HS> + col);
-    float4 v4 = *reinterpret_cast<const float4*>(sdv + row * kAccLD<HS> + col);
-    if (!first) {
-      k4 = add4(k4, __ldcg(reinterpret_cast<const float4*>(kacc + row * HS + col)));
-      v4 = add4(v4, __ldcg(reinterpret_cast<const float4*>(vacc + row * HS + col)));
-    }
-    if (!last) {
-      __stcg(reinterpret_cast<float4*>(kacc + row * HS + col), k4);
-      __stcg(reinterpret_cast<float4*>(vacc + row * HS + col), v4);
-    } else if (kj < Tk) {
-      const size_t at = (static_cast<size_t>(b) * Tk + kj) * a.kv_stride + kvh * HS + col;
-      if (a.dk) store_quad(a.dk + at, k4, a.scale, a.accumulate);
-      if (a.dv) store_quad(a.dv + at, v4, 1.0f, a.accumulate);
-    }
+    const size_t at = (static_cast<size_t>(b) * Tk + kj) * a.kv_stride + kvh * HS + col;
+    ordered_add4(kacc + row * HS + col, kj < Tk && a.dk ? a.dk + at : nullptr,
+                 *reinterpret_cast<const float4*>(sdk + row * kAccLD<HS> + col), first, last, a.scale, a.accumulate);
+    ordered_add4(vacc + row * HS + col, kj < Tk && a.dv ? a.dv + at : nullptr,
+                 *reinterpret_cast<const float4*>(sdv + row * kAccLD<HS> + col), first, last, 1.0f, a.accumulate);
   }
   if (!last) {
     named_barrier(kBothConsumers, kConsumers * 128);  // every thread's part stored before the release

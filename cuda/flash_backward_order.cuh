@@ -78,6 +78,37 @@ __device__ __forceinline__ void ordered_add(float* acc, bf16* out, float x, floa
   }
 }
 
+// The same for four values (a 16-byte scratch chunk, an 8-byte gradient store): out[0..3] =
+// scale v in bf16, or out += that ...
+__device__ __forceinline__ void store_gradient4(bf16* out, float4 v, float scale, bool accumulate) {
+  float4 old = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (accumulate) {
+    const uint2 bits = *reinterpret_cast<const uint2*>(out);
+    const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits.x));
+    const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits.y));
+    old = make_float4(lo.x, lo.y, hi.x, hi.y);
+  }
+  const __nv_bfloat162 lo = __floats2bfloat162_rn(fmaf(v.x, scale, old.x), fmaf(v.y, scale, old.y));
+  const __nv_bfloat162 hi = __floats2bfloat162_rn(fmaf(v.z, scale, old.z), fmaf(v.w, scale, old.w));
+  uint2 bits;
+  bits.x = *reinterpret_cast<const uint32_t*>(&lo);
+  bits.y = *reinterpret_cast<const uint32_t*>(&hi);
+  *reinterpret_cast<uint2*>(out) = bits;
+}
+// ... and acc[0..3] (+)= v, or for the last contributor out[0..3] (+)= scale (acc + v).
+__device__ __forceinline__ void ordered_add4(float* acc, bf16* out, float4 v, bool first, bool last, float scale,
+                                             bool accumulate) {
+  if (!first) {
+    const float4 prev = __ldcg(reinterpret_cast<const float4*>(acc));
+    v = make_float4(prev.x + v.x, prev.y + v.y, prev.z + v.z, prev.w + v.w);
+  }
+  if (last) {
+    if (out) store_gradient4(out, v, scale, accumulate);
+  } else {
+    __stcg(reinterpret_cast<float4*>(acc), v);
+  }
+}
+
 // ---- the workspace (host side) ----------------------------------------------------------------
 
 // Its parts (fp32 scratch, then int counters zeroed before every launch):
